@@ -1,0 +1,1 @@
+"""Offline analysis of OPSD: frozen token-level signals, run logs and figures."""

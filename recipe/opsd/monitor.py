@@ -1,0 +1,417 @@
+"""Training-dynamics monitor: online collapse warnings for OPSD runs (pure python).
+
+The paper ("Analysis: From Token-Level Signals to Optimization Dynamics", section "OPSD
+Training Dynamics", and appendix table ``tab:sft_grpo_opsd_train``) tracks student
+entropy H_S, forward KL D_KL(pi^T || pi^S), the clipped distillation loss and the
+pre-clipping gradient norm, and reports one clear collapse signature:
+
+    "student entropy and gradient norm rise together for the SFT+GRPO actor, whereas both
+    remain bounded or decrease for the released Qwen3-4B."
+
+Steps 1-10 vs 91-100 of that table: the collapsing run goes H_S 0.41 -> 1.29 (x3.1) and
+||grad|| 0.35 -> 0.86 (x2.5); the healthy run 0.24 -> 0.22 and 0.39 -> 0.18. Collapse then
+shows up in the rollouts as length blow-up and a falling boxed-answer rate (appendix
+"Output Degeneration Examples").
+
+``TrainingDynamicsMonitor`` is fed one dict of step metrics at a time (the trainer's own
+metric dict, verl names) and compares the mean of a *recent* window of steps with the mean
+of a fixed *early* window (default steps 1-10). It warns (``logging.warning``) on
+
+- ``collapse``: student entropy AND pre-clip grad norm both at least ``*_ratio_threshold``
+  times their early means in the same recent window (entropy rising alone does not fire);
+- ``length``: mean response length at least ``length_ratio_threshold`` times the early
+  mean, or the fraction of rollouts hitting the cap up by ``clip_ratio_increase`` (absolute)
+  over the early window;
+- ``boxed``: rollout boxed-answer rate at most ``boxed_rate_ratio_threshold`` times its
+  early mean (only when the early rate is at least ``min_early_boxed_rate``),
+
+returns ``opsd_monitor/...`` metrics for the logger, and sets ``should_stop`` (or raises
+``TrainingCollapseError``) when a signature listed in ``stop_on`` fires.
+
+Usage inside a trainer::
+
+    monitor = TrainingDynamicsMonitor(MonitorConfig(stop_on=("collapse",)))
+    metrics.update(monitor.update({"step": step, **metrics}))
+    if monitor.should_stop: ...
+
+Offline over a run's logs: ``python scripts/monitor_run.py run.log``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+logger = logging.getLogger(__name__)
+
+# Roles the monitor tracks -> default metric names (verl + this project's `opsd/` namespace).
+DEFAULT_METRIC_KEYS: dict[str, str] = {
+    "entropy": "opsd/student_entropy",
+    "fwd_kl": "opsd/fwd_kl",
+    "loss": "opsd/loss",
+    "grad_norm": "actor/grad_norm",
+    "length": "response_length/mean",
+    "clip_ratio": "response_length/clip_ratio",
+    "boxed_rate": "opsd/rollout_boxed_rate",
+}
+# Column headers of the window table (the paper's tab:sft_grpo_opsd_train, plus rollout stats).
+ROLE_LABELS: dict[str, str] = {
+    "entropy": "H_S",
+    "fwd_kl": "D_KL(T||S)",
+    "grad_norm": "||grad||",
+    "loss": "Loss",
+    "length": "Length",
+    "clip_ratio": "Capped",
+    "boxed_rate": "Boxed",
+}
+SIGNATURES = ("collapse", "length", "boxed")
+MONITOR_PREFIX = "opsd_monitor"
+
+
+class TrainingCollapseError(RuntimeError):
+    """Raised by ``TrainingDynamicsMonitor.update`` when ``raise_on_stop`` is set and a
+    signature listed in ``MonitorConfig.stop_on`` fires."""
+
+
+@dataclass
+class MonitorConfig:
+    """Settings of the collapse monitor (``opsd.monitor`` in the OPSD trainer yaml).
+
+    Attributes:
+        enabled: False turns ``update`` into a no-op that returns ``{}``.
+        early_start, early_end: inclusive step range of the reference window (paper: 1-10).
+        recent_window: number of most recent steps (all after ``early_end``) averaged and
+            compared with the early window; no check runs before this many such steps exist.
+        entropy_ratio_threshold: collapse needs mean student entropy >= this x early mean.
+        grad_norm_ratio_threshold: ... and mean pre-clip grad norm >= this x early mean.
+        entropy_min_increase: ... and an absolute entropy increase of at least this (nats);
+            0 = ratio only. Guards against tiny early entropies.
+        length_ratio_threshold: length warning when mean response length >= this x early mean.
+        clip_ratio_increase: length warning when the fraction of rollouts hitting the length
+            cap rose by at least this (absolute, 0-1) over the early window. Thinking models
+            at a short cap are truncated from step 1, so the cap rate is judged by its rise.
+        boxed_rate_ratio_threshold: boxed warning when the rollout boxed rate <= this x early.
+        min_early_boxed_rate: the boxed check runs only if the early boxed rate is >= this.
+        stop_on: signatures (subset of ``collapse``, ``length``, ``boxed``) that set
+            ``should_stop``.
+        raise_on_stop: raise ``TrainingCollapseError`` instead of only setting ``should_stop``.
+        warn_every: while a signature stays active, repeat its warning every this many steps.
+        metric_keys: role -> metric name overrides (roles: see ``DEFAULT_METRIC_KEYS``), e.g.
+            ``{"entropy": "actor/entropy"}`` to monitor a GRPO run.
+    """
+
+    enabled: bool = True
+    early_start: int = 1
+    early_end: int = 10
+    recent_window: int = 10
+    entropy_ratio_threshold: float = 1.5
+    grad_norm_ratio_threshold: float = 1.5
+    entropy_min_increase: float = 0.0
+    length_ratio_threshold: float = 1.5
+    clip_ratio_increase: float = 0.25
+    boxed_rate_ratio_threshold: float = 0.5
+    min_early_boxed_rate: float = 0.05
+    stop_on: tuple[str, ...] = ()
+    raise_on_stop: bool = False
+    warn_every: int = 10
+    metric_keys: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.early_start, int) or self.early_start < 0:
+            raise ValueError(f"MonitorConfig.early_start must be an int >= 0, got {self.early_start!r}")
+        if not isinstance(self.early_end, int) or self.early_end < self.early_start:
+            raise ValueError(
+                f"MonitorConfig.early_end must be an int >= early_start={self.early_start}, got {self.early_end!r}"
+            )
+        for name in ("recent_window", "warn_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"MonitorConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("entropy_ratio_threshold", "grad_norm_ratio_threshold", "length_ratio_threshold"):
+            value = getattr(self, name)
+            if not _is_number(value) or value <= 1.0:
+                raise ValueError(f"MonitorConfig.{name} must be a number > 1 (a rise), got {value!r}")
+        if not _is_number(self.boxed_rate_ratio_threshold) or not 0.0 < self.boxed_rate_ratio_threshold < 1.0:
+            raise ValueError(
+                f"MonitorConfig.boxed_rate_ratio_threshold must be in (0, 1) (a drop), got {self.boxed_rate_ratio_threshold!r}"
+            )
+        for name in ("clip_ratio_increase", "min_early_boxed_rate"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 < value <= 1.0:
+                raise ValueError(f"MonitorConfig.{name} must be in (0, 1], got {value!r}")
+        if not _is_number(self.entropy_min_increase) or self.entropy_min_increase < 0:
+            raise ValueError(f"MonitorConfig.entropy_min_increase must be >= 0, got {self.entropy_min_increase!r}")
+        if isinstance(self.stop_on, str):
+            raise ValueError(f"MonitorConfig.stop_on must be a list of names, got the string {self.stop_on!r}")
+        self.stop_on = tuple(self.stop_on)
+        unknown = [name for name in self.stop_on if name not in SIGNATURES]
+        if unknown:
+            raise ValueError(f"MonitorConfig.stop_on has unknown entries {unknown}; allowed: {list(SIGNATURES)}")
+        self.metric_keys = dict(self.metric_keys)
+        unknown = [role for role in self.metric_keys if role not in DEFAULT_METRIC_KEYS]
+        if unknown:
+            raise ValueError(
+                f"MonitorConfig.metric_keys has unknown roles {unknown}; allowed: {list(DEFAULT_METRIC_KEYS)}"
+            )
+
+    def key(self, role: str) -> str:
+        """Metric name tracked for ``role``."""
+        return self.metric_keys.get(role, DEFAULT_METRIC_KEYS[role])
+
+
+@dataclass(frozen=True)
+class MonitorEvent:
+    """One warning the monitor raised."""
+
+    step: int
+    signature: str
+    message: str
+
+
+class TrainingDynamicsMonitor:
+    """Online early-vs-recent window monitor; see the module docstring."""
+
+    def __init__(self, config: MonitorConfig | None = None) -> None:
+        self.config = config if config is not None else MonitorConfig()
+        self.history: list[dict[str, float]] = []
+        self.events: list[MonitorEvent] = []
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self._active_since: dict[str, int] = {}
+        self._last_warned: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ update
+    def update(self, metrics: Mapping[str, Any], *, step: int | None = None) -> dict[str, float]:
+        """Record one step's metrics and return ``opsd_monitor/...`` metrics.
+
+        ``step`` comes from the argument or from ``metrics["step"]``; steps must increase.
+        Metrics that are missing or not finite numbers are simply not tracked for that step.
+        """
+        if not self.config.enabled:
+            return {}
+        step = _resolve_step(metrics, step)
+        if self.history and step <= self.history[-1]["step"]:
+            raise ValueError(
+                f"TrainingDynamicsMonitor.update: step {step} is not after the last recorded step "
+                f"{int(self.history[-1]['step'])}; feed each step once, in order"
+            )
+        row: dict[str, float] = {"step": step}
+        for role in DEFAULT_METRIC_KEYS:
+            value = _as_float(metrics.get(self.config.key(role)))
+            if value is not None:
+                row[role] = value
+        self.history.append(row)
+        out, fired = self._check(step)
+        for signature, message in fired:
+            self._warn(step, signature, message)
+        stop = [signature for signature, _ in fired if signature in self.config.stop_on]
+        if stop and not self.should_stop:
+            self.should_stop = True
+            self.stop_reason = f"step {step}: {stop[0]} signature (MonitorConfig.stop_on={list(self.config.stop_on)})"
+        out[f"{MONITOR_PREFIX}/should_stop"] = float(self.should_stop)
+        if stop and self.config.raise_on_stop:
+            raise TrainingCollapseError(dict(fired)[stop[0]])
+        return out
+
+    # ------------------------------------------------------------------ windows
+    def early_rows(self) -> list[dict[str, float]]:
+        return [r for r in self.history if self.config.early_start <= r["step"] <= self.config.early_end]
+
+    def recent_rows(self) -> list[dict[str, float]]:
+        later = [r for r in self.history if r["step"] > self.config.early_end]
+        return later[-self.config.recent_window :]
+
+    def window_means(self, start: int, end: int) -> dict[str, float]:
+        """Mean of every tracked role over steps ``start..end`` (inclusive) that logged it."""
+        return _role_means([r for r in self.history if start <= r["step"] <= end])
+
+    def _check(self, step: int) -> tuple[dict[str, float], list[tuple[str, str]]]:
+        cfg = self.config
+        early_rows, recent_rows = self.early_rows(), self.recent_rows()
+        out: dict[str, float] = {}
+        if not early_rows or len(recent_rows) < cfg.recent_window:
+            for signature in SIGNATURES:
+                out[f"{MONITOR_PREFIX}/{signature}_warning"] = 0.0
+            return out, []
+        early, recent = _role_means(early_rows), _role_means(recent_rows)
+        span = f"steps {int(recent_rows[0]['step'])}-{int(recent_rows[-1]['step'])}"
+        base = f"steps {cfg.early_start}-{cfg.early_end}"
+        ratios = {role: _ratio(recent.get(role), early.get(role)) for role in ("entropy", "grad_norm", "fwd_kl", "length", "boxed_rate")}
+        for role, value in ratios.items():
+            if value is not None:
+                out[f"{MONITOR_PREFIX}/{role}_ratio"] = value
+        active: dict[str, str] = {}
+
+        ent_r, grad_r = ratios["entropy"], ratios["grad_norm"]
+        if (
+            ent_r is not None
+            and grad_r is not None
+            and ent_r >= cfg.entropy_ratio_threshold
+            and grad_r >= cfg.grad_norm_ratio_threshold
+            and recent["entropy"] - early["entropy"] >= cfg.entropy_min_increase
+        ):
+            active["collapse"] = (
+                f"OPSD collapse signature at step {step}: student entropy ({cfg.key('entropy')}) "
+                f"{recent['entropy']:.4g} over {span} vs {early['entropy']:.4g} over {base} "
+                f"(x{ent_r:.2f} >= {cfg.entropy_ratio_threshold}) and pre-clip grad norm ({cfg.key('grad_norm')}) "
+                f"{recent['grad_norm']:.4g} vs {early['grad_norm']:.4g} (x{grad_r:.2f} >= {cfg.grad_norm_ratio_threshold}) "
+                "are rising together, the joint rise the paper reports before OPSD collapse "
+                "(expect length blow-up and a falling boxed rate next)"
+            )
+
+        length_r = ratios["length"]
+        clip_delta = None
+        if "clip_ratio" in early and "clip_ratio" in recent:
+            clip_delta = recent["clip_ratio"] - early["clip_ratio"]
+            out[f"{MONITOR_PREFIX}/clip_ratio_increase"] = clip_delta
+        reasons = []
+        if length_r is not None and length_r >= cfg.length_ratio_threshold:
+            reasons.append(
+                f"mean response length ({cfg.key('length')}) {recent['length']:.1f} over {span} vs "
+                f"{early['length']:.1f} over {base} (x{length_r:.2f} >= {cfg.length_ratio_threshold})"
+            )
+        if clip_delta is not None and clip_delta >= cfg.clip_ratio_increase:
+            reasons.append(
+                f"fraction of rollouts at the length cap ({cfg.key('clip_ratio')}) {recent['clip_ratio']:.2f} vs "
+                f"{early['clip_ratio']:.2f} (+{clip_delta:.2f} >= {cfg.clip_ratio_increase})"
+            )
+        if reasons:
+            active["length"] = f"rollout length blow-up at step {step}: " + " and ".join(reasons)
+
+        boxed_r = ratios["boxed_rate"]
+        if (
+            boxed_r is not None
+            and early["boxed_rate"] >= cfg.min_early_boxed_rate
+            and boxed_r <= cfg.boxed_rate_ratio_threshold
+        ):
+            active["boxed"] = (
+                f"boxed-answer rate collapse at step {step}: {cfg.key('boxed_rate')} {recent['boxed_rate']:.3f} "
+                f"over {span} vs {early['boxed_rate']:.3f} over {base} (x{boxed_r:.2f} <= {cfg.boxed_rate_ratio_threshold})"
+            )
+
+        fired = []
+        for signature in SIGNATURES:
+            out[f"{MONITOR_PREFIX}/{signature}_warning"] = float(signature in active)
+            if signature not in active:
+                self._active_since.pop(signature, None)
+                continue
+            self._active_since.setdefault(signature, step)
+            last = self._last_warned.get(signature)
+            if last is None or self._active_since[signature] > last or step - last >= cfg.warn_every:
+                fired.append((signature, active[signature]))
+        return out, fired
+
+    def _warn(self, step: int, signature: str, message: str) -> None:
+        self._last_warned[signature] = step
+        self.events.append(MonitorEvent(step=step, signature=signature, message=message))
+        logger.warning(message)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue monitoring after a resume (history + warning state)."""
+        return {
+            "history": [dict(r) for r in self.history],
+            "events": [(e.step, e.signature, e.message) for e in self.events],
+            "should_stop": self.should_stop,
+            "stop_reason": self.stop_reason,
+            "active_since": dict(self._active_since),
+            "last_warned": dict(self._last_warned),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.history = [dict(r) for r in state["history"]]
+        self.events = [MonitorEvent(step=s, signature=g, message=m) for s, g, m in state["events"]]
+        self.should_stop = bool(state["should_stop"])
+        self.stop_reason = state["stop_reason"]
+        self._active_since = dict(state["active_since"])
+        self._last_warned = dict(state["last_warned"])
+
+
+# ---------------------------------------------------------------------- offline helpers
+def replay(rows: Iterable[Mapping[str, Any]], *, config: MonitorConfig | None = None) -> TrainingDynamicsMonitor:
+    """Feed logged step rows (each with a ``step``) through a fresh monitor, in step order.
+    ``raise_on_stop`` is ignored so the whole log is read; see ``monitor.should_stop``."""
+    monitor = TrainingDynamicsMonitor(config)
+    raise_on_stop = monitor.config.raise_on_stop
+    monitor.config.raise_on_stop = False
+    try:
+        for row in sorted(rows, key=lambda r: _resolve_step(r, None)):
+            monitor.update(row)
+    finally:
+        monitor.config.raise_on_stop = raise_on_stop
+    return monitor
+
+
+def window_table(
+    runs: Mapping[str, Iterable[Mapping[str, Any]]],
+    *,
+    windows: Iterable[tuple[int, int]] = ((1, 10), (91, 100)),
+    roles: Iterable[str] = ("entropy", "fwd_kl", "grad_norm", "loss"),
+    metric_keys: Mapping[str, str] | None = None,
+) -> str:
+    """Markdown table of per-window means per run, like the paper's ``tab:sft_grpo_opsd_train``
+    (steps 1-10 vs 91-100: H_S, D_KL, ||grad||, loss). Empty windows print ``-``."""
+    roles = list(roles)
+    keys = {**DEFAULT_METRIC_KEYS, **(metric_keys or {})}
+    unknown = [r for r in roles if r not in keys]
+    if unknown:
+        raise ValueError(f"window_table: unknown roles {unknown}; allowed: {list(DEFAULT_METRIC_KEYS)}")
+    lines = [
+        "| Run | Steps | " + " | ".join(ROLE_LABELS[r] for r in roles) + " |",
+        "|---|---|" + "---|" * len(roles),
+    ]
+    for name, rows in runs.items():
+        rows = list(rows)
+        for start, end in windows:
+            picked = [r for r in rows if start <= _resolve_step(r, None) <= end]
+            cells = []
+            for role in roles:
+                values = [v for v in (_as_float(r.get(keys[role])) for r in picked) if v is not None]
+                cells.append(_fmt(sum(values) / len(values)) if values else "-")
+            n = len(picked)
+            lines.append(f"| {name} | {start}-{end} (n={n}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- small helpers
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _resolve_step(metrics: Mapping[str, Any], step: int | None) -> int:
+    raw = step if step is not None else metrics.get("step")
+    value = _as_float(raw)
+    if value is None or value != int(value):
+        raise ValueError(f"monitor: each metrics row needs an integer `step` (got {raw!r}); pass step= or metrics['step']")
+    return int(value)
+
+
+def _role_means(rows: list[dict[str, float]]) -> dict[str, float]:
+    means = {}
+    for role in DEFAULT_METRIC_KEYS:
+        values = [r[role] for r in rows if role in r]
+        if values:
+            means[role] = sum(values) / len(values)
+    return means
+
+
+def _ratio(recent: float | None, early: float | None) -> float | None:
+    if recent is None or early is None or early <= 0:
+        return None
+    return recent / early
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
