@@ -1,0 +1,332 @@
+"""The one math grader: final balanced ``\\boxed{}`` answer, checked with Math-Verify.
+
+Every path of the toolkit grades with ``grade`` (the GRPO reward through
+``recipe.common.reward.compute_score``, evaluation, analysis), so training and
+evaluation never disagree on what counts as correct.
+
+Paper, appendix "Evaluation Protocol and Inference Settings": "Answers are extracted from
+the final balanced \\boxed{} expression and checked with Math-Verify."; GRPO recipe: "The
+reward extracts a boxed answer first and falls back to an Answer: pattern."
+
+Extraction (``extract_answer``):
+1. the LAST ``\\boxed{...}`` / ``\\fbox{...}`` whose braces balance (nested braces
+   allowed; an unclosed, truncated ``\\boxed{`` is skipped and the previous complete
+   one is used), or the ``\\boxed 5`` form (one whitespace-delimited token);
+2. otherwise the rest of the line after the last ``Answer:`` (case-insensitive).
+The whole response is searched, including any ``<think>`` block: the paper's rule is the
+final balanced boxed expression of the output, and a closing ``</think>`` is not required
+(a final answer after ``</think>`` is always the last one anyway).
+
+Verification: a fast path decides integer answers and identical normalised strings
+without Math-Verify (``"025"`` == ``"25"``). Everything else goes to Math-Verify with both
+sides wrapped as ``\\boxed{...}`` (unwrapped, 10 of the 30 HMMT February 2025 golds do not
+verify against themselves). Math-Verify's own timeouts use ``signal.alarm``, which fails
+outside the main thread, so they are turned off and the call runs in a persistent worker
+subprocess (``python -m recipe.common.grader --serve``) that we kill and replace when it
+exceeds ``timeout_s``. This works from threads, thread pools, daemonic process-pool
+workers and Ray workers alike. Answers longer than ``MAX_ANSWER_CHARS`` are rejected
+without parsing; the worker runs under a ``WORKER_MEMORY_BYTES`` address-space limit.
+Anything that times out, crashes or fails to parse grades as incorrect; ``grade`` never
+raises on model output.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+# Extracted answers longer than this are graded incorrect without parsing.
+MAX_ANSWER_CHARS = 1000
+# Default wall-clock bound of one Math-Verify comparison.
+DEFAULT_TIMEOUT_S = 10.0
+# Time allowed for a fresh worker to import math_verify and report ready.
+WORKER_STARTUP_TIMEOUT_S = 120.0
+# Address-space limit of a worker (huge exponents raise MemoryError instead of swapping).
+WORKER_MEMORY_BYTES = 4 * 1024**3
+# Concurrent worker processes per grading process (threads beyond this wait their turn).
+MAX_WORKERS = int(os.environ.get("OPSD_GRADER_WORKERS", "2"))
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_ANSWER_RE = re.compile(r"(?<![A-Za-z])answer\s*:", re.IGNORECASE)
+_INT_RE = re.compile(r"[+-]?\d+")
+_SPACING_RE = re.compile(r"\\[,;:! ]|\\left|\\right|\s+")
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    """Outcome of grading one response.
+
+    Attributes:
+        score: 1.0 if correct else 0.0.
+        acc: whether the extracted answer equals the ground truth.
+        pred: the extracted answer (boxed content or ``Answer:`` text), None if none found.
+        has_boxed: whether a complete ``\\boxed{}`` / ``\\fbox{}`` answer was found.
+    """
+
+    score: float
+    acc: bool
+    pred: str | None
+    has_boxed: bool
+
+
+def _match_braces(text: str) -> dict[int, int]:
+    """Index of each ``{`` -> index of its closing ``}`` (escaped ``\\{`` / ``\\}`` ignored)."""
+    match: dict[int, int] = {}
+    stack: list[int] = []
+    for idx, char in enumerate(text):
+        if char not in "{}" or (idx > 0 and text[idx - 1] == "\\"):
+            continue
+        if char == "{":
+            stack.append(idx)
+        elif stack:
+            match[stack.pop()] = idx
+    return match
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last balanced ``\\boxed{...}`` / ``\\fbox{...}`` (or ``\\boxed x``), else None."""
+    starts = [m.end() for m in _BOX_RE.finditer(text)]
+    if not starts:
+        return None
+    braces = _match_braces(text)
+    for start in reversed(starts):
+        pos = start
+        while pos < len(text) and text[pos] in " \t":
+            pos += 1
+        if pos < len(text) and text[pos] == "{":
+            close = braces.get(pos)
+            if close is not None:
+                return text[pos + 1 : close].strip()
+            continue
+        if pos > start:  # `\boxed 5`: one token after the space
+            token = re.match(r"[^\s$]+", text[pos:])
+            if token:
+                return token.group(0).rstrip(".,")
+    return None
+
+
+def extract_answer_line(text: str) -> str | None:
+    """Text after the last ``Answer:`` on its line, without ``$``, ``*`` or a final period."""
+    last = None
+    for last in _ANSWER_RE.finditer(text):
+        pass
+    if last is None:
+        return None
+    line = text[last.end() :].split("\n", 1)[0]
+    answer = line.strip().strip("*").strip().strip("$").strip().rstrip(".").strip()
+    return answer or None
+
+
+def extract_answer(text: str) -> str | None:
+    """Final balanced boxed answer, falling back to the ``Answer:`` pattern."""
+    boxed = extract_boxed(text)
+    return boxed if boxed is not None else extract_answer_line(text)
+
+
+def _normalise(answer: str) -> str:
+    answer = _SPACING_RE.sub("", answer.strip().strip("$"))
+    answer = answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    return answer.rstrip(".")
+
+
+def fast_equal(pred: str, gold: str) -> bool | None:
+    """Decide without Math-Verify when possible: True/False, or None (undecided)."""
+    pred_n, gold_n = _normalise(pred), _normalise(gold)
+    if pred_n == gold_n:
+        return True
+    if _INT_RE.fullmatch(pred_n) and _INT_RE.fullmatch(gold_n):
+        return int(pred_n) == int(gold_n)
+    return None
+
+
+def _wrap(answer: str) -> str:
+    return answer if "\\boxed" in answer else "\\boxed{" + answer + "}"
+
+
+def verify_in_process(pred: str, gold: str) -> bool:
+    """Math-Verify with its signal-based timeouts off. Unbounded in time: call via a worker."""
+    from math_verify import parse, verify
+
+    try:
+        gold_parsed = parse(_wrap(gold), parsing_timeout=None)
+        pred_parsed = parse(_wrap(pred), parsing_timeout=None)
+        if not gold_parsed or not pred_parsed:
+            return False
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    except Exception:  # model output that breaks the parser is simply wrong
+        return False
+
+
+class _Worker:
+    """One ``--serve`` subprocess answering JSON-line requests; killed on timeout."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self._buffer = b""
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "recipe.common.grader", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        self._buffer = b""
+        if self._read_line(time.monotonic() + WORKER_STARTUP_TIMEOUT_S) != b"ready":
+            self.kill()
+            raise RuntimeError(
+                f"grader worker did not start within {WORKER_STARTUP_TIMEOUT_S:.0f} s "
+                f"(`{sys.executable} -m recipe.common.grader --serve`); is math-verify installed?"
+            )
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:  # worker died
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def verify(self, pred: str, gold: str, timeout_s: float) -> bool | None:
+        """True/False, or None if the worker timed out or died (it is then killed)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        request = json.dumps({"pred": pred, "gold": gold}).encode() + b"\n"
+        try:
+            self.proc.stdin.write(request)
+            self.proc.stdin.flush()
+        except OSError:
+            self.kill()
+            return None
+        line = self._read_line(time.monotonic() + timeout_s)
+        if line is None:
+            self.kill()
+            return None
+        return bool(json.loads(line)["ok"])
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout):
+                stream.close()
+        self.proc = None
+
+
+class _WorkerPool:
+    """At most ``MAX_WORKERS`` workers per process, shared by all threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
+        self._created = 0
+
+    def acquire(self) -> _Worker:
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's pipes are not ours
+                self._reset()
+            try:
+                return self._idle.get_nowait()
+            except queue.Empty:
+                if self._created < max(1, MAX_WORKERS):
+                    self._created += 1
+                    return _Worker()
+        return self._idle.get()
+
+    def release(self, worker: _Worker) -> None:
+        if self._pid == os.getpid():
+            self._idle.put(worker)
+
+    def close(self) -> None:
+        if self._pid != os.getpid():
+            return
+        while True:
+            try:
+                self._idle.get_nowait().kill()
+            except queue.Empty:
+                return
+
+
+_POOL = _WorkerPool()
+atexit.register(_POOL.close)
+
+
+def answers_match(pred: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Whether an extracted answer equals the ground truth (bounded by ``timeout_s``)."""
+    decided = fast_equal(pred, gold)
+    if decided is not None:
+        return decided
+    if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
+        return False
+    worker = _POOL.acquire()
+    try:
+        return bool(worker.verify(pred, gold, timeout_s))
+    finally:
+        _POOL.release(worker)
+
+
+def grade(response: str, ground_truth, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> GradeResult:
+    """Grade one response against its ground truth (str, or a number that is converted).
+
+    Returns GradeResult(score, acc, pred, has_boxed). Never raises on the response text;
+    the Math-Verify comparison is bounded by ``timeout_s`` seconds of wall-clock time
+    (plus a one-off worker start-up after a timeout).
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if not isinstance(response, str):
+        raise TypeError(f"response must be a str, got {type(response).__name__}")
+    gold = str(ground_truth).strip()
+    boxed = extract_boxed(response)
+    pred = boxed if boxed is not None else extract_answer_line(response)
+    acc = pred is not None and gold != "" and answers_match(pred, gold, timeout_s=timeout_s)
+    return GradeResult(score=1.0 if acc else 0.0, acc=acc, pred=pred, has_boxed=boxed is not None)
+
+
+def _serve() -> None:
+    """Worker loop: one JSON request per stdin line, one ``{"ok": bool}`` per stdout line."""
+    import logging
+
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
+    except (ImportError, ValueError, OSError):
+        pass
+    logging.disable(logging.WARNING)
+    import math_verify  # noqa: F401  (import before reporting ready)
+
+    out = sys.stdout.buffer
+    out.write(b"ready\n")
+    out.flush()
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        try:
+            ok = verify_in_process(request["pred"], request["gold"])
+        except MemoryError:
+            ok = False
+        out.write(json.dumps({"ok": ok}).encode() + b"\n")
+        out.flush()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    _serve()
