@@ -1,0 +1,144 @@
+"""Batched sampling with Hugging Face ``generate`` (pure torch + transformers, no verl).
+
+One call samples a whole batch of prompts of different lengths (left-padded), and
+returns for every sequence the response token ids, the log-probability of each sampled
+token and a finish reason. Used by the CPU rollout server (``recipe.common.cpu_rollout``),
+evaluation and analysis.
+
+Log-probabilities follow vLLM's default ``logprobs_mode=processed_logprobs`` (the mode
+verl 0.9.1's rollout config uses, ``verl/trainer/config/rollout/rollout.yaml:93``): the
+log-probability of the sampled token under the distribution it was sampled from, i.e.
+after temperature scaling and top-k / top-p filtering (renormalised). With
+``top_k=-1, top_p=1.0`` this is ``log_softmax(logits / temperature)``, the quantity verl's
+actor recomputes as ``old_log_prob``. Greedy decoding (``temperature=0``) reports
+``log_softmax(logits)``.
+
+Response ids stop at, and include, the first end-of-sequence token (as vLLM's
+``token_ids`` do); ``finish_reason`` is ``"stop"`` then, else ``"length"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+
+@dataclass
+class SampleParams:
+    """Sampling options of one ``sample_batch`` call (vLLM conventions).
+
+    Attributes:
+        max_new_tokens: maximum number of response tokens per sequence (>= 1).
+        temperature: softmax temperature; 0 means greedy decoding.
+        top_p: nucleus mass in (0, 1]; 1.0 disables it.
+        top_k: keep the k most likely tokens; -1 or 0 disables it.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+    def __post_init__(self):
+        if int(self.max_new_tokens) < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k}")
+
+
+@dataclass
+class BatchSample:
+    """Result of ``sample_batch``: one entry per prompt, in input order."""
+
+    response_ids: list[list[int]]
+    logprobs: list[list[float]]
+    finish_reasons: list[str]
+
+
+def left_pad(prompt_ids: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ``input_ids_BP`` and ``attention_mask_BP`` (long tensors)."""
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty")
+    for row, ids in enumerate(prompt_ids):
+        if len(ids) == 0:
+            raise ValueError(f"prompt_ids[{row}] is empty; every prompt needs at least one token")
+    width = max(len(ids) for ids in prompt_ids)
+    input_ids_BP = torch.full((len(prompt_ids), width), pad_token_id, dtype=torch.long)
+    attention_mask_BP = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for row, ids in enumerate(prompt_ids):
+        input_ids_BP[row, width - len(ids) :] = torch.as_tensor(list(ids), dtype=torch.long)
+        attention_mask_BP[row, width - len(ids) :] = 1
+    return input_ids_BP, attention_mask_BP
+
+
+@torch.no_grad()
+def sample_batch(
+    model: PreTrainedModel,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    params: SampleParams,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    seed: int | None = None,
+) -> BatchSample:
+    """Sample one response per prompt with ``model.generate`` on a left-padded batch.
+
+    Args:
+        model: a causal LM (any device; inputs follow ``model.device``).
+        prompt_ids: token ids of each prompt (no padding), lengths may differ.
+        params: temperature / top-p / top-k / max_new_tokens.
+        eos_token_ids: ids that end a sequence (kept as the last response token).
+        pad_token_id: id used for left padding of the prompts.
+        seed: if given, sampling draws from a CPU RNG seeded with it (the global RNG state
+            is restored afterwards), so the same inputs and seed give the same outputs.
+    """
+    if len(eos_token_ids) == 0:
+        raise ValueError("eos_token_ids is empty; pass the tokenizer's end-of-sequence id(s)")
+    input_ids_BP, attention_mask_BP = left_pad(prompt_ids, pad_token_id=pad_token_id)
+    device = model.device
+    greedy = params.temperature == 0
+    # Every sampling field explicit: a None would be filled from transformers' global
+    # defaults (top_k=50), silently changing the distribution. top_k=0 / top_p=1.0 = off.
+    generation_config = GenerationConfig(
+        do_sample=not greedy,
+        temperature=1.0 if greedy else float(params.temperature),
+        top_p=1.0 if greedy else float(params.top_p),
+        top_k=0 if greedy or params.top_k <= 0 else int(params.top_k),
+        max_new_tokens=int(params.max_new_tokens),
+        eos_token_id=list(eos_token_ids),
+        pad_token_id=pad_token_id,
+        bos_token_id=None,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = model.generate(
+            input_ids=input_ids_BP.to(device),
+            attention_mask=attention_mask_BP.to(device),
+            generation_config=generation_config,
+        )
+    prompt_width = input_ids_BP.shape[1]
+    new_ids_BR = out.sequences[:, prompt_width:].cpu()
+    # scores are the processed logits (temperature, top-k, top-p applied) of each step.
+    scores_BRV = torch.stack(out.scores, dim=1).float().cpu()
+    logprobs_BR = torch.log_softmax(scores_BRV, dim=-1).gather(-1, new_ids_BR.unsqueeze(-1)).squeeze(-1)
+
+    eos_set = set(int(i) for i in eos_token_ids)
+    response_ids, logprobs, finish_reasons = [], [], []
+    for row in range(new_ids_BR.shape[0]):
+        ids = new_ids_BR[row].tolist()
+        end = next((t + 1 for t, tok in enumerate(ids) if tok in eos_set), None)
+        finish_reasons.append("stop" if end is not None else "length")
+        end = len(ids) if end is None else end
+        response_ids.append(ids[:end])
+        logprobs.append(logprobs_BR[row, :end].tolist())
+    return BatchSample(response_ids=response_ids, logprobs=logprobs, finish_reasons=finish_reasons)

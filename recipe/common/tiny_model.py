@@ -1,0 +1,236 @@
+"""Tiny Qwen3-architecture causal LM and a local character-level tokenizer (no download).
+
+Used by the tests, the CPU defaults of the run scripts and the toy-world experiments.
+
+- ``build_char_tokenizer()`` returns a ``PreTrainedTokenizerFast`` whose vocabulary is one
+  token per character (printable ASCII, newline, tab and a few math/LaTeX symbols), so
+  every digit is a single token, plus the Qwen3 chat specials. The chat template is the
+  project's Qwen3-style template (``recipe/common/chat_templates/qwen3.jinja``), which
+  supports ``enable_thinking``.
+- ``build_tiny_model(out_dir, ...)`` saves a randomly initialised ``Qwen3ForCausalLM``
+  (untied lm_head: the OPSD teacher keeps a frozen copy of it), the tokenizer and a
+  generation config to ``out_dir`` with ``save_pretrained``. Deterministic given ``seed``.
+
+CLI: ``python scripts/build_tiny_model.py --out-dir /tmp/tiny``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+CHAT_TEMPLATE_PATH = Path(__file__).resolve().parent / "chat_templates" / "qwen3.jinja"
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+PAD = "<|pad|>"
+UNK = "<|unk|>"
+# Control tokens: dropped by decode(skip_special_tokens=True).
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, PAD, UNK)
+# Like Qwen3, <think> / </think> are added tokens that survive skip_special_tokens.
+THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)
+
+# Symbols beyond ASCII that show up in math text; LaTeX itself is plain ASCII.
+EXTRA_CHARS = "—–…×÷±≤≥≠≈−·°√∞πθαβγδλμσΣΔ∑∫∈∉∪∩⊂⊆→⇒⇔∀∃’‘“”"
+
+
+def char_vocabulary() -> list[str]:
+    """Every single-character token, in id order (after the special tokens)."""
+    chars = ["\n", "\t"] + [chr(c) for c in range(0x20, 0x7F)] + list(EXTRA_CHARS)
+    if len(set(chars)) != len(chars):
+        raise ValueError("char_vocabulary: duplicate characters in EXTRA_CHARS")
+    return chars
+
+
+def load_chat_template(path: str | os.PathLike | None = None) -> str:
+    """Contents of the project's Qwen3-style chat template."""
+    template_path = Path(path) if path is not None else CHAT_TEMPLATE_PATH
+    if not template_path.is_file():
+        raise FileNotFoundError(
+            f"chat template not found: {template_path} (expected recipe/common/chat_templates/qwen3.jinja)"
+        )
+    return template_path.read_text()
+
+
+def build_char_tokenizer(*, chat_template: str | None = None, model_max_length: int = 4096) -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer with Qwen3 chat specials, built without any download.
+
+    Ids: the special tokens first (``<|endoftext|>`` = 0, ``<|im_start|>`` = 1,
+    ``<|im_end|>`` = 2, ``<|pad|>`` = 3, ``<|unk|>`` = 4, ``<think>`` = 5,
+    ``</think>`` = 6), then one id per character of ``char_vocabulary()``. Characters
+    outside the vocabulary map to ``<|unk|>``. eos = ``<|im_end|>``, pad = ``<|pad|>``.
+
+    Args:
+        chat_template: jinja chat template; ``None`` loads ``chat_templates/qwen3.jinja``.
+        model_max_length: stored as the tokenizer's ``model_max_length``.
+    """
+    added = list(SPECIAL_TOKENS) + list(THINK_TOKENS)
+    vocab = {token: idx for idx, token in enumerate(added)}
+    for char in char_vocabulary():
+        vocab[char] = len(vocab)
+    # A BPE model without merges splits the text into single characters; no pre-tokenizer,
+    # so spaces and newlines are ordinary tokens, and Fuse() decodes by concatenation.
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, fuse_unk=False))
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=PAD,
+        unk_token=UNK,
+        bos_token=None,
+        additional_special_tokens=[ENDOFTEXT, IM_START],
+        model_max_length=model_max_length,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_tokens(list(THINK_TOKENS), special_tokens=False)
+    tokenizer.chat_template = chat_template if chat_template is not None else load_chat_template()
+    return tokenizer
+
+
+def tiny_qwen3_config(
+    *,
+    vocab_size: int,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 4096,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> Qwen3Config:
+    """Qwen3Config for the tiny model; head_dim = hidden_size / num_heads must be >= 32 (vLLM CPU kernels)."""
+    if hidden_size % num_heads != 0:
+        raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+    head_dim = hidden_size // num_heads
+    if head_dim < 32:
+        raise ValueError(f"head_dim = hidden_size / num_heads = {head_dim}; must be >= 32 (vLLM CPU attention)")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads}")
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        max_window_layers=num_layers,
+        tie_word_embeddings=False,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        bos_token_id=None,
+    )
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike,
+    *,
+    seed: int = 0,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 128,
+    chat_template: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Save a random tiny Qwen3ForCausalLM + character tokenizer to ``out_dir``; return the path.
+
+    Deterministic given ``seed``. Refuses to write into a non-empty directory unless
+    ``overwrite=True``.
+    """
+    out_path = Path(out_dir)
+    if out_path.exists() and any(out_path.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out_path} is not empty; pass overwrite=True to replace the tiny model there")
+    tokenizer = build_char_tokenizer(chat_template=chat_template)
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    pad_id = tokenizer.convert_tokens_to_ids(PAD)
+    endoftext_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    config = tiny_qwen3_config(
+        vocab_size=len(tokenizer),
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config).to(torch.float32)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[eos_id, endoftext_id], pad_token_id=pad_id, bos_token_id=None, do_sample=True
+    )
+    out_path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_path)
+    tokenizer.save_pretrained(out_path)
+    return out_path
+
+
+def tiny_arithmetic_records(*, num_rows: int, seed: int, split: str) -> list[dict]:
+    """Toy addition problems in the project's verl parquet schema (docs/ARCHITECTURE.md).
+
+    Smoke-test data for the tiny model only: the prompt is the bare problem (no
+    instruction), the reference solution a one-line derivation ending in ``\\boxed{}``.
+    """
+    import random
+
+    rng = random.Random(seed)
+    records = []
+    for index in range(num_rows):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        problem = f"What is {a} + {b}?"
+        answer = str(a + b)
+        unrelated_a, unrelated_b = rng.randint(0, 99), rng.randint(0, 99)
+        records.append(
+            {
+                "data_source": "tiny_arithmetic",
+                "prompt": [{"role": "user", "content": problem}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {
+                    "id": f"tiny-{split}-{index}",
+                    "index": index,
+                    "split": split,
+                    "problem": problem,
+                    "solution": f"{a} + {b} = {answer}, so the answer is \\boxed{{{answer}}}.",
+                    "answer": answer,
+                    "cot": "",
+                    "unrelated_problem": f"What is {unrelated_a} + {unrelated_b}?",
+                    "unrelated_solution": f"The answer is \\boxed{{{unrelated_a + unrelated_b}}}.",
+                },
+            }
+        )
+    return records
+
+
+def build_tiny_parquet(
+    out_dir: str | os.PathLike, *, num_train: int = 64, num_val: int = 16, seed: int = 0
+) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` of toy addition problems; return their paths."""
+    import pandas as pd
+
+    out_path = Path(out_dir)
+    out_path.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, rows, split_seed in (("train", num_train, seed), ("val", num_val, seed + 1)):
+        path = out_path / f"{split}.parquet"
+        if path.exists():
+            raise FileExistsError(f"{path} exists; remove it or choose another out_dir")
+        pd.DataFrame(tiny_arithmetic_records(num_rows=rows, seed=split_seed, split=split)).to_parquet(path)
+        paths.append(path)
+    return paths[0], paths[1]
