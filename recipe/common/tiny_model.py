@@ -184,10 +184,13 @@ def build_tiny_model(
 def tiny_arithmetic_records(*, num_rows: int, seed: int, split: str) -> list[dict]:
     """Toy addition problems in the project's verl parquet schema (docs/ARCHITECTURE.md).
 
-    Smoke-test data for the tiny model only: the prompt is the bare problem (no
-    instruction), the reference solution a one-line derivation ending in ``\\boxed{}``.
+    Smoke-test data for the tiny model: the student prompt comes from
+    ``recipe.common.prompts.student_messages``, the reference solution is a one-line
+    derivation ending in ``\\boxed{}``.
     """
     import random
+
+    from recipe.common.prompts import student_messages
 
     rng = random.Random(seed)
     records = []
@@ -199,7 +202,7 @@ def tiny_arithmetic_records(*, num_rows: int, seed: int, split: str) -> list[dic
         records.append(
             {
                 "data_source": "tiny_arithmetic",
-                "prompt": [{"role": "user", "content": problem}],
+                "prompt": student_messages(problem),
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": answer},
                 "extra_info": {

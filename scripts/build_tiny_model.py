@@ -1,0 +1,45 @@
+"""Build the tiny Qwen3-architecture model + character tokenizer (and optionally toy parquet data).
+
+    python scripts/build_tiny_model.py --out-dir ~/.cache/opsd_verl/tiny_model
+    python scripts/build_tiny_model.py --out-dir /tmp/tiny --data-dir /tmp/tiny_data
+
+No download: everything is built locally (recipe.common.tiny_model).
+"""
+
+import argparse
+
+from recipe.common.tiny_model import build_tiny_model, build_tiny_parquet
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", required=True, help="directory for the HF model + tokenizer")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--num-heads", type=int, default=2, help="head_dim = hidden / heads must be >= 32")
+    parser.add_argument("--num-kv-heads", type=int, default=1)
+    parser.add_argument("--intermediate-size", type=int, default=128)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing model in --out-dir")
+    parser.add_argument("--data-dir", default=None, help="also write train.parquet / val.parquet toy data here")
+    parser.add_argument("--num-train", type=int, default=64)
+    parser.add_argument("--num-val", type=int, default=16)
+    args = parser.parse_args()
+    path = build_tiny_model(
+        args.out_dir,
+        seed=args.seed,
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
+        intermediate_size=args.intermediate_size,
+        overwrite=args.overwrite,
+    )
+    print(f"tiny model: {path}")
+    if args.data_dir:
+        train, val = build_tiny_parquet(args.data_dir, num_train=args.num_train, num_val=args.num_val, seed=args.seed)
+        print(f"toy data: {train} {val}")
+
+
+if __name__ == "__main__":
+    main()
