@@ -1,0 +1,400 @@
+"""OPSD per-position divergences over the full vocabulary (pure torch).
+
+This module holds the one copy of every loss formula of the project. For position i
+and vocabulary entry v, with pS = softmax(student_logits / tau_S) and
+pT = softmax(teacher_logits / tau_T), the per-entry terms d_{i,v} are
+
+* beta == 0, forward KL(pT || pS):  d_v = pT_v (log pT_v - log pS_v)
+  (paper eq:opsd_clipped; this is the default OPSD objective);
+* beta == 1, reverse KL(pS || pT):  d_v = pS_v (log pS_v - log pT_v);
+* 0 < beta < 1, generalized JSD (paper eq:generalized_jsd), with
+  m = (1 - beta) pS + beta pT:
+  d_v = beta pT_v (log pT_v - log m_v) + (1 - beta) pS_v (log pS_v - log m_v).
+
+The endpoints are dispatched separately, never taken as limits of the JSD. With
+``clip_tau`` the per-position value is ``sum_v min(d_v, clip_tau)``: each vocabulary
+entry is capped BEFORE the vocabulary sum (eq:opsd_clipped), there is no lower clip, so
+a clipped value can be negative. ``topk`` restricts the support to the teacher's top-k
+ids (forward KL and JSD) or the student's top-k ids (reverse KL) and renormalises both
+distributions on that support (no tail bucket).
+
+Everything is computed in float32 (float64 if an input is float64) whatever the input
+dtype. ``chunk_size`` switches to a custom autograd Function that processes rows in
+chunks and recomputes them in backward with an analytic gradient, so the extra memory
+of forward + backward is O(chunk_size x V) plus the gradient of the input.
+:func:`fused_linear_token_divergence` also moves the lm_head matmul inside the chunk, so
+no [N, V] tensor ever exists.
+
+Analytic gradient (derived per branch, checked by gradcheck in the tests). Write
+l = log pS (a function of the student logits s through l_v = s_v / tau_S - lse(s / tau_S))
+and k_v = 1[d_v <= clip_tau] (the subgradient of min, matching ``torch.clamp``):
+
+* forward KL:  dL/dl_v = -pT_v k_v
+* reverse KL:  dL/dl_v = pS_v (l_v - log pT_v + 1) k_v
+* JSD_beta:    dL/dl_v = (1 - beta) pS_v (l_v - log m_v) k_v
+* all:         dL/ds_j = (g_j - pS_j sum_v g_v) / tau_S   with g_v = dL/dl_v
+
+The softmax normaliser couples every entry, so an entry whose term is clipped still
+receives gradient through the ``- pS_j sum_v g_v`` part.
+
+Example::
+
+    from recipe.opsd.losses import token_divergence, global_token_sum_mean
+    per_pos_BT = token_divergence(student_logits_BTV, teacher_logits_BTV,
+                                  beta=0.0, clip_tau=0.05, student_temperature=1.1,
+                                  chunk_size=1024)
+    loss = global_token_sum_mean(per_pos_BT, loss_mask_BT, global_token_count=n_tokens)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "token_divergence",
+    "fused_linear_token_divergence",
+    "masked_token_mean",
+    "global_token_sum_mean",
+    "log_probs",
+    "entry_terms",
+    "forward_kl_terms",
+    "entropy",
+]
+
+
+# --------------------------------------------------------------------------- formulas
+def log_probs(logits: torch.Tensor, *, temperature: float, dtype: torch.dtype) -> torch.Tensor:
+    """log softmax(logits / temperature) over the last dim, computed in ``dtype``."""
+    return F.log_softmax(logits.to(dtype) / temperature, dim=-1)
+
+
+def forward_kl_terms(logp_t: torch.Tensor, logp_s: torch.Tensor) -> torch.Tensor:
+    """Per-entry forward-KL contributions d_v = pT_v (log pT_v - log pS_v) (eq:opsd_clipped)."""
+    return (logp_t - logp_s).mul_(logp_t.exp())
+
+
+def _log_mixture(logp_s: torch.Tensor, logp_t: torch.Tensor, beta: float) -> torch.Tensor:
+    """log m with m = (1 - beta) pS + beta pT, computed in log space (0 < beta < 1)."""
+    return torch.logaddexp(logp_s + math.log1p(-beta), logp_t + math.log(beta))
+
+
+def entry_terms(logp_s: torch.Tensor, logp_t: torch.Tensor, *, beta: float) -> torch.Tensor:
+    """Unclipped per-vocabulary-entry terms d_v of the beta-divergence (see module docstring)."""
+    if beta == 0.0:
+        return forward_kl_terms(logp_t, logp_s)
+    if beta == 1.0:
+        return logp_s.exp() * (logp_s - logp_t)
+    logm = _log_mixture(logp_s, logp_t, beta)
+    return beta * logp_t.exp() * (logp_t - logm) + (1.0 - beta) * logp_s.exp() * (logp_s - logm)
+
+
+def _entry_grad(logp_s, logp_t, *, beta: float) -> torch.Tensor:
+    """dd_v / dlog pS_v for each entry (before the clip mask and the softmax normaliser)."""
+    if beta == 0.0:
+        return -logp_t.exp()
+    if beta == 1.0:
+        return logp_s.exp() * (logp_s - logp_t + 1.0)
+    return (1.0 - beta) * logp_s.exp() * (logp_s - _log_mixture(logp_s, logp_t, beta))
+
+
+def entropy(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy -sum_v p_v log p_v over the last dim."""
+    return -(logp.exp() * logp).sum(-1)
+
+
+# --------------------------------------------------------------------------- options
+@dataclass(frozen=True)
+class _Opts:
+    beta: float
+    clip_tau: float | None
+    student_temperature: float
+    teacher_temperature: float
+    topk: int | None
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate_loss_options(*, beta, clip_tau, student_temperature, teacher_temperature, topk, chunk_size, vocab_size) -> _Opts:
+    if not _is_number(beta) or not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be a number in [0, 1] (0 forward KL, 1 reverse KL, else generalized JSD); got {beta!r}")
+    if clip_tau is not None and (not isinstance(clip_tau, (int, float)) or isinstance(clip_tau, bool) or not clip_tau > 0):
+        raise ValueError(f"clip_tau must be None (no clip) or a number > 0; got {clip_tau!r}")
+    if not _is_number(student_temperature) or student_temperature <= 0:
+        raise ValueError(f"student_temperature must be a finite number > 0; got {student_temperature!r}")
+    if teacher_temperature is None:
+        teacher_temperature = student_temperature
+    if not _is_number(teacher_temperature) or teacher_temperature <= 0:
+        raise ValueError(f"teacher_temperature must be None (= student_temperature) or a finite number > 0; got {teacher_temperature!r}")
+    if topk is not None and (not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= vocab_size):
+        raise ValueError(f"topk must be None (full vocabulary) or an int in [1, V={vocab_size}]; got {topk!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be None (unchunked) or an int >= 1; got {chunk_size!r}")
+    return _Opts(float(beta), None if clip_tau is None else float(clip_tau), float(student_temperature), float(teacher_temperature), topk)
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+# --------------------------------------------------------------------------- row kernels
+def _support_ids(s_raw: torch.Tensor, t_raw: torch.Tensor, o: _Opts) -> torch.Tensor:
+    """Top-k support ids [rows, k]: the teacher's for forward KL / JSD, the student's for reverse KL."""
+    ranked = s_raw if o.beta == 1.0 else t_raw
+    return ranked.topk(o.topk, dim=-1, sorted=False).indices
+
+
+def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bool):
+    """Per-row values [rows] and, if asked, d value / d s_raw [rows, V] (analytic).
+
+    Works on raw logits of one chunk; everything inside is in ``cdt``.
+    """
+    ids, vocab = None, s_raw.shape[-1]
+    if o.topk is not None:
+        ids = _support_ids(s_raw, t_raw, o)
+        s_raw, t_raw = s_raw.gather(-1, ids), t_raw.gather(-1, ids)
+    logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
+    logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
+    del s_raw, t_raw  # frees the fused path's chunk logits
+    d = entry_terms(logp_s, logp_t, beta=o.beta)
+    keep = None
+    if o.clip_tau is not None:
+        keep = d <= o.clip_tau
+        d.clamp_(max=o.clip_tau)
+    values = d.sum(-1)
+    del d
+    if not want_grad:
+        return values, None
+    g = _entry_grad(logp_s, logp_t, beta=o.beta)
+    del logp_t
+    if keep is not None:
+        g.mul_(keep)
+        del keep
+    g_sum = g.sum(-1, keepdim=True)
+    p_s = logp_s.exp_()  # reuse the buffer: logp_s is no longer needed
+    g.sub_(p_s.mul_(g_sum)).div_(o.student_temperature)
+    del p_s
+    if ids is None:
+        return values, g
+    full = torch.zeros(g.shape[0], vocab, dtype=cdt, device=g.device)
+    return values, full.scatter_(-1, ids, g)
+
+
+def _autograd_values(s_raw, t_raw, o: _Opts, cdt: torch.dtype) -> torch.Tensor:
+    """Unchunked reference path: plain autograd through the same per-entry formulas."""
+    t_raw = t_raw.detach()
+    if o.topk is not None:
+        ids = _support_ids(s_raw.detach(), t_raw, o)
+        s_raw, t_raw = s_raw.gather(-1, ids), t_raw.gather(-1, ids)
+    logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
+    logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
+    d = entry_terms(logp_s, logp_t, beta=o.beta)
+    if o.clip_tau is not None:
+        d = d.clamp(max=o.clip_tau)
+    return d.sum(-1)
+
+
+def _row_chunks(n_rows: int, chunk_size: int):
+    for start in range(0, n_rows, chunk_size):
+        yield slice(start, min(start + chunk_size, n_rows))
+
+
+# --------------------------------------------------------------------------- autograd Functions
+class _ChunkedDivergence(torch.autograd.Function):
+    """Row-chunked divergence on given logits; backward recomputes each chunk analytically."""
+
+    @staticmethod
+    def forward(ctx, student_NV, teacher_NV, o: _Opts, chunk_size: int, cdt: torch.dtype):
+        values_N = torch.empty(student_NV.shape[0], dtype=cdt, device=student_NV.device)
+        for rows in _row_chunks(student_NV.shape[0], chunk_size):
+            values_N[rows], _ = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], o, cdt, want_grad=False)
+        ctx.save_for_backward(student_NV, teacher_NV)
+        ctx.o, ctx.chunk_size, ctx.cdt = o, chunk_size, cdt
+        return values_N
+
+    @staticmethod
+    def backward(ctx, grad_N):
+        student_NV, teacher_NV = ctx.saved_tensors
+        grad_NV = torch.empty_like(student_NV)
+        for rows in _row_chunks(student_NV.shape[0], ctx.chunk_size):
+            _, g = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], ctx.o, ctx.cdt, want_grad=True)
+            grad_NV[rows] = g.mul_(grad_N[rows, None].to(ctx.cdt))
+        return grad_NV, None, None, None, None
+
+
+class _FusedLinearDivergence(torch.autograd.Function):
+    """Row-chunked divergence with the lm_head matmul inside the chunk; no [N, V] tensor is kept."""
+
+    @staticmethod
+    def forward(ctx, hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, o: _Opts, chunk_size: int, cdt: torch.dtype):
+        values_N = torch.empty(hs_NH.shape[0], dtype=cdt, device=hs_NH.device)
+        for rows in _row_chunks(hs_NH.shape[0], chunk_size):
+            values_N[rows], _ = _rows_value_and_grad(
+                F.linear(hs_NH[rows], ws_VH, bs_V), F.linear(ht_NH[rows], wt_VH, bt_V), o, cdt, want_grad=False
+            )
+        ctx.save_for_backward(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V)
+        ctx.o, ctx.chunk_size, ctx.cdt = o, chunk_size, cdt
+        return values_N
+
+    @staticmethod
+    def backward(ctx, grad_N):
+        hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        cdt = ctx.cdt
+        grad_h = torch.empty_like(hs_NH) if need_h else None
+        # weight / bias gradients accumulate over chunks in the compute dtype (fp32 for bf16 weights)
+        grad_w = torch.zeros(ws_VH.shape, dtype=cdt, device=ws_VH.device) if need_w else None
+        grad_b = torch.zeros(bs_V.shape, dtype=cdt, device=bs_V.device) if need_b and bs_V is not None else None
+        for rows in _row_chunks(hs_NH.shape[0], ctx.chunk_size):
+            _, g = _rows_value_and_grad(
+                F.linear(hs_NH[rows], ws_VH, bs_V), F.linear(ht_NH[rows], wt_VH, bt_V), ctx.o, cdt, want_grad=True
+            )
+            g.mul_(grad_N[rows, None].to(cdt))
+            if need_h:
+                grad_h[rows] = g.to(ws_VH.dtype) @ ws_VH
+            if need_w:
+                grad_w.addmm_(g.T, hs_NH[rows].to(cdt))
+            if grad_b is not None:
+                grad_b += g.sum(0)
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(ws_VH.dtype),
+            None if grad_b is None else grad_b.to(bs_V.dtype),
+            None, None, None, None, None, None,
+        )
+
+
+# --------------------------------------------------------------------------- public API
+def _check_float(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor; got {getattr(t, 'dtype', type(t))}")
+
+
+def token_divergence(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    *,
+    beta: float = 0.0,
+    clip_tau: float | None = None,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    topk: int | None = None,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Per-position (optionally clipped) beta-divergence, shape ``logits.shape[:-1]``.
+
+    Differentiable w.r.t. ``student_logits`` only; the teacher is a constant. Returns
+    float32 (float64 if an input is float64). ``chunk_size=None`` runs plain autograd on
+    the whole tensor (reference path); an int runs the chunked analytic-gradient path.
+    """
+    _check_float("student_logits", student_logits)
+    _check_float("teacher_logits", teacher_logits)
+    if student_logits.shape != teacher_logits.shape or student_logits.dim() < 1:
+        raise ValueError(
+            f"student_logits and teacher_logits must have the same shape [..., V]; got "
+            f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}"
+        )
+    vocab = student_logits.shape[-1]
+    o = validate_loss_options(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
+                  teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size, vocab_size=vocab)
+    cdt = _compute_dtype(student_logits, teacher_logits)
+    lead = student_logits.shape[:-1]
+    s_NV = student_logits.reshape(-1, vocab)
+    t_NV = teacher_logits.detach().reshape(-1, vocab)
+    if chunk_size is None:
+        values_N = _autograd_values(s_NV, t_NV, o, cdt)
+    else:
+        values_N = _ChunkedDivergence.apply(s_NV, t_NV, o, chunk_size, cdt)
+    return values_N.reshape(lead)
+
+
+def fused_linear_token_divergence(
+    student_hidden_NH: torch.Tensor,
+    student_weight_VH: torch.Tensor,
+    teacher_hidden_NH: torch.Tensor,
+    teacher_weight_VH: torch.Tensor,
+    *,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    beta: float = 0.0,
+    clip_tau: float | None = None,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    topk: int | None = None,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """``token_divergence(hs @ Ws.T + bs, ht @ Wt.T + bt)`` without materialising [N, V].
+
+    The lm_head matmul runs per row chunk in the input dtype (as the model's lm_head
+    would), the divergence in float32 (float64 for float64 inputs); backward recomputes
+    each chunk. Gradients go to ``student_hidden_NH``, ``student_weight_VH`` and
+    ``student_bias``; the teacher side is a constant. Returns ``Tensor[N]``.
+    """
+    names = ("student_hidden_NH", "student_weight_VH", "teacher_hidden_NH", "teacher_weight_VH")
+    tensors = (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    for name, t in zip(names, tensors):
+        _check_float(name, t)
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D; got shape {tuple(t.shape)}")
+    n, h = student_hidden_NH.shape
+    vocab = student_weight_VH.shape[0]
+    if student_weight_VH.shape[1] != h:
+        raise ValueError(f"student_weight_VH must be [V, H={h}]; got {tuple(student_weight_VH.shape)}")
+    if teacher_hidden_NH.shape[0] != n:
+        raise ValueError(f"teacher_hidden_NH must have N={n} rows; got {tuple(teacher_hidden_NH.shape)}")
+    if teacher_weight_VH.shape != (vocab, teacher_hidden_NH.shape[1]):
+        raise ValueError(
+            f"teacher_weight_VH must be [V={vocab}, H_teacher={teacher_hidden_NH.shape[1]}]; got {tuple(teacher_weight_VH.shape)}"
+        )
+    for name, b in (("student_bias", student_bias), ("teacher_bias", teacher_bias)):
+        if b is not None and (not isinstance(b, torch.Tensor) or b.shape != (vocab,)):
+            raise ValueError(f"{name} must be None or a tensor of shape [V={vocab}]; got {getattr(b, 'shape', type(b))}")
+    o = validate_loss_options(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
+                  teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size, vocab_size=vocab)
+    if chunk_size is None:
+        raise ValueError("chunk_size must be an int >= 1 for the fused path; got None")
+    cdt = _compute_dtype(*tensors)
+    return _FusedLinearDivergence.apply(
+        student_hidden_NH, student_weight_VH, student_bias,
+        teacher_hidden_NH.detach(), teacher_weight_VH.detach(),
+        None if teacher_bias is None else teacher_bias.detach(),
+        o, chunk_size, cdt,
+    )
+
+
+# --------------------------------------------------------------------------- aggregation
+def _masked_sum(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if values_BT.shape != mask_BT.shape:
+        raise ValueError(f"values_BT and mask_BT must have the same shape; got {tuple(values_BT.shape)} and {tuple(mask_BT.shape)}")
+    keep = mask_BT.bool()
+    # where (not multiply): garbage or NaN at masked positions never reaches the loss or its gradient
+    total = torch.where(keep, values_BT, torch.zeros((), dtype=values_BT.dtype, device=values_BT.device)).sum()
+    return total, keep.sum()
+
+
+def masked_token_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values_BT`` over positions where ``mask_BT`` is true (0 if there are none)."""
+    total, count = _masked_sum(values_BT, mask_BT)
+    return total / count.clamp(min=1).to(total.dtype)
+
+
+def global_token_sum_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor, *, global_token_count) -> torch.Tensor:
+    """Sum over this micro-batch's selected positions / loss tokens in the whole mini-batch.
+
+    Summing this over the micro-batches of a mini-batch gives the mini-batch token mean,
+    so gradient accumulation does not change the loss. ``global_token_count`` (int or
+    0-d tensor) must be >= the number of selected tokens here; 0 gives 0 (no NaN).
+    """
+    total, count = _masked_sum(values_BT, mask_BT)
+    global_count = int(global_token_count.item() if isinstance(global_token_count, torch.Tensor) else global_token_count)
+    if global_count < int(count):
+        raise ValueError(
+            f"global_token_count={global_count} is smaller than the {int(count)} loss tokens of this micro-batch; "
+            "pass the number of loss tokens in the whole mini-batch"
+        )
+    return total / max(global_count, 1)

@@ -1,0 +1,318 @@
+"""Token-level OPSD signals and their summaries (pure torch, no grad, chunked).
+
+These are the quantities of the paper's token-level analysis ("Token-Level Analysis
+Protocol") and the training-log diagnostics that the clipped loss hides. For position i
+with sampled token y_i (pS, pT at their temperatures):
+
+* ``fwd_kl``: the unclipped, vocabulary-summed forward KL sum_v d_{i,v} with
+  d_{i,v} = pT(v) [log pT(v) - log pS(v)] (the term capped in eq:opsd_clipped; the beta=0
+  endpoint of eq:generalized_jsd);
+* ``adv``: the sampled-token log advantage a_i = log pT(y_i) - log pS(y_i);
+* ``teacher_rank``: rank of y_i under the teacher (0 = argmax; ties share the best rank);
+* ``clip_frac`` / ``clipped_teacher_mass``: fraction of vocabulary entries with
+  d_{i,v} > clip_tau and the teacher mass on them (0 when ``clip_tau`` is None);
+* ``student_entropy``, ``teacher_entropy``, ``top1_agree``, ``student_logp``, ``teacher_logp``.
+
+Every per-entry formula comes from :mod:`recipe.opsd.losses` (one copy of each formula).
+Nothing larger than [chunk_size, V] is allocated.
+
+Example::
+
+    from recipe.opsd.signals import token_signals_from_hidden, summarize_signals
+    sig = token_signals_from_hidden(hs_NH, w_VH, ht_NH, w_VH, response_ids_N,
+                                    student_temperature=1.1, clip_tau=0.05)
+    print(summarize_signals(sig))   # fwd_kl, d_gt_005 (%), abs_adv, agree (%), enc (%), disc (%), ...
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from recipe.opsd.losses import entropy, forward_kl_terms, log_probs, validate_loss_options
+
+__all__ = [
+    "SIGNAL_KEYS",
+    "DEFAULT_WINDOWS",
+    "token_signals",
+    "token_signals_from_hidden",
+    "summarize_signals",
+    "position_windows",
+    "entropy_tail_shares",
+    "divergence_mass_by_token",
+    "divergence_mass_by_token_from_hidden",
+]
+
+SIGNAL_KEYS = (
+    "fwd_kl", "student_entropy", "teacher_entropy", "top1_agree", "adv", "teacher_rank",
+    "student_logp", "teacher_logp", "clip_frac", "clipped_teacher_mass",
+)
+DEFAULT_WINDOWS = ((0, 128), (128, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 4096), (4096, 6144))
+# threshold of the paper's "D > .05" column: it thresholds the summed unclipped forward KL
+# and is distinct from the training-time per-entry cap clip_tau
+HIGH_KL_THRESHOLD = 0.05
+
+
+# --------------------------------------------------------------------------- chunk sources
+def _options(student_temperature, teacher_temperature, clip_tau, chunk_size, vocab):
+    o = validate_loss_options(beta=0.0, clip_tau=clip_tau, student_temperature=student_temperature,
+                              teacher_temperature=teacher_temperature, topk=None, chunk_size=chunk_size, vocab_size=vocab)
+    if chunk_size is None:
+        raise ValueError("chunk_size must be an int >= 1; got None")
+    return o
+
+
+def _logit_chunks(student_NV, teacher_NV, chunk_size) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+    if student_NV.dim() != 2 or student_NV.shape != teacher_NV.shape:
+        raise ValueError(f"student_logits_NV and teacher_logits_NV must both be [N, V]; got "
+                         f"{tuple(student_NV.shape)} and {tuple(teacher_NV.shape)}")
+    n = student_NV.shape[0]
+    for start in range(0, n, chunk_size):
+        rows = slice(start, min(start + chunk_size, n))
+        yield rows, student_NV[rows], teacher_NV[rows]
+
+
+def _hidden_chunks(hs_NH, ws_VH, ht_NH, wt_VH, bs_V, bt_V, chunk_size):
+    if hs_NH.dim() != 2 or ht_NH.dim() != 2 or hs_NH.shape[0] != ht_NH.shape[0]:
+        raise ValueError(f"student_hidden_NH and teacher_hidden_NH must be [N, H] with the same N; got "
+                         f"{tuple(hs_NH.shape)} and {tuple(ht_NH.shape)}")
+    if ws_VH.shape[0] != wt_VH.shape[0]:
+        raise ValueError(f"student_weight_VH and teacher_weight_VH must have the same V; got "
+                         f"{tuple(ws_VH.shape)} and {tuple(wt_VH.shape)}")
+    n = hs_NH.shape[0]
+    for start in range(0, n, chunk_size):
+        rows = slice(start, min(start + chunk_size, n))
+        yield rows, F.linear(hs_NH[rows], ws_VH, bs_V), F.linear(ht_NH[rows], wt_VH, bt_V)
+
+
+def _check_ids(sampled_ids_N, n, vocab):
+    if not isinstance(sampled_ids_N, torch.Tensor) or sampled_ids_N.shape != (n,) or sampled_ids_N.is_floating_point():
+        raise ValueError(f"sampled_ids_N must be an integer tensor of shape [{n}]; got {getattr(sampled_ids_N, 'shape', type(sampled_ids_N))}")
+    if n and (int(sampled_ids_N.min()) < 0 or int(sampled_ids_N.max()) >= vocab):
+        raise ValueError(f"sampled_ids_N has ids outside [0, V={vocab})")
+
+
+@torch.no_grad()
+def _signals(chunks, sampled_ids_N, n, vocab, o, cdt, device) -> dict[str, torch.Tensor]:
+    _check_ids(sampled_ids_N, n, vocab)
+    out = {k: torch.zeros(n, dtype=cdt, device=device) for k in SIGNAL_KEYS}
+    for rows, s_raw, t_raw in chunks:
+        logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
+        logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
+        del s_raw, t_raw
+        y = sampled_ids_N[rows].long()[:, None]
+        s_y, t_y = logp_s.gather(1, y)[:, 0], logp_t.gather(1, y)[:, 0]
+        out["student_logp"][rows], out["teacher_logp"][rows] = s_y, t_y
+        out["adv"][rows] = t_y - s_y
+        out["teacher_rank"][rows] = (logp_t > t_y[:, None]).sum(1).to(cdt)
+        out["top1_agree"][rows] = (logp_s.argmax(1) == logp_t.argmax(1)).to(cdt)
+        out["student_entropy"][rows] = entropy(logp_s)
+        out["teacher_entropy"][rows] = entropy(logp_t)
+        d = forward_kl_terms(logp_t, logp_s)
+        del logp_s
+        out["fwd_kl"][rows] = d.sum(1)
+        if o.clip_tau is not None:
+            over = d > o.clip_tau
+            del d
+            out["clip_frac"][rows] = over.sum(1).to(cdt) / vocab
+            out["clipped_teacher_mass"][rows] = logp_t.exp_().mul_(over).sum(1)
+    return out
+
+
+def _cdt(*tensors):
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def token_signals(
+    student_logits_NV: torch.Tensor,
+    teacher_logits_NV: torch.Tensor,
+    sampled_ids_N: torch.Tensor,
+    *,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    clip_tau: float | None = 0.05,
+    chunk_size: int = 1024,
+) -> dict[str, torch.Tensor]:
+    """Per-position signals (keys :data:`SIGNAL_KEYS`, each a float tensor [N]) from logits."""
+    o = _options(student_temperature, teacher_temperature, clip_tau, chunk_size, student_logits_NV.shape[-1])
+    chunks = _logit_chunks(student_logits_NV.detach(), teacher_logits_NV.detach(), chunk_size)
+    n, vocab = student_logits_NV.shape[0], student_logits_NV.shape[-1]
+    return _signals(chunks, sampled_ids_N, n, vocab, o, _cdt(student_logits_NV, teacher_logits_NV), student_logits_NV.device)
+
+
+def token_signals_from_hidden(
+    student_hidden_NH: torch.Tensor,
+    student_weight_VH: torch.Tensor,
+    teacher_hidden_NH: torch.Tensor,
+    teacher_weight_VH: torch.Tensor,
+    sampled_ids_N: torch.Tensor,
+    *,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    clip_tau: float | None = 0.05,
+    chunk_size: int = 1024,
+) -> dict[str, torch.Tensor]:
+    """:func:`token_signals` from final hidden states and lm_head weights (matmul per chunk)."""
+    vocab = student_weight_VH.shape[0]
+    o = _options(student_temperature, teacher_temperature, clip_tau, chunk_size, vocab)
+    parts = [t.detach() if t is not None else None for t in
+             (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias)]
+    chunks = _hidden_chunks(*parts, chunk_size)
+    cdt = _cdt(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    return _signals(chunks, sampled_ids_N, student_hidden_NH.shape[0], vocab, o, cdt, student_hidden_NH.device)
+
+
+# --------------------------------------------------------------------------- divergence mass
+@torch.no_grad()
+def _mass(chunks, vocab, o, cdt, device, mass_V):
+    if mass_V is None:
+        mass_V = torch.zeros(vocab, dtype=torch.float64, device=device)
+    elif mass_V.shape != (vocab,):
+        raise ValueError(f"mass_V must have shape [V={vocab}]; got {tuple(mass_V.shape)}")
+    for _, s_raw, t_raw in chunks:
+        logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
+        logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
+        mass_V += forward_kl_terms(logp_t, logp_s).sum(0).to(mass_V.dtype)
+    return mass_V
+
+
+def divergence_mass_by_token(
+    student_logits_NV: torch.Tensor,
+    teacher_logits_NV: torch.Tensor,
+    *,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    chunk_size: int = 1024,
+    mass_V: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """sum_i d_{i,v} (unclipped forward-KL contribution of vocabulary id v) as a float64 [V].
+
+    Pass the previous result as ``mass_V`` to accumulate over batches (added in place).
+    """
+    vocab = student_logits_NV.shape[-1]
+    o = _options(student_temperature, teacher_temperature, None, chunk_size, vocab)
+    chunks = _logit_chunks(student_logits_NV.detach(), teacher_logits_NV.detach(), chunk_size)
+    return _mass(chunks, vocab, o, _cdt(student_logits_NV, teacher_logits_NV), student_logits_NV.device, mass_V)
+
+
+def divergence_mass_by_token_from_hidden(
+    student_hidden_NH: torch.Tensor,
+    student_weight_VH: torch.Tensor,
+    teacher_hidden_NH: torch.Tensor,
+    teacher_weight_VH: torch.Tensor,
+    *,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    chunk_size: int = 1024,
+    mass_V: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`divergence_mass_by_token` from hidden states and lm_head weights."""
+    vocab = student_weight_VH.shape[0]
+    o = _options(student_temperature, teacher_temperature, None, chunk_size, vocab)
+    parts = [t.detach() if t is not None else None for t in
+             (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias)]
+    cdt = _cdt(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    return _mass(_hidden_chunks(*parts, chunk_size), vocab, o, cdt, student_hidden_NH.device, mass_V)
+
+
+# --------------------------------------------------------------------------- summaries
+def _mean(x: torch.Tensor) -> float:
+    return float(x.double().mean()) if x.numel() else math.nan
+
+
+def _pct(x: torch.Tensor) -> float:
+    return 100.0 * float(x.double().mean()) if x.numel() else math.nan
+
+
+def entropy_tail_shares(fwd_kl_N: torch.Tensor, abs_adv_N: torch.Tensor, entropy_N: torch.Tensor, *, fraction: float = 0.2) -> dict[str, float]:
+    """Shares (%) of total forward KL and of total |adv| carried by the highest-entropy
+    ``fraction`` of positions, pooled over all given positions (the paper's HE20 KL /
+    HE20 |adv.|: "each total computed from the same entropy-analysis rollout pool").
+
+    Keeps ceil(fraction x N) positions; ties broken by index. Keys: ``kl_share``,
+    ``abs_adv_share`` (NaN when a total is 0 or there are no positions).
+    """
+    if not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be a number in (0, 1]; got {fraction!r}")
+    if not (fwd_kl_N.shape == abs_adv_N.shape == entropy_N.shape) or fwd_kl_N.dim() != 1:
+        raise ValueError(f"fwd_kl_N, abs_adv_N, entropy_N must be 1-D of the same length; got "
+                         f"{tuple(fwd_kl_N.shape)}, {tuple(abs_adv_N.shape)}, {tuple(entropy_N.shape)}")
+    n = fwd_kl_N.numel()
+    keep = math.ceil(n * fraction - 1e-9)
+    top = torch.sort(entropy_N.double(), descending=True, stable=True).indices[:keep]
+
+    def share(x):
+        total = float(x.double().sum())
+        return 100.0 * float(x.double()[top].sum()) / total if n and total != 0 else math.nan
+
+    return {"kl_share": share(fwd_kl_N), "abs_adv_share": share(abs_adv_N.abs())}
+
+
+def position_windows(values_N: torch.Tensor, positions_N: torch.Tensor, *, windows=DEFAULT_WINDOWS) -> list[dict]:
+    """Per response-position window [lo, hi): ``mean``, token-level ``std`` (population),
+    ``snr`` = mean / std (the paper's SNR = mu / sigma), and ``count``.
+
+    ``positions_N`` is each value's 0-based index within its response. Empty windows (and
+    std = 0) give NaN. Pool all rollouts of an analysis before calling.
+    """
+    if values_N.shape != positions_N.shape or values_N.dim() != 1:
+        raise ValueError(f"values_N and positions_N must be 1-D of the same length; got {tuple(values_N.shape)} and {tuple(positions_N.shape)}")
+    out = []
+    for lo, hi in windows:
+        if not lo < hi:
+            raise ValueError(f"windows must be (lo, hi) with lo < hi; got {(lo, hi)}")
+        x = values_N.double()[(positions_N >= lo) & (positions_N < hi)]
+        mean = float(x.mean()) if x.numel() else math.nan
+        std = float(x.std(correction=0)) if x.numel() else math.nan
+        out.append({"lo": lo, "hi": hi, "mean": mean, "std": std,
+                    "snr": mean / std if x.numel() and std > 0 else math.nan, "count": int(x.numel())})
+    return out
+
+
+def summarize_signals(signals: dict[str, torch.Tensor], *, positions_N: torch.Tensor | None = None) -> dict[str, float]:
+    """Means over positions, named like the paper's table columns.
+
+    Keys: ``fwd_kl`` (mean unclipped forward KL), ``d_gt_005`` (% of positions with
+    fwd_kl > 0.05), ``abs_adv`` (mean |a_i|), ``adv`` (mean a_i), ``agree`` (% top-1
+    agreement), ``enc`` / ``disc`` (% positions with a_i > 0 / a_i < 0; ties are neither),
+    ``student_entropy``, ``teacher_entropy``, ``clip_frac`` (mean fraction of vocabulary
+    entries clipped), ``clipped_teacher_mass``, ``teacher_rank`` (mean), ``he20_kl`` /
+    ``he20_abs_adv`` (% shares of the highest-entropy 20%), ``n_positions``. With
+    ``positions_N`` (response-position index of each row) it adds
+    ``fwd_kl_w{lo}_{hi}_mean`` / ``_snr`` for the default windows. Means are NaN when
+    there are no positions.
+    """
+    missing = [k for k in SIGNAL_KEYS if k not in signals]
+    if missing:
+        raise ValueError(f"signals is missing keys {missing}; pass the dict returned by token_signals")
+    s = {k: signals[k].detach().reshape(-1) for k in SIGNAL_KEYS}
+    adv = s["adv"]
+    out = {
+        "fwd_kl": _mean(s["fwd_kl"]),
+        "d_gt_005": _pct(s["fwd_kl"] > HIGH_KL_THRESHOLD),
+        "abs_adv": _mean(adv.abs()),
+        "adv": _mean(adv),
+        "agree": _pct(s["top1_agree"]),
+        "enc": _pct(adv > 0),
+        "disc": _pct(adv < 0),
+        "student_entropy": _mean(s["student_entropy"]),
+        "teacher_entropy": _mean(s["teacher_entropy"]),
+        "clip_frac": _mean(s["clip_frac"]),
+        "clipped_teacher_mass": _mean(s["clipped_teacher_mass"]),
+        "teacher_rank": _mean(s["teacher_rank"]),
+        "n_positions": float(adv.numel()),
+    }
+    tails = entropy_tail_shares(s["fwd_kl"], adv.abs(), s["student_entropy"], fraction=0.2)
+    out["he20_kl"], out["he20_abs_adv"] = tails["kl_share"], tails["abs_adv_share"]
+    if positions_N is not None:
+        for w in position_windows(s["fwd_kl"], positions_N.reshape(-1), windows=DEFAULT_WINDOWS):
+            out[f"fwd_kl_w{w['lo']}_{w['hi']}_mean"] = w["mean"]
+            out[f"fwd_kl_w{w['lo']}_{w['hi']}_snr"] = w["snr"]
+    return out

@@ -1,0 +1,157 @@
+"""Benchmark the OPSD clipped forward-KL loss (paper eq:opsd_clipped): naive vs chunked vs fused.
+
+Each (implementation, N) runs forward + backward in a fresh subprocess so its peak RSS is
+honest. All three include the student and teacher lm_head matmuls (hidden [N, H] @ W.T):
+
+* naive   - materialises [N, V] float32 tensors the way the official OPSD code does:
+            log_softmax of both logits / T, teacher probs, per-entry term, clamp(max=tau),
+            sum over V; plain autograd.
+* chunked - the same logits, then ``recipe.opsd.losses.token_divergence(chunk_size=C)``.
+* fused   - ``recipe.opsd.losses.fused_linear_token_divergence(chunk_size=C)``: the lm_head
+            matmul runs inside the row chunk, no [N, V] tensor exists.
+
+Loss settings are the paper defaults: beta=0, clip_tau=0.05, both temperatures 1.1.
+Peak extra RSS = ru_maxrss at the end minus the RSS right after the inputs were
+allocated. Error = max |x - ref| / max |ref| against a float64 computation on the first
+``--ref-rows`` rows, for the per-position values and for the hidden-state gradient.
+
+Example (the table in docs/core_math.md)::
+
+    python scripts/bench_loss.py --n 1024 2048 4096 --hidden 1024 --repeats 3 --chunk-size 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+IMPLS = ("naive", "chunked", "fused")
+BETA, CLIP_TAU, TEMPERATURE = 0.0, 0.05, 1.1
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int, ref_rows: int, threads: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from recipe.opsd.losses import fused_linear_token_divergence, token_divergence
+
+    if threads:
+        torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    # teacher = frozen copy of the student weights seeing a perturbed context (realistic KL ~0.1-1)
+    ws = torch.randn(vocab, hidden, generator=gen).mul_(3.0 / hidden**0.5)
+    wt = ws.clone()
+    hs = torch.randn(n, hidden, generator=gen)
+    ht = torch.randn(n, hidden, generator=gen).mul_(0.5).add_(hs)
+    hs.requires_grad_(True)
+    ws.requires_grad_(True)
+    opts = dict(beta=BETA, clip_tau=CLIP_TAU, student_temperature=TEMPERATURE)
+
+    def naive():
+        s_logits = hs @ ws.T
+        with torch.no_grad():
+            t_logits = ht @ wt.T
+        logp_s = F.log_softmax(s_logits / TEMPERATURE, dim=-1)
+        logp_t = F.log_softmax(t_logits / TEMPERATURE, dim=-1)
+        p_t = logp_t.exp()
+        per_entry = p_t * (logp_t - logp_s)
+        return per_entry.clamp(max=CLIP_TAU).sum(-1)
+
+    def chunked():
+        s_logits = hs @ ws.T
+        with torch.no_grad():
+            t_logits = ht @ wt.T
+        return token_divergence(s_logits, t_logits, chunk_size=chunk, **opts)
+
+    def fused():
+        return fused_linear_token_divergence(hs, ws, ht, wt, chunk_size=chunk, **opts)
+
+    fn = {"naive": naive, "chunked": chunked, "fused": fused}[impl]
+    base_rss = _rss_bytes()
+    times, values, grad_h = [], None, None
+    for _ in range(repeats):
+        hs.grad = ws.grad = None
+        t0 = time.perf_counter()
+        values = fn()
+        values.sum().backward()
+        times.append(time.perf_counter() - t0)
+        values, grad_h = values.detach()[:ref_rows].clone(), hs.grad[:ref_rows].clone()
+    peak_extra = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss
+
+    # float64 reference on the first ref_rows rows (values and d sum(values) / d hidden)
+    h64 = hs.detach()[:ref_rows].double().requires_grad_(True)
+    ref = token_divergence(h64 @ ws.detach().double().T, (ht[:ref_rows].double() @ wt.double().T), **opts)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), h64)
+    ref = ref.detach()
+
+    def rel(x, r):
+        return float((x.double() - r).abs().max() / r.abs().max())
+
+    return {
+        "impl": impl, "n": n, "time_s": statistics.median(times), "peak_extra_gb": peak_extra / 2**30,
+        "err_values": rel(values, ref), "err_grad_h": rel(grad_h, ref_grad), "mean_value": float(ref.mean()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096], help="numbers of positions N")
+    ap.add_argument("--vocab", type=int, default=151_936, help="vocabulary size V (Qwen3: 151,936)")
+    ap.add_argument("--hidden", type=int, default=1024, help="hidden size H")
+    ap.add_argument("--chunk-size", type=int, default=256, help="row chunk of the chunked and fused paths")
+    ap.add_argument("--repeats", type=int, default=3, help="timed forward+backward repeats (median reported)")
+    ap.add_argument("--ref-rows", type=int, default=64, help="rows of the float64 reference")
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker:
+        res = _worker(args.impls[0], args.n[0], args.vocab, args.hidden, args.chunk_size, args.repeats, args.ref_rows, args.threads)
+        print(json.dumps(res))
+        return
+
+    print(f"V={args.vocab} H={args.hidden} chunk={args.chunk_size} repeats={args.repeats} "
+          f"beta={BETA} clip_tau={CLIP_TAU} T={TEMPERATURE}; float32 inputs, fwd+bwd incl. lm_head matmuls", flush=True)
+    header = f"{'N':>6} {'impl':>8} {'time s':>8} {'x naive':>8} {'peak extra GB':>14} {'x naive':>8} {'err values':>11} {'err grad_h':>11}"
+    rows = []
+    for n in args.n:
+        naive = None
+        for impl in args.impls:
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--impls", impl, "--n", str(n),
+                   "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk-size", str(args.chunk_size),
+                   "--repeats", str(args.repeats), "--ref-rows", str(args.ref_rows), "--threads", str(args.threads)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                rows.append(f"{n:>6} {impl:>8}  timed out after {args.timeout:.0f} s")
+                continue
+            if proc.returncode != 0:
+                tail = (proc.stderr.strip().splitlines() or ["killed (out of memory?)"])[-1]
+                rows.append(f"{n:>6} {impl:>8}  failed (exit {proc.returncode}): {tail}")
+                continue
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            naive = r if impl == "naive" else naive
+            t_ratio = f"{r['time_s'] / naive['time_s']:.2f}" if naive else "-"
+            m_ratio = f"{r['peak_extra_gb'] / naive['peak_extra_gb']:.3f}" if naive else "-"
+            rows.append(f"{n:>6} {impl:>8} {r['time_s']:>8.2f} {t_ratio:>8} {r['peak_extra_gb']:>14.2f} {m_ratio:>8} "
+                        f"{r['err_values']:>11.1e} {r['err_grad_h']:>11.1e}")
+            print(rows[-1], file=sys.stderr, flush=True)
+    print(header)
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
