@@ -1,0 +1,141 @@
+"""OPSD options (the ``opsd:`` block of ``config/opsd_trainer.yaml``) as validated dataclasses.
+
+Built from the hydra config at trainer start (``OPSDConfig.from_hydra(config.opsd)``), before Ray
+starts any worker, so a bad option fails in seconds with a message naming the field. Defaults are
+the paper's ("Default OPSD Configuration": beta 0, tau_clip 0.05, temperature 1.1, full-solution
+teacher context, think/think modes, 1,024-token prompt caps).
+
+Pure: stdlib + the pure prompt / position modules; no verl or ray import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+MODES = ("think", "no_think")
+VARIANTS = ("opsd", "purified", "beta_opsd")
+
+
+def _allowed_contexts() -> tuple[str, ...]:
+    from recipe.common.prompts import TEACHER_CONTEXTS
+
+    return tuple(TEACHER_CONTEXTS)
+
+
+@dataclass
+class OPSDLossConfig:
+    """Options of the distillation loss (``opsd.loss``).
+
+    beta: 0 = forward KL(pT || pS), 1 = reverse KL, in (0, 1) generalized JSD.
+    clip_tau: cap on every vocabulary entry's contribution before the vocabulary sum; None = off.
+    student_temperature / teacher_temperature: logits are divided by these before log-softmax;
+        teacher_temperature None = student_temperature.
+    topk: vocabulary support restricted to the teacher's top-k (renormalised); None = full vocabulary.
+    positions: loss positions, ``all | first:N | uniform:N | final:N | he:Q | le:Q | advt:K``.
+    chunk_size: tokens per chunk of the fused lm_head + divergence (memory O(chunk_size x V)).
+    variant: ``opsd`` (the paper's target) or a follow-up variant (``purified``, ``beta_opsd``).
+    """
+
+    beta: float = 0.0
+    clip_tau: float | None = 0.05
+    student_temperature: float = 1.1
+    teacher_temperature: float | None = None
+    topk: int | None = None
+    positions: str = "all"
+    chunk_size: int = 1024
+    variant: str = "opsd"
+
+    def __post_init__(self):
+        if not 0.0 <= float(self.beta) <= 1.0:
+            raise ValueError(f"opsd.loss.beta must be in [0, 1] (0 = forward KL, 1 = reverse KL), got {self.beta!r}")
+        if self.clip_tau is not None and not float(self.clip_tau) > 0.0:
+            raise ValueError(f"opsd.loss.clip_tau must be > 0 or null (no clip), got {self.clip_tau!r}")
+        if not float(self.student_temperature) > 0.0:
+            raise ValueError(f"opsd.loss.student_temperature must be > 0, got {self.student_temperature!r}")
+        if self.teacher_temperature is not None and not float(self.teacher_temperature) > 0.0:
+            raise ValueError(
+                f"opsd.loss.teacher_temperature must be > 0 or null (= student_temperature), "
+                f"got {self.teacher_temperature!r}"
+            )
+        if self.topk is not None and (isinstance(self.topk, bool) or int(self.topk) != self.topk or self.topk < 1):
+            raise ValueError(f"opsd.loss.topk must be an integer >= 1 or null (full vocabulary), got {self.topk!r}")
+        if isinstance(self.chunk_size, bool) or int(self.chunk_size) != self.chunk_size or self.chunk_size < 1:
+            raise ValueError(f"opsd.loss.chunk_size must be an integer >= 1, got {self.chunk_size!r}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"opsd.loss.variant must be one of {list(VARIANTS)}, got {self.variant!r}")
+        from recipe.opsd.positions import parse_position_spec
+
+        try:
+            parse_position_spec(str(self.positions))
+        except ValueError as err:
+            raise ValueError(f"opsd.loss.positions: {err}") from None
+
+    @property
+    def effective_teacher_temperature(self) -> float:
+        return float(self.student_temperature if self.teacher_temperature is None else self.teacher_temperature)
+
+    @property
+    def needs_signals_for_positions(self) -> bool:
+        """True when the position spec ranks tokens by entropy (he/le) or by teacher rank (advt)."""
+        return str(self.positions).split(":")[0] in ("he", "le", "advt")
+
+
+@dataclass
+class OPSDConfig:
+    """The ``opsd:`` block.
+
+    teacher_context: which privileged context the teacher sees (recipe.common.prompts.TEACHER_CONTEXTS).
+    student_mode / teacher_mode: chat-template reasoning mode of each side (``think`` | ``no_think``);
+        the student's mode also sets ``data.apply_chat_template_kwargs.enable_thinking``.
+    teacher_max_prompt_length: cap on the rendered teacher prompt in tokens (the paper: 1,024;
+        8,192 for the CoT + solution context). A longer teacher prompt is an error, never truncated.
+    """
+
+    teacher_context: str = "full_solution"
+    student_mode: str = "think"
+    teacher_mode: str = "think"
+    teacher_max_prompt_length: int = 1024
+    loss: OPSDLossConfig = field(default_factory=OPSDLossConfig)
+    monitor: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.loss, Mapping):
+            self.loss = _build(OPSDLossConfig, self.loss, prefix="opsd.loss")
+        allowed = _allowed_contexts()
+        if self.teacher_context not in allowed:
+            raise ValueError(f"opsd.teacher_context must be one of {list(allowed)}, got {self.teacher_context!r}")
+        for name in ("student_mode", "teacher_mode"):
+            if getattr(self, name) not in MODES:
+                raise ValueError(f"opsd.{name} must be one of {list(MODES)}, got {getattr(self, name)!r}")
+        tmax = self.teacher_max_prompt_length
+        if isinstance(tmax, bool) or int(tmax) != tmax or tmax < 1:
+            raise ValueError(f"opsd.teacher_max_prompt_length must be an integer >= 1, got {tmax!r}")
+        self.monitor = dict(self.monitor or {})
+
+    @property
+    def student_enable_thinking(self) -> bool:
+        return self.student_mode == "think"
+
+    @classmethod
+    def from_hydra(cls, opsd_cfg: Any) -> "OPSDConfig":
+        """Build from the ``opsd`` node of the hydra config (DictConfig or plain dict)."""
+        if opsd_cfg is None:
+            raise ValueError("the config has no `opsd:` block; compose it from recipe/opsd/config/opsd_trainer.yaml")
+        try:
+            from omegaconf import DictConfig, OmegaConf
+
+            if isinstance(opsd_cfg, DictConfig):
+                opsd_cfg = OmegaConf.to_container(opsd_cfg, resolve=True)
+        except ImportError:  # pragma: no cover - omegaconf ships with hydra
+            pass
+        return _build(cls, dict(opsd_cfg), prefix="opsd")
+
+
+def _build(cls, values: Mapping, *, prefix: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown field(s) {[f'{prefix}.{k}' for k in unknown]}; allowed: {sorted(names)}")
+    return cls(**dict(values))

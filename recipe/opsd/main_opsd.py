@@ -1,0 +1,119 @@
+"""Hydra entry point of the OPSD recipe (On-Policy Self-Distillation on verl 0.9.1).
+
+    python -m recipe.opsd.main_opsd actor_rollout_ref.model.path=Qwen/Qwen3-1.7B \\
+        data.train_files=train.parquet data.val_files=val.parquet opsd.teacher_context=answer_only
+
+Usually launched by ``recipe/opsd/run_opsd.sh``. The ``opsd:`` block is validated
+(``recipe.opsd.config.OPSDConfig``) and the student's chat-template mode is wired into verl's
+dataset (``data.apply_chat_template_kwargs.enable_thinking``) before Ray starts any worker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import hydra
+import ray
+from omegaconf import OmegaConf, open_dict
+
+from verl.trainer.main_ppo import run_ppo
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
+
+from recipe.opsd.config import OPSDConfig
+
+
+def prepare_config(config) -> OPSDConfig:
+    """Validate the ``opsd:`` block and derive the verl settings it owns (in place)."""
+    opsd = OPSDConfig.from_hydra(config.get("opsd"))
+    if config.trainer.get("use_v1", False):
+        raise ValueError("the OPSD recipe runs on verl's RayPPOTrainer: set trainer.use_v1=False")
+    lora_rank = config.actor_rollout_ref.model.get("lora_rank", 0) or config.actor_rollout_ref.model.get(
+        "lora", {}
+    ).get("rank", 0)
+    if config.actor_rollout_ref.actor.strategy != "fsdp2":
+        raise ValueError(
+            f"actor_rollout_ref.actor.strategy must be fsdp2 for OPSD, got {config.actor_rollout_ref.actor.strategy!r}"
+        )
+    if lora_rank <= 0 and config.actor_rollout_ref.ref.strategy != "fsdp2":
+        raise ValueError(
+            f"actor_rollout_ref.ref.strategy must be fsdp2 for OPSD (it holds the teacher), "
+            f"got {config.actor_rollout_ref.ref.strategy!r}"
+        )
+    kwargs = config.data.get("apply_chat_template_kwargs") or {}
+    if "enable_thinking" in kwargs and bool(kwargs["enable_thinking"]) != opsd.student_enable_thinking:
+        raise ValueError(
+            f"data.apply_chat_template_kwargs.enable_thinking={kwargs['enable_thinking']} contradicts "
+            f"opsd.student_mode={opsd.student_mode!r}; set only opsd.student_mode"
+        )
+    with open_dict(config):
+        config.data.apply_chat_template_kwargs = dict(kwargs) | {"enable_thinking": opsd.student_enable_thinking}
+    if config.actor_rollout_ref.rollout.get("temperature") != opsd.loss.student_temperature:
+        print(
+            f"[opsd] note: rollout temperature {config.actor_rollout_ref.rollout.temperature} != "
+            f"opsd.loss.student_temperature {opsd.loss.student_temperature}"
+        )
+    return opsd
+
+
+class OPSDTaskRunner(BaseTaskRunner):
+    """Maps the actor/rollout/teacher role to the OPSD worker and runs ``RayOPSDTrainer``."""
+
+    def run(self, config):
+        from verl.single_controller.ray import RayWorkerGroup
+        from verl.trainer.ppo.ray_trainer import Role
+        from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.workers.config import HFModelConfig
+
+        from recipe.opsd.opsd_ray_trainer import RayOPSDTrainer
+        from recipe.opsd.teacher_worker import worker_class_for
+
+        print(f"OPSD TaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
+        OmegaConf.resolve(config)
+        opsd = prepare_config(config)
+        lora = bool(config.actor_rollout_ref.model.get("lora_rank", 0) or config.actor_rollout_ref.model.get(
+            "lora", {}
+        ).get("rank", 0))
+        # LoRA: no second copy, the teacher is the actor with its adapters disabled
+        role = Role.ActorRollout if lora else Role.ActorRolloutRef
+        worker_cls = worker_class_for(OmegaConf.to_container(config.opsd, resolve=True))
+        self.role_worker_mapping[role] = ray.remote(worker_cls)
+        self.mapping[role] = "global_pool"
+
+        model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+        tokenizer, processor = model_config.tokenizer, model_config.processor
+        train_dataset = create_rl_dataset(
+            config.data.train_files, config.data, tokenizer, processor, is_train=True,
+            max_samples=config.data.get("train_max_samples", -1),
+        )
+        val_dataset = create_rl_dataset(
+            config.data.val_files, config.data, tokenizer, processor, is_train=False,
+            max_samples=config.data.get("val_max_samples", -1),
+        )
+        trainer = RayOPSDTrainer(
+            config=config,
+            tokenizer=tokenizer,
+            processor=processor,
+            role_worker_mapping=self.role_worker_mapping,
+            resource_pool_manager=self.init_resource_pool_mgr(config),
+            ray_worker_group_cls=RayWorkerGroup,
+            train_dataset=train_dataset,
+            val_dataset=val_dataset,
+            collate_fn=collate_fn,
+            train_sampler=create_rl_sampler(config.data, train_dataset),
+            opsd_config=opsd,
+        )
+        trainer.init_workers()
+        trainer.fit()
+
+
+@hydra.main(config_path="config", config_name="opsd_trainer", version_base=None)
+def main(config):
+    prepare_config(config)  # fail on a bad opsd block before Ray starts
+    run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(OPSDTaskRunner))
+
+
+if __name__ == "__main__":
+    main()

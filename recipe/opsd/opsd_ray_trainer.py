@@ -1,0 +1,262 @@
+"""OPSD trainer: verl's legacy ``RayPPOTrainer`` with the PPO step replaced by a distillation step.
+
+What differs from PPO (everything else -- dataloader and its resumable state, agent-loop rollout,
+weight sync to the rollout servers, validation, checkpoints, logging -- is verl's):
+
+- no reward for training, no advantage, no critic, no KL-to-ref, no old log-probs;
+- after the rollout, every sample's teacher input is built at the token level: its teacher prompt
+  (``prompts.build_prompt_pair(opsd.teacher_context, extra_info)`` rendered by
+  ``chat.render_ids`` in ``opsd.teacher_mode``, at most ``opsd.teacher_max_prompt_length`` tokens)
+  followed by the student's response ids (``chat.splice_teacher_inputs``: never decoded, no pad in
+  between);
+- the frozen teacher returns its final hidden states at the response positions
+  (``compute_teacher_hidden``), the loss positions are selected (``positions.select_positions``),
+  and the actor is updated with ``recipe.opsd.actor_loss.opsd_loss``.
+
+The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pprint import pprint
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from verl import DataProto
+from verl.trainer.ppo.metric_utils import compute_timing_metrics
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask
+from verl.utils import tensordict_utils as tu
+from verl.utils.debug import marked_timer
+from verl.utils.metric import reduce_metrics
+from verl.utils.tracking import Tracking
+from verl.workers.utils.padding import left_right_2_no_padding
+
+from recipe.opsd.config import OPSDConfig
+from recipe.opsd.teacher_worker import OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY
+
+
+class RayOPSDTrainer(RayPPOTrainer):
+    def __init__(self, *args, opsd_config: OPSDConfig, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.opsd = opsd_config
+        # the frozen teacher is verl's reference policy (ActorRolloutRef worker; LoRA: adapters off)
+        self.use_reference_policy = True
+        self.use_critic = False
+        self.use_rm = False
+        if self.opsd.loss.needs_signals_for_positions:
+            raise NotImplementedError(
+                f"opsd.loss.positions={self.opsd.loss.positions!r} ranks tokens by entropy / teacher rank; "
+                "the trainer supports all | first:N | uniform:N | final:N for now"
+            )
+        self._teacher_prompt_cache: dict = {}
+        self.monitor = None
+        if self.opsd.monitor.get("enabled", True):
+            try:
+                from recipe.opsd.monitor import MonitorConfig, TrainingDynamicsMonitor
+            except ImportError:
+                TrainingDynamicsMonitor = None
+            if TrainingDynamicsMonitor is not None:
+                options = {k: v for k, v in self.opsd.monitor.items()}
+                self.monitor = TrainingDynamicsMonitor(MonitorConfig(**options))
+
+    # ------------------------------------------------------------------ teacher inputs
+    def _teacher_prompt_ids(self, extra_info: dict) -> list[int]:
+        from recipe.common.chat import render_ids
+        from recipe.common.prompts import build_prompt_pair
+
+        key = (extra_info.get("id"), extra_info.get("index"), extra_info.get("problem"))
+        if key not in self._teacher_prompt_cache:
+            _, teacher_messages = build_prompt_pair(self.opsd.teacher_context, extra_info)
+            ids = list(render_ids(teacher_messages, self.tokenizer, self.opsd.teacher_mode))
+            if len(ids) > self.opsd.teacher_max_prompt_length:
+                raise ValueError(
+                    f"teacher prompt of row id={extra_info.get('id')!r} has {len(ids)} tokens > "
+                    f"opsd.teacher_max_prompt_length={self.opsd.teacher_max_prompt_length} "
+                    f"(context {self.opsd.teacher_context!r}, mode {self.opsd.teacher_mode!r}); filter the data "
+                    "with data_prep's length filter or raise the cap"
+                )
+            self._teacher_prompt_cache[key] = ids
+        return self._teacher_prompt_cache[key]
+
+    def _teacher_batch(self, batch: DataProto) -> DataProto:
+        """Teacher prompt + the student's response ids, in verl's left/right padded layout."""
+        from recipe.common.chat import splice_teacher_inputs
+
+        responses_BR = batch.batch["responses"]
+        response_len = responses_BR.shape[1]
+        response_attention_BR = batch.batch["attention_mask"][:, -response_len:]
+        teacher_prompts = [self._teacher_prompt_ids(dict(info)) for info in batch.non_tensor_batch["extra_info"]]
+        spliced = splice_teacher_inputs(
+            teacher_prompts, responses_BR, response_attention_BR, pad_token_id=self.tokenizer.pad_token_id
+        )
+        return DataProto.from_dict(
+            tensors={
+                "input_ids": spliced["input_ids_BT"],
+                "attention_mask": spliced["attention_mask_BT"],
+                "position_ids": spliced["position_ids_BT"],
+                "responses": responses_BR,
+                "response_mask": batch.batch["response_mask"],
+                RESPONSE_LENGTHS_KEY: batch.batch[RESPONSE_LENGTHS_KEY],
+            },
+            meta_info={"temperature": self.opsd.loss.effective_teacher_temperature},
+        )
+
+    def _compute_teacher_hidden(self, batch: DataProto) -> torch.Tensor:
+        teacher_td = left_right_2_no_padding(self._teacher_batch(batch).to_tensordict())
+        output = self.actor_rollout_wg.compute_teacher_hidden(teacher_td)
+        hidden = tu.get(output, "teacher_hidden")
+        return torch.stack(list(hidden.unbind()))  # [B, R, H]
+
+    # ------------------------------------------------------------------ actor update
+    def _loss_positions(self, batch: DataProto) -> torch.Tensor:
+        from recipe.opsd.positions import select_positions
+
+        return select_positions(
+            self.opsd.loss.positions,
+            response_mask_BT=batch.batch["response_mask"].bool(),
+            seed=int(self.config.data.get("seed", 0) or 0) * 100003 + self.global_steps,
+        )
+
+    def _update_opsd_actor(self, batch: DataProto) -> dict:
+        batch.meta_info["temperature"] = self.opsd.loss.student_temperature
+        batch_td = left_right_2_no_padding(batch.to_tensordict())
+        batch_td["loss_mask"] = batch.batch["opsd_loss_mask"]
+        actor_cfg = self.config.actor_rollout_ref.actor
+        mini_batch_size = actor_cfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+        tu.assign_non_tensor(
+            batch_td,
+            **{OPSD_FORWARD_KEY: "student_loss"},
+            calculate_entropy=False,
+            global_batch_size=mini_batch_size,
+            mini_batch_size=mini_batch_size,
+            epochs=actor_cfg.ppo_epochs,
+            seed=actor_cfg.data_loader_seed,
+            dataloader_kwargs={"shuffle": actor_cfg.shuffle},
+            compute_loss=True,
+        )
+        output = tu.get(self.actor_rollout_wg.update_actor(batch_td), "metrics")
+        metrics = {}
+        for key, value in output.items():
+            if key == "mfu":
+                metrics["perf/mfu/actor"] = value
+            elif key.startswith(("opsd/", "perf/")):
+                metrics[key] = value
+            else:
+                metrics[f"actor/{key}"] = value
+        return reduce_metrics(metrics)
+
+    # ------------------------------------------------------------------ metrics
+    def _rollout_metrics(self, batch: DataProto) -> dict:
+        from recipe.common.grader import extract_answer
+
+        response_len = batch.batch["responses"].shape[1]
+        lengths = batch.batch[RESPONSE_LENGTHS_KEY].float()
+        prompt_lengths = batch.batch["attention_mask"][:, :-response_len].sum(-1).float()
+        texts = self.tokenizer.batch_decode(
+            [ids[: int(n)] for ids, n in zip(batch.batch["responses"], lengths)], skip_special_tokens=True
+        )
+        metrics = {
+            "response_length/mean": lengths.mean().item(),
+            "response_length/max": lengths.max().item(),
+            "response_length/min": lengths.min().item(),
+            "response_length/clip_ratio": (lengths >= response_len).float().mean().item(),
+            "prompt_length/mean": prompt_lengths.mean().item(),
+            "opsd/rollout_boxed_rate": float(np.mean([extract_answer(t) is not None for t in texts])),
+        }
+        if "rm_scores" in batch.batch.keys():
+            metrics["opsd/rollout_score"] = batch.batch["rm_scores"].sum(-1).mean().item()
+        return metrics
+
+    def _param_checksum_metrics(self) -> dict:
+        sums = self.actor_rollout_wg.param_checksums()[0]
+        return {f"opsd/{name}_param_checksum": float(vals[0]) for name, vals in sums.items()} | {
+            f"opsd/{name}_param_sqsum": float(vals[1]) for name, vals in sums.items()
+        }
+
+    # ------------------------------------------------------------------ loop
+    def fit(self):
+        logger = Tracking(
+            project_name=self.config.trainer.project_name,
+            experiment_name=self.config.trainer.experiment_name,
+            default_backend=self.config.trainer.logger,
+            config=OmegaConf.to_container(self.config, resolve=True),
+        )
+        self.global_steps = 0
+        self._load_checkpoint()
+        self.checkpoint_manager.update_weights(self.global_steps)
+        current_epoch = self.global_steps // len(self.train_dataloader)
+
+        if self.config.trainer.get("val_before_train", True) and self.val_dataset is not None:
+            val_metrics = self._validate()
+            pprint(f"Initial validation metrics: {val_metrics}")
+            logger.log(data=val_metrics, step=self.global_steps)
+            if self.config.trainer.get("val_only", False):
+                return
+
+        progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="OPSD")
+        self.global_steps += 1
+        rollout_n = self.config.actor_rollout_ref.rollout.n
+        for epoch in range(current_epoch, self.config.trainer.total_epochs):
+            for batch_dict in self.train_dataloader:
+                metrics, timing_raw = {}, {}
+                is_last_step = self.global_steps >= self.total_training_steps
+                batch = DataProto.from_single_dict(batch_dict)
+                batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+                batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+                gen_batch = self._get_gen_batch(batch)
+                gen_batch.meta_info["global_steps"] = self.global_steps
+                gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
+
+                with marked_timer("step", timing_raw):
+                    with marked_timer("gen", timing_raw, color="red"):
+                        gen_output = self.async_rollout_manager.generate_sequences(gen_batch)
+                        self.checkpoint_manager.sleep_replicas()
+                        timing_raw.update(gen_output.meta_info.pop("timing", {}))
+                    batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(gen_output)
+                    if "response_mask" not in batch.batch.keys():
+                        batch.batch["response_mask"] = compute_response_mask(batch)
+                    response_len = batch.batch["responses"].shape[1]
+                    batch.batch[RESPONSE_LENGTHS_KEY] = batch.batch["attention_mask"][:, -response_len:].sum(-1)
+                    if self.config.trainer.balance_batch:
+                        self._balance_batch(batch, metrics=metrics)
+                    batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+
+                    with marked_timer("teacher", timing_raw, color="olive"):
+                        batch.batch["teacher_hidden"] = self._compute_teacher_hidden(batch)
+                    batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
+
+                    with marked_timer("update_actor", timing_raw, color="red"):
+                        metrics.update(self._update_opsd_actor(batch))
+                    batch.batch.pop("teacher_hidden")
+
+                    if self.config.trainer.save_freq > 0 and (
+                        is_last_step or self.global_steps % self.config.trainer.save_freq == 0
+                    ):
+                        with marked_timer("save_checkpoint", timing_raw, color="green"):
+                            self._save_checkpoint()
+                    with marked_timer("update_weights", timing_raw, color="red"):
+                        self.checkpoint_manager.update_weights(self.global_steps)
+
+                if self.config.trainer.test_freq > 0 and (
+                    is_last_step or self.global_steps % self.config.trainer.test_freq == 0
+                ):
+                    with marked_timer("testing", timing_raw, color="green"):
+                        metrics.update(self._validate())
+
+                metrics.update(self._rollout_metrics(batch))
+                metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+                metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+                if self.config.trainer.get("log_param_checksums", False):
+                    metrics.update(self._param_checksum_metrics())
+                if self.monitor is not None:
+                    metrics.update(self.monitor.update(metrics, step=self.global_steps))
+                logger.log(data=metrics, step=self.global_steps)
+                progress_bar.update(1)
+                self.global_steps += 1
+                if is_last_step or (self.monitor is not None and self.monitor.should_stop):
+                    progress_bar.close()
+                    return

@@ -1,0 +1,249 @@
+"""verl glue for OPSD: the frozen teacher role and the hidden-state forward of the actor.
+
+The teacher is verl's reference policy: ``ActorRolloutRefWorker`` already builds, in the same
+worker processes as the actor, a frozen FSDP copy of the initial student loaded from the same
+checkpoint (``actor_rollout_ref.model.path``), never given an optimizer, offloadable with
+``actor_rollout_ref.ref.fsdp_config.param_offload``. In LoRA mode verl builds no second copy and
+the teacher is the actor with its adapters disabled. We reuse that role instead of a separate pool
+(a separate pool would need its own GPUs or a second colocated worker group, and ship its output
+through the driver anyway); what OPSD changes is what the forward returns:
+
+- ``OPSDEngineMixin.forward_step`` (mixed into the FSDP engine of both actor and teacher when a
+  micro-batch carries ``opsd_forward``) runs the unchanged HF model, captures the FINAL hidden
+  states (the output of the decoder after its final norm = the lm_head input) with a forward hook,
+  asks HF for the logits of one position only (``logits_to_keep=1``, so no [N, V] tensor), and
+  gathers the hidden states that predict the response tokens: ``[B, R, H]``.
+  * ``opsd_forward="teacher_hidden"``: returns them (teacher, no grad).
+  * ``opsd_forward="student_loss"``: hands them, with the live lm_head weight (an FSDP2 DTensor
+    gathered with ``full_tensor()``, which is differentiable), to the loss function
+    (``recipe.opsd.actor_loss.opsd_loss``).
+  Without ``opsd_forward`` the stock verl forward runs (log-probs for validation tools etc.).
+- ``OPSDActorRolloutRefWorker`` uses that engine for actor and teacher, sets the OPSD loss with a
+  frozen copy of the initial lm_head (read once from the initial checkpoint; in LoRA mode the
+  lm_head is not adapted, so the live one is the initial one) and adds ``compute_teacher_hidden``.
+
+Only FSDP2 without Ulysses sequence parallelism is supported (checked at start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+from functools import partial
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.utils import tensordict_utils as tu
+from verl.utils.device import get_device_id, get_device_name
+from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+from recipe.opsd.actor_loss import opsd_loss, response_rows
+
+OPSD_FORWARD_KEY = "opsd_forward"
+RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
+RESPONSE_TOKENS_KEY = "opsd_response_tokens"
+
+
+def _unwrap_causal_lm(module):
+    """The HF causal LM inside FSDP / PEFT wrappers (FSDP2 keeps the module object itself)."""
+    if hasattr(module, "get_base_model"):  # peft.PeftModel
+        module = module.get_base_model()
+    return module
+
+
+@contextlib.contextmanager
+def capture_final_hidden(module):
+    """Record the decoder's output (post final norm, the lm_head input) during one forward."""
+    store = {}
+    decoder = _unwrap_causal_lm(module).get_decoder()
+
+    def hook(_mod, _inputs, output):
+        store["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+    handle = decoder.register_forward_hook(hook)
+    try:
+        yield store
+    finally:
+        handle.remove()
+
+
+def lm_head_weight(module) -> torch.Tensor:
+    """The live lm_head weight [V, H], gathered across FSDP2 shards (differentiable)."""
+    weight = _unwrap_causal_lm(module).get_output_embeddings().weight
+    return weight.full_tensor() if isinstance(weight, DTensor) else weight
+
+
+def lm_head_bias(module):
+    bias = getattr(_unwrap_causal_lm(module).get_output_embeddings(), "bias", None)
+    if bias is None:
+        return None
+    return bias.full_tensor() if isinstance(bias, DTensor) else bias
+
+
+def load_initial_lm_head(model_path: str, *, tie_word_embeddings: bool) -> torch.Tensor:
+    """The lm_head weight [V, H] of the checkpoint at ``model_path`` (safetensors), read once."""
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors under {model_path}: cannot load the frozen teacher lm_head")
+    wanted = ("lm_head.weight",) + (("embed_tokens.weight",) if tie_word_embeddings else ())
+    for suffix in wanted:
+        for path in files:
+            with safe_open(path, framework="pt") as handle:
+                for key in handle.keys():
+                    if key.endswith(suffix):
+                        return handle.get_tensor(key)
+    raise KeyError(f"{model_path}: no tensor named *{' or *'.join(wanted)} in {files}")
+
+
+class OPSDEngineMixin:
+    """Mixed into verl's FSDP LM engine class: an OPSD forward that works on final hidden states."""
+
+    def forward_backward_batch(self, data, loss_function, forward_only=False):
+        if tu.get_non_tensor_data(data=data, key=OPSD_FORWARD_KEY, default=None) == "student_loss":
+            # number of response tokens in the whole mini-batch (all dp ranks): the normaliser of
+            # the token-mean diagnostics, so they do not depend on micro-batching
+            count = data["response_mask"].sum().to(get_device_id())
+            torch.distributed.all_reduce(count, group=self.get_data_parallel_group())
+            tu.assign_non_tensor(data, **{RESPONSE_TOKENS_KEY: int(count.item())})
+        return super().forward_backward_batch(data, loss_function, forward_only=forward_only)
+
+    def forward_step(self, micro_batch, loss_function, forward_only):
+        mode = tu.get_non_tensor_data(data=micro_batch, key=OPSD_FORWARD_KEY, default=None)
+        if mode is None:
+            return super().forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
+        if mode not in ("teacher_hidden", "student_loss"):
+            raise ValueError(f"{OPSD_FORWARD_KEY} must be teacher_hidden or student_loss, got {mode!r}")
+        if getattr(self, "use_ulysses_sp", False):
+            raise NotImplementedError("OPSD hidden-state forward does not support Ulysses sequence parallelism")
+
+        micro_batch = micro_batch.to(get_device_id())
+        model_inputs, _ = self.prepare_model_inputs(micro_batch=micro_batch)
+        autocast_dtype = getattr(self, "_autocast_dtype", torch.bfloat16)
+        autocast_ctx = (
+            contextlib.nullcontext()
+            if autocast_dtype == torch.float32
+            else torch.autocast(device_type=get_device_name(), dtype=autocast_dtype)
+        )
+        with autocast_ctx, capture_final_hidden(self.module) as store:
+            self.module(**model_inputs, use_cache=False, logits_to_keep=1)
+        hidden = store["hidden"]  # [b, Lmax, H] (padded) or [1, total_nnz (+pad), H] (packed)
+
+        seq_lens_b = micro_batch["input_ids"].offsets().diff()
+        if hidden.shape[0] == 1 and model_inputs["attention_mask"] is None:  # packed (remove padding)
+            starts_b = micro_batch["input_ids"].offsets()[:-1]
+        else:
+            starts_b = torch.arange(hidden.shape[0], device=hidden.device) * hidden.shape[1]
+        response_len_b = micro_batch[RESPONSE_LENGTHS_KEY]
+        max_response_len = micro_batch["response_mask"].shape[-1]
+        rows_bR, valid_bR = response_rows(
+            starts_b=starts_b, seq_lens_b=seq_lens_b, response_lens_b=response_len_b, max_response_len=max_response_len
+        )
+        hidden_NH = hidden.reshape(-1, hidden.shape[-1])
+        hidden_bRH = hidden_NH[rows_bR] * valid_bR.unsqueeze(-1).to(hidden_NH.dtype)
+
+        if mode == "teacher_hidden":
+            return torch.zeros((), device=hidden.device), {
+                "model_output": {"teacher_hidden": hidden_bRH.detach()},
+                "loss": 0.0,
+                "metrics": {},
+            }
+        model_output = {
+            "student_hidden": hidden_bRH,
+            "student_weight": lm_head_weight(self.module),
+            "student_bias": lm_head_bias(self.module),
+        }
+        loss, metrics = loss_function(model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group())
+        return loss, {"model_output": {}, "loss": loss.detach().item(), "metrics": metrics}
+
+
+_ENGINE_CLASSES: dict[type, type] = {}
+
+
+def opsd_engine_class(engine_cls: type) -> type:
+    """``engine_cls`` with the OPSD forward mixed in (one subclass per engine class)."""
+    if engine_cls not in _ENGINE_CLASSES:
+        _ENGINE_CLASSES[engine_cls] = type(f"OPSD{engine_cls.__name__}", (OPSDEngineMixin, engine_cls), {})
+    return _ENGINE_CLASSES[engine_cls]
+
+
+class OPSDTrainingWorker(TrainingWorker):
+    """verl's TrainingWorker whose engine (picked by verl's EngineRegistry) gets the OPSD forward.
+
+    The engine object is created but not yet initialised in ``TrainingWorker.__init__``; we only
+    swap its class for the subclass with the mixin, so every engine setting verl chose stays.
+    """
+
+    def __init__(self, config):
+        super().__init__(config)
+        strategy = getattr(self.engine_config, "strategy", None)
+        if strategy != "fsdp2":
+            raise ValueError(f"OPSD needs the fsdp2 engine (actor_rollout_ref.actor.strategy=fsdp2), got {strategy!r}")
+        self.engine.__class__ = opsd_engine_class(type(self.engine))
+
+
+class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
+    """Actor + rollout + frozen teacher (verl's ref) with the OPSD loss and teacher hidden states."""
+
+    actor_worker_cls = OPSDTrainingWorker
+    ref_worker_cls = OPSDTrainingWorker
+    # the `opsd:` block as a plain dict; set by `worker_class_for(...)` (verl builds the worker
+    # with the actor_rollout_ref config only)
+    opsd_config: dict | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        super().init_model()
+        if self.actor is None:
+            return
+        from recipe.opsd.config import OPSDConfig
+
+        if self.opsd_config is None:
+            raise ValueError("OPSDActorRolloutRefWorker needs the opsd config: build it with worker_class_for(opsd)")
+        opsd_cfg = OPSDConfig.from_hydra(self.opsd_config)
+        model_config = self.actor.model_config
+        if self.ref is None:
+            # LoRA: the teacher is the actor with adapters disabled; the lm_head is not adapted
+            teacher_weight = None
+        else:
+            teacher_weight = load_initial_lm_head(
+                model_config.local_path,
+                tie_word_embeddings=bool(getattr(model_config.hf_config, "tie_word_embeddings", False)),
+            ).to(get_device_id())
+        self.actor.set_loss_fn(partial(opsd_loss, loss_config=opsd_cfg.loss, teacher_weight_VH=teacher_weight))
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_teacher_hidden(self, data):
+        """Final hidden states [B, R, H] of the frozen teacher at the positions predicting the response."""
+        tu.assign_non_tensor(data, **{OPSD_FORWARD_KEY: "teacher_hidden", "compute_loss": False})
+        if self.ref is not None:
+            output = self.ref.infer_batch(data=data)
+        else:
+            tu.assign_non_tensor(data, no_lora_adapter=True)
+            output = self.actor.infer_batch(data)
+        return output.cpu() if output is not None else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def param_checksums(self) -> dict:
+        """float64 sum and sum of squares of actor and teacher parameters (tests / drift checks)."""
+        out = {}
+        for name, worker in (("actor", self.actor), ("teacher", self.ref)):
+            if worker is None:
+                continue
+            total = torch.zeros(2, dtype=torch.float64)
+            with torch.no_grad():
+                for param in worker.engine.module.parameters():
+                    full = param.full_tensor() if isinstance(param, DTensor) else param
+                    full = full.detach().double().cpu()
+                    total += torch.stack([full.sum(), (full * full).sum()])
+            out[name] = total.tolist()
+        return out
+
+
+def worker_class_for(opsd_config: dict) -> type:
+    """An ``OPSDActorRolloutRefWorker`` subclass carrying the ``opsd:`` block (pickled to Ray by value)."""
+    return type("OPSDWorker", (OPSDActorRolloutRefWorker,), {"opsd_config": dict(opsd_config)})

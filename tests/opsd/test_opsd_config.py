@@ -1,0 +1,100 @@
+"""OPSD config: hydra composition of opsd_trainer.yaml and validation errors that name the field."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from recipe.opsd.config import OPSDConfig, OPSDLossConfig
+from recipe.opsd.main_opsd import prepare_config
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipe" / "opsd" / "config")
+
+
+def _compose(overrides=()):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name="opsd_trainer", overrides=list(overrides))
+
+
+def test_composes_with_the_paper_defaults():
+    cfg = _compose()
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.optim.lr == 1e-6
+    assert arr.actor.optim.lr_scheduler_type == "cosine"
+    assert arr.actor.optim.lr_warmup_steps_ratio == 0.1
+    assert arr.actor.optim.weight_decay == 0.0
+    assert arr.actor.optim.clip_grad == 0.1
+    assert (arr.rollout.temperature, arr.rollout.top_p, arr.rollout.top_k, arr.rollout.n) == (1.1, 0.95, 20, 1)
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (1024, 1024)
+    assert (cfg.trainer.total_training_steps, cfg.trainer.save_freq, cfg.data.seed) == (100, 25, 42)
+    assert cfg.trainer.use_v1 is False
+    assert arr.actor.use_kl_loss is False and cfg.algorithm.use_kl_in_reward is False
+    # verl's own defaults are still there (composition over ppo_trainer)
+    assert arr.actor.ppo_epochs == 1
+    opsd = OPSDConfig.from_hydra(cfg.opsd)
+    assert (opsd.teacher_context, opsd.student_mode, opsd.teacher_mode) == ("full_solution", "think", "think")
+    assert opsd.loss == OPSDLossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=None,
+                                       topk=None, positions="all", chunk_size=1024, variant="opsd")
+    assert opsd.loss.effective_teacher_temperature == 1.1
+
+
+def test_student_mode_sets_enable_thinking_and_cannot_disagree():
+    cfg = _compose(["opsd.student_mode=no_think"])
+    prepare_config(cfg)
+    assert cfg.data.apply_chat_template_kwargs.enable_thinking is False
+    cfg = _compose(["opsd.student_mode=think", "+data.apply_chat_template_kwargs.enable_thinking=false"])
+    with pytest.raises(ValueError, match="enable_thinking"):
+        prepare_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("opsd.teacher_context=full_soln", "opsd.teacher_context"),
+        ("opsd.loss.beta=1.5", "opsd.loss.beta"),
+        ("opsd.loss.beta=-0.1", "opsd.loss.beta"),
+        ("opsd.loss.clip_tau=-0.05", "opsd.loss.clip_tau"),
+        ("opsd.loss.clip_tau=0", "opsd.loss.clip_tau"),
+        ("opsd.student_mode=thinking", "opsd.student_mode"),
+        ("opsd.teacher_mode=on", "opsd.teacher_mode"),
+        ("opsd.loss.positions=first:0", "opsd.loss.positions"),
+        ("opsd.loss.positions=middle:3", "opsd.loss.positions"),
+        ("opsd.loss.topk=0", "opsd.loss.topk"),
+        ("opsd.loss.variant=ppo", "opsd.loss.variant"),
+        ("opsd.teacher_max_prompt_length=0", "opsd.teacher_max_prompt_length"),
+        ("+opsd.loss.clip=0.1", "opsd.loss.clip"),
+    ],
+)
+def test_bad_options_fail_naming_the_field(override, field):
+    cfg = _compose([override])
+    with pytest.raises(ValueError) as err:
+        prepare_config(cfg)
+    assert field in str(err.value)
+
+
+def test_unknown_context_lists_the_allowed_values():
+    with pytest.raises(ValueError) as err:
+        OPSDConfig(teacher_context="oracle")
+    assert "opsd.teacher_context" in str(err.value) and "answer_only" in str(err.value) and "'oracle'" in str(err.value)
+
+
+def test_clip_off_and_teacher_temperature():
+    loss = OPSDLossConfig(clip_tau=None, teacher_temperature=1.0)
+    assert loss.clip_tau is None and loss.effective_teacher_temperature == 1.0
+    assert OPSDLossConfig(positions="he:0.2").needs_signals_for_positions
+    assert not OPSDLossConfig(positions="first:256").needs_signals_for_positions
+
+
+def test_non_fsdp2_strategy_is_rejected_before_ray():
+    cfg = _compose(["actor_rollout_ref.actor.strategy=fsdp"])
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.strategy"):
+        prepare_config(cfg)
+
+
+def test_every_opsd_field_is_commented_in_the_yaml():
+    lines = (Path(CONFIG_DIR) / "opsd_trainer.yaml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("opsd:"))
+    fields = [(prev, line) for prev, line in zip(lines[start:], lines[start + 1:]) if not line.strip().startswith("#")]
+    assert len(fields) == 15
+    for prev, line in fields:
+        assert prev.strip().startswith("#"), f"no comment above {line!r}"
