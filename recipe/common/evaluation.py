@@ -1,0 +1,353 @@
+"""Evaluation of a model or checkpoint on the paper's benchmarks (library behind ``scripts/evaluate.py``).
+
+Paper, appendix "Evaluation Protocol and Inference Settings": every problem is evaluated
+zero-shot with eight sampled completions and seed 42, the user message is
+``{problem}\\n\\n`` + the boxed instruction (``recipe.common.prompts.eval_messages``)
+rendered with the model's chat template in the designated reasoning mode, decoding follows
+the model-specific preset (``recipe.common.decoding_presets``), and answers are graded
+with the one grader (``recipe.common.grader.grade``).
+
+Outputs in ``out_dir``:
+- ``run_config.json``: what was run (model, decoding, mode, n, seed, backend, benchmark
+  hashes); a rerun in the same directory must match it (resume) or fails naming the field;
+- ``generations.jsonl``: one line per (problem, sample) with ids, text, token count,
+  finish reason, pred, acc, has_boxed; appended as problems finish, so an interrupted
+  run resumes where it stopped;
+- ``results.json`` and ``results.md``: per-dataset and macro-average metrics
+  (``recipe.common.eval_metrics``).
+
+Example (CPU, tiny model)::
+
+    python scripts/evaluate.py run --model /tmp/tiny --preset tiny_cpu --n 2 --limit 2 --out-dir /tmp/eval_tiny
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recipe.common import eval_metrics
+from recipe.common.decoding_presets import DecodingPreset
+from recipe.common.eval_report import results_table
+from recipe.common.grader import DEFAULT_TIMEOUT_S, MAX_WORKERS, grade
+
+EVAL_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
+DEFAULT_BENCHMARKS = ("aime2024", "aime2025", "aime2026", "hmmt_feb_2025")
+DEFAULT_MERGE_CACHE = Path(os.environ.get("OPSD_MERGE_CACHE", Path.home() / ".cache" / "opsd_verl" / "merged"))
+CONFIG_FILE, GENERATIONS_FILE, RESULTS_FILE, TABLE_FILE = (
+    "run_config.json",
+    "generations.jsonl",
+    "results.json",
+    "results.md",
+)
+# Run-config fields that must match on resume (benchmarks are checked one by one).
+_RESUME_FIELDS = ("model", "decoding", "n", "seed", "backend", "prompt")
+PROMPT_VERSION = "eval_messages"
+
+
+@dataclass
+class EvalConfig:
+    """One evaluation run.
+
+    Attributes:
+        model: HF model directory, or an FSDP checkpoint ``.../global_step_N/actor``
+            (merged first with ``python -m verl.model_merger``).
+        out_dir: output directory (created; reused to resume).
+        preset: decoding preset (mode included), already overridden as wanted.
+        benchmarks: names of ``data/eval/<name>.jsonl`` or paths to JSONL files with
+            ``id``, ``problem`` and ``answer``.
+        n: samples per problem (Avg@n, Pass@n); Pass@1 is reported too.
+        seed: sampling seed (the paper: 42).
+        backend: ``vllm`` | ``sglang`` | ``hf``; None = the preset's engine.
+        limit: evaluate only the first ``limit`` problems of each benchmark (smoke tests).
+        grade_timeout_s: wall-clock bound of one Math-Verify comparison.
+        merge_cache: where merged FSDP checkpoints are kept.
+        problems_per_call: problems sent to the backend per call (the unit of resumption).
+    """
+
+    model: str
+    out_dir: str
+    preset: DecodingPreset
+    benchmarks: Sequence[str] = DEFAULT_BENCHMARKS
+    n: int = 8
+    seed: int = 42
+    backend: str | None = None
+    limit: int | None = None
+    grade_timeout_s: float = DEFAULT_TIMEOUT_S
+    merge_cache: str = str(DEFAULT_MERGE_CACHE)
+    problems_per_call: int = 16
+    benchmark_paths: dict[str, Path] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.backend is None:
+            self.backend = self.preset.engine
+        if self.backend not in ("vllm", "sglang", "hf"):
+            raise ValueError(f"backend must be one of ('vllm', 'sglang', 'hf'), got {self.backend!r}")
+        if self.problems_per_call < 1:
+            raise ValueError(f"problems_per_call must be >= 1, got {self.problems_per_call}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be None or >= 1, got {self.limit}")
+        if not self.benchmarks:
+            raise ValueError("benchmarks is empty")
+        self.benchmark_paths = {}
+        for spec in self.benchmarks:
+            path = Path(spec) if spec.endswith(".jsonl") else EVAL_DATA_DIR / f"{spec}.jsonl"
+            if not path.is_file():
+                known = sorted(p.stem for p in EVAL_DATA_DIR.glob("*.jsonl"))
+                raise ValueError(f"benchmark {spec!r}: {path} does not exist (shipped benchmarks: {known})")
+            if path.stem in self.benchmark_paths:
+                raise ValueError(f"benchmark name {path.stem!r} given twice")
+            self.benchmark_paths[path.stem] = path
+
+
+def load_benchmark(path: Path, *, limit: int | None = None) -> list[dict]:
+    """Rows ``{id, problem, answer}`` of a JSONL benchmark; ValueError naming file and line."""
+    rows, seen = [], set()
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({error})") from None
+            for key in ("id", "problem", "answer"):
+                if not isinstance(row.get(key), (str, int)) or str(row[key]).strip() == "":
+                    raise ValueError(f"{path}:{lineno}: field {key!r} is missing or empty")
+            if str(row["id"]) in seen:
+                raise ValueError(f"{path}:{lineno}: duplicate id {row['id']!r}")
+            seen.add(str(row["id"]))
+            rows.append({"id": str(row["id"]), "problem": str(row["problem"]), "answer": str(row["answer"])})
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows[:limit] if limit is not None else rows
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _is_hf_model_dir(path: Path) -> bool:
+    weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
+    return (path / "config.json").is_file() and bool(weights)
+
+
+def _run_merger(checkpoint: Path, target: Path) -> None:
+    command = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+               "--local_dir", str(checkpoint), "--target_dir", str(target)]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"model merge failed ({' '.join(command)}):\n{completed.stderr[-4000:]}")
+
+
+def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> Path:
+    """An HF model directory for ``model``: itself, or the merged FSDP checkpoint in the cache.
+
+    A merged copy is written to ``<merge_cache>/<name>-<hash of the checkpoint path>`` through
+    a temporary directory and renamed when complete; an existing complete copy is reused,
+    never overwritten; an incomplete one is an error.
+    """
+    path = Path(model).expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model {model!r} is not a directory")
+    if _is_hf_model_dir(path):
+        return path
+    if not list(path.glob("model_world_size_*_rank_*.pt")):
+        raise ValueError(
+            f"model {model!r} is neither a Hugging Face model directory (config.json + weights) nor an "
+            "FSDP checkpoint directory (model_world_size_*_rank_*.pt, e.g. .../global_step_N/actor)"
+        )
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    name = "_".join(part for part in path.parts[-3:] if part not in ("/", ""))
+    target = Path(merge_cache).expanduser() / f"{name}-{digest}"
+    if target.exists():
+        if _is_hf_model_dir(target):
+            return target
+        raise RuntimeError(f"{target} exists but holds no complete merged model; remove it to merge again")
+    partial = target.with_name(target.name + f".partial-{os.getpid()}")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    _run_merger(path, partial)
+    if not _is_hf_model_dir(partial):
+        raise RuntimeError(f"model merge of {path} produced no model weights in {partial}")
+    partial.rename(target)
+    return target
+
+
+def run_config(config: EvalConfig) -> dict:
+    """The JSON-able record of what a run generates (checked on resume, kept in the results)."""
+    return {
+        "model": str(Path(config.model).expanduser().resolve()),
+        "decoding": dataclasses.asdict(config.preset),
+        "n": config.n,
+        "seed": config.seed,
+        "backend": config.backend,
+        "prompt": PROMPT_VERSION,
+        "benchmarks": {
+            name: {"path": str(path), "sha256": _sha256(path)} for name, path in config.benchmark_paths.items()
+        },
+    }
+
+
+def check_resume_config(saved: dict, current: dict, *, where: Path) -> None:
+    """Raise ValueError naming the first field where ``current`` differs from the saved run."""
+    for key in _RESUME_FIELDS:
+        old, new = saved.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            for sub in sorted(set(old) | set(new)):
+                if old.get(sub) != new.get(sub):
+                    raise ValueError(
+                        f"{where}: resume mismatch in field '{key}.{sub}': saved {old.get(sub)!r}, now "
+                        f"{new.get(sub)!r}; use another --out-dir or the saved settings"
+                    )
+        elif old != new:
+            raise ValueError(
+                f"{where}: resume mismatch in field '{key}': saved {old!r}, now {new!r}; "
+                "use another --out-dir or the saved settings"
+            )
+    for name, info in current["benchmarks"].items():
+        old = saved.get("benchmarks", {}).get(name)
+        if old is not None and old["sha256"] != info["sha256"]:
+            raise ValueError(
+                f"{where}: resume mismatch in field 'benchmarks.{name}.sha256': the benchmark file changed "
+                f"({old['path']} -> {info['path']})"
+            )
+
+
+def load_generations(path: Path) -> list[dict]:
+    """Records of a generations JSONL. A torn last line (killed mid-write) is cut off; any other bad line raises."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    records, keys = [], set()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):  # last line without newline: interrupted write
+                with open(path, "r+b") as handle:
+                    handle.truncate(len(raw) - len(line))
+                print(f"{path}: dropped an incomplete last line (interrupted write)", file=sys.stderr)
+                break
+            raise ValueError(f"{path}:{lineno}: invalid JSON line") from None
+        key = (record["dataset"], record["problem_id"], record["sample"])
+        if key not in keys:
+            keys.add(key)
+            records.append(record)
+    return records
+
+
+def _prompt_messages(problem: str, preset: DecodingPreset) -> list[dict]:
+    from recipe.common.prompts import eval_messages
+
+    system = [] if preset.system_message is None else [{"role": "system", "content": preset.system_message}]
+    return system + eval_messages(problem)
+
+
+def compute_results(records: Sequence[dict], config: dict, benchmarks: Sequence[str]) -> dict:
+    """Per-dataset and macro metrics of the generation records, with the run config."""
+    per_dataset = {}
+    for name in benchmarks:
+        rows = [r for r in records if r["dataset"] == name]
+        if rows:
+            per_dataset[name] = eval_metrics.dataset_metrics(rows)
+    if not per_dataset:
+        raise ValueError("no generations to summarise")
+    n = config["n"]
+    return {
+        "n": n,
+        "rep_ngram_order": eval_metrics.REPEAT_NGRAM,
+        "config": config,
+        "per_dataset": per_dataset,
+        "macro": eval_metrics.macro_average(per_dataset),
+    }
+
+
+def write_results(out_dir: Path, results: dict) -> None:
+    """Write ``results.json`` and ``results.md`` (derived files, rewritten on every run)."""
+    (out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+    (out_dir / TABLE_FILE).write_text(results_table(results))
+
+
+def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict:
+    """Run (or resume) an evaluation and return the results dict.
+
+    ``backend`` (an object with ``tokenizer`` and ``generate(list[PromptRequest])``) can be
+    passed in; by default it is built from ``config.backend`` on the resolved model.
+    """
+    from tqdm.auto import tqdm
+
+    from recipe.common.chat import render_ids
+    from recipe.common.eval_backends import PromptRequest, make_backend
+
+    out_dir = Path(config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    current = run_config(config)
+    config_path, generations_path = out_dir / CONFIG_FILE, out_dir / GENERATIONS_FILE
+    if config_path.exists():
+        saved = json.loads(config_path.read_text())
+        check_resume_config(saved, current, where=config_path)
+        current["benchmarks"] = {**saved.get("benchmarks", {}), **current["benchmarks"]}
+    elif generations_path.exists():
+        raise ValueError(f"{generations_path} exists without {config_path}; refusing to append to it")
+    config_path.write_text(json.dumps(current, indent=2) + "\n")
+
+    records = load_generations(generations_path)
+    done = {(r["dataset"], r["problem_id"], r["sample"]) for r in records}
+    datasets = {name: load_benchmark(path, limit=config.limit) for name, path in config.benchmark_paths.items()}
+    pending = [
+        (name, row, [s for s in range(config.n) if (name, row["id"], s) not in done])
+        for name, rows in datasets.items()
+        for row in rows
+    ]
+    pending = [item for item in pending if item[2]]
+    if pending:
+        if backend is None:
+            model_path = resolve_model(config.model, merge_cache=config.merge_cache)
+            backend = make_backend(config.backend, str(model_path), preset=config.preset, seed=config.seed)
+        bar = tqdm(total=sum(len(samples) for *_, samples in pending), desc="generations", disable=not progress)
+        with open(generations_path, "a", encoding="utf-8") as sink, ThreadPoolExecutor(MAX_WORKERS) as pool:
+            for start in range(0, len(pending), config.problems_per_call):
+                chunk = pending[start : start + config.problems_per_call]
+                requests = [
+                    PromptRequest(
+                        key=f"{name}/{row['id']}/{samples[0]}",
+                        prompt_ids=render_ids(_prompt_messages(row["problem"], config.preset), backend.tokenizer,
+                                              config.preset.mode),
+                        count=len(samples),
+                    )
+                    for name, row, samples in chunk
+                ]
+                outputs = backend.generate(requests)
+                for (name, row, samples), request, generations in zip(chunk, requests, outputs, strict=True):
+                    grades = pool.map(lambda g: grade(g.text, row["answer"], timeout_s=config.grade_timeout_s),
+                                      generations)
+                    for sample, generation, result in zip(samples, generations, list(grades), strict=True):
+                        record = {
+                            "dataset": name, "problem_id": row["id"], "sample": sample, "answer": row["answer"],
+                            "prompt_tokens": len(request.prompt_ids), "text": generation.text,
+                            "num_tokens": generation.num_tokens, "finish_reason": generation.finish_reason,
+                            "pred": result.pred, "acc": result.acc, "has_boxed": result.has_boxed,
+                        }
+                        sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                        records.append(record)
+                    sink.flush()
+                    bar.update(len(samples))
+        bar.close()
+    wanted = {(name, row["id"]) for name, rows in datasets.items() for row in rows}
+    selected = [r for r in records if (r["dataset"], r["problem_id"]) in wanted and r["sample"] < config.n]
+    results = compute_results(selected, current, list(datasets))
+    write_results(out_dir, results)
+    return results
