@@ -121,8 +121,11 @@ def extract_answer_line(text: str) -> str | None:
         pass
     if last is None:
         return None
-    line = text[last.end() :].split("\n", 1)[0]
-    answer = line.strip().strip("*").strip().strip("$").strip().rstrip(".").strip()
+    answer = text[last.end() :].split("\n", 1)[0]
+    previous = None
+    while answer != previous:
+        previous = answer
+        answer = answer.strip().strip("*$").rstrip(".")
     return answer or None
 
 

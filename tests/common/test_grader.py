@@ -1,0 +1,204 @@
+"""The one grader: extraction rules, Math-Verify equivalence, bounded time, thread safety."""
+
+import json
+import multiprocessing
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from recipe.common.grader import (
+    GradeResult,
+    extract_answer,
+    extract_boxed,
+    fast_equal,
+    grade,
+)
+
+EVAL_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
+
+
+def _eval_rows():
+    rows = []
+    for path in sorted(EVAL_DIR.glob("*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def test_shipped_eval_sets_have_120_answers():
+    assert len(_eval_rows()) == 120
+
+
+def test_every_eval_answer_verifies_against_itself():
+    failures = [
+        row["id"]
+        for row in _eval_rows()
+        if not grade(f"The answer is \\boxed{{{row['answer']}}}.", row["answer"]).acc
+    ]
+    assert failures == []
+
+
+def test_wrong_answers_rejected():
+    wrong = []
+    for row in _eval_rows():
+        answer = row["answer"]
+        bad = str(int(answer) + 1) if answer.lstrip("-").isdigit() else f"{answer}+1"
+        if grade(f"\\boxed{{{bad}}}", answer).acc:
+            wrong.append(row["id"])
+    assert wrong == []
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("\\boxed{025}", "25"),
+        ("\\boxed{25}", "025"),
+        ("\\boxed{-984}", "-984"),
+        ("\\boxed{ 3375 }", "3375"),
+        ("\\boxed{336^\\circ}", "336"),
+        ("\\boxed{\\dfrac{1}{576}}", "\\frac{1}{576}"),
+        ("\\boxed{1/576}", "\\frac{1}{576}"),
+        ("\\boxed{\\frac{\\sqrt{570}}{12}}", "\\sqrt{\\frac{95}{24}}"),
+        ("\\boxed{2^{25}\\cdot 26!}", "2^{25} \\cdot 26!"),
+        ("\\boxed{1-\\frac{2}{\\pi}}", "1-\\frac{2}{\\pi}"),
+    ],
+)
+def test_equivalent_forms_accepted(response, gold):
+    assert grade(response, gold).acc
+
+
+def test_hmmt_two_element_answer_in_both_orders():
+    gold = "\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}"
+    assert grade("\\boxed{\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}}", gold).acc
+    assert grade("\\boxed{\\frac{-1-\\sqrt{17}}{2}, \\frac{-1+\\sqrt{17}}{2}}", gold).acc
+    assert not grade("\\boxed{\\frac{-1+\\sqrt{17}}{2}}", gold).acc
+
+
+def test_numeric_ground_truth_is_converted():
+    assert grade("\\boxed{204}", 204).acc
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("x \\fbox{42} y", "42"),
+        ("so \\boxed 5.", "5"),
+        ("$\\boxed 17$", "17"),
+        ("first \\boxed{1} then \\boxed{2}", "2"),
+        ("\\boxed{7} and a truncated \\boxed{8", "7"),
+        ("\\boxed{a^{b^{c}}}", "a^{b^{c}}"),
+        ("no answer here", None),
+        ("\\boxedx", None),
+    ],
+)
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Work...\nAnswer: 42", "42"),
+        ("Work...\nAnswer: $\\frac{1}{2}$.", "\\frac{1}{2}"),
+        ("**Final Answer:** 17\nThanks", "17"),
+        ("answer: 3\nAnswer: 4", "4"),
+        ("Answer: 1 \\boxed{9}", "9"),  # boxed wins over the fallback
+        ("Answer:   \n", None),
+    ],
+)
+def test_extract_answer_fallback(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_grade_result_fields():
+    assert grade("\\boxed{5}", "5") == GradeResult(score=1.0, acc=True, pred="5", has_boxed=True)
+    assert grade("Answer: 5", "5") == GradeResult(score=1.0, acc=True, pred="5", has_boxed=False)
+    assert grade("\\boxed{6}", "5") == GradeResult(score=0.0, acc=False, pred="6", has_boxed=True)
+    assert grade("nothing", "5") == GradeResult(score=0.0, acc=False, pred=None, has_boxed=False)
+
+
+def test_last_boxed_wins_including_think_block():
+    response = "<think>maybe \\boxed{3}</think>\nFinal: \\boxed{4}"
+    assert grade(response, "4").acc
+    assert not grade(response, "3").acc
+    # a truncated think block with an intermediate boxed answer is still graded (final balanced boxed)
+    assert grade("<think>try \\boxed{3} hmm", "3").acc
+
+
+def test_fast_path():
+    assert fast_equal("025", "25") is True
+    assert fast_equal("26", "25") is False
+    assert fast_equal("\\dfrac{1}{2}", "\\frac{1}{2}") is True
+    assert fast_equal("\\frac{1}{2}", "0.5") is None
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "\\boxed{10^{10^{10^{10}}}}",
+        "\\boxed{" + "9^{" * 30 + "9" + "}" * 30 + "}",
+        "\\boxed{" + "x+" * 500_000 + "1}",
+        "{" * 10_000 + "\\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}",
+        "a" * 1_000_000,
+        "\\boxed{" * 100_000,
+    ],
+)
+def test_hostile_inputs_are_false_and_bounded(response):
+    start = time.monotonic()
+    result = grade(response, "5", timeout_s=2.0)
+    elapsed = time.monotonic() - start
+    assert result.acc is False
+    # 2 s comparison bound + extraction on 1 MB + a possible worker restart
+    assert elapsed < 8.0, elapsed
+
+
+def test_grading_after_a_timeout_still_works():
+    grade("\\boxed{10^{10^{10^{10}}}}", "5", timeout_s=1.0)
+    assert grade("\\boxed{\\frac{\\sqrt{570}}{12}}", "\\sqrt{\\frac{95}{24}}").acc
+
+
+def test_grading_from_a_thread():
+    results = {}
+
+    def worker():
+        results["value"] = grade("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}")
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(timeout=60)
+    assert results["value"].acc
+
+
+def test_grading_from_a_thread_pool():
+    cases = [("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", True), ("\\boxed{\\sqrt{4}}", "2", True),
+             ("\\boxed{\\pi}", "3.14", False), ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", True)] * 3
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        accs = list(pool.map(lambda case: grade(case[0], case[1]).acc, cases))
+    assert accs == [case[2] for case in cases]
+
+
+def _grade_in_child(args):
+    return grade(*args).acc
+
+
+def test_grading_from_a_process_pool():
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        assert list(pool.map(_grade_in_child, [("\\boxed{\\sqrt{8}}", "2\\sqrt{2}"), ("\\boxed{3}", "4")])) == [
+            True,
+            False,
+        ]
+
+
+def test_grading_from_a_daemonic_pool_worker():
+    # multiprocessing.Pool workers are daemonic and may not start multiprocessing children
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.map(_grade_in_child, [("\\boxed{\\frac{6}{8}}", "\\frac{3}{4}")]) == [True]
+
+
+def test_bad_timeout_rejected():
+    with pytest.raises(ValueError, match="timeout_s"):
+        grade("\\boxed{1}", "1", timeout_s=0)
