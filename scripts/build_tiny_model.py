@@ -2,18 +2,20 @@
 
     python scripts/build_tiny_model.py --out-dir ~/.cache/opsd_verl/tiny_model
     python scripts/build_tiny_model.py --out-dir /tmp/tiny --data-dir /tmp/tiny_data
+    python scripts/build_tiny_model.py --if-missing --out-dir DIR --data-dir DIR   # run scripts
 
 No download: everything is built locally (recipe.common.tiny_model).
 """
 
 import argparse
+from pathlib import Path
 
 from recipe.common.tiny_model import build_tiny_model, build_tiny_parquet
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", required=True, help="directory for the HF model + tokenizer")
+    parser.add_argument("--out-dir", default=None, help="directory for the HF model + tokenizer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=64)
@@ -21,10 +23,23 @@ def main() -> None:
     parser.add_argument("--num-kv-heads", type=int, default=1)
     parser.add_argument("--intermediate-size", type=int, default=128)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing model in --out-dir")
+    parser.add_argument(
+        "--if-missing", action="store_true", help="skip the model / data when already built there (run scripts)"
+    )
     parser.add_argument("--data-dir", default=None, help="also write train.parquet / val.parquet toy data here")
     parser.add_argument("--num-train", type=int, default=64)
     parser.add_argument("--num-val", type=int, default=16)
     args = parser.parse_args()
+    if args.out_dir is None and args.data_dir is None:
+        parser.error("pass --out-dir (model) and/or --data-dir (toy data)")
+    if args.out_dir is not None and not (args.if_missing and (Path(args.out_dir) / "config.json").is_file()):
+        build_model(args)
+    if args.data_dir and not (args.if_missing and (Path(args.data_dir) / "train.parquet").is_file()):
+        train, val = build_tiny_parquet(args.data_dir, num_train=args.num_train, num_val=args.num_val, seed=args.seed)
+        print(f"toy data: {train} {val}")
+
+
+def build_model(args: argparse.Namespace) -> None:
     path = build_tiny_model(
         args.out_dir,
         seed=args.seed,
@@ -36,9 +51,6 @@ def main() -> None:
         overwrite=args.overwrite,
     )
     print(f"tiny model: {path}")
-    if args.data_dir:
-        train, val = build_tiny_parquet(args.data_dir, num_train=args.num_train, num_val=args.num_val, seed=args.seed)
-        print(f"toy data: {train} {val}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ CPU_OVERRIDES=(
     actor_rollout_ref.actor.strategy=fsdp2
     actor_rollout_ref.actor.fsdp_config.strategy=fsdp2
     actor_rollout_ref.ref.strategy=fsdp2
+    # Offloading parameters to the host is meaningless when the device is the host.
+    actor_rollout_ref.actor.fsdp_config.param_offload=False
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+    actor_rollout_ref.ref.fsdp_config.param_offload=False
     # The batched HF-generate rollout server of recipe.common.cpu_rollout, one process per replica.
     actor_rollout_ref.rollout.name=hf
     actor_rollout_ref.rollout.tensor_model_parallel_size=1

@@ -15,7 +15,9 @@ import verl), so the GPU path is untouched. On the CPU path it
    pools can be satisfied by placeholder Ray GPUs);
 2. wraps ``torch.distributed.init_process_group`` to turn the ``cpu:gloo,cpu:gloo`` backend
    string verl builds into ``gloo``;
-3. registers rollout ``hf`` (``recipe.common.cpu_rollout``) in ``RolloutReplicaRegistry`` and
+3. makes FSDP2's ``CPUOffloadPolicy`` never pin memory (verl always gives the frozen
+   reference model ``CPUOffloadPolicy(pin_memory=True)``, and pinning needs an accelerator);
+4. registers rollout ``hf`` (``recipe.common.cpu_rollout``) in ``RolloutReplicaRegistry`` and
    ``_ROLLOUT_REGISTRY``.
 
 The FSDP engine is selected by ``VERL_ENGINE_DEVICE=cuda`` (verl's documented override).
@@ -237,6 +239,29 @@ if cpu_path_enabled():
         init_process_group.__wrapped__ = original
         torch.distributed.init_process_group = init_process_group
 
+    def _install_unpinned_offload_policy() -> None:
+        import torch.distributed.fsdp as fsdp
+
+        if getattr(fsdp.CPUOffloadPolicy, "_recipe_cpu_unpinned", False):
+            return
+        from dataclasses import dataclass
+
+        @dataclass
+        class UnpinnedCPUOffloadPolicy(fsdp.CPUOffloadPolicy):
+            """CPUOffloadPolicy whose pin_memory is always False (no accelerator to pin for)."""
+
+            _recipe_cpu_unpinned = True
+
+            def __post_init__(self):
+                self.pin_memory = False
+
+        # verl binds the name at import (verl/utils/fsdp_utils.py:43); patch every existing binding.
+        fsdp.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+        for module_name in ("verl.utils.fsdp_utils", "verl.workers.engine.fsdp.transformer_impl"):
+            module = sys.modules.get(module_name)
+            if module is not None:
+                module.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+
     def _load_hf_replica():
         from recipe.common.cpu_rollout import HFReplica
 
@@ -251,6 +276,7 @@ if cpu_path_enabled():
 
     check_verl_version()
     _install_backend_normalizer()
+    _install_unpinned_offload_policy()
     _register_hf_rollout()
     for _module in _deferred_modules:
         importlib.import_module(_module)

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# GRPO control (paper appendix "GRPO Control Configuration") on verl 0.9.1's own trainer.
+#
+#   bash recipe/grpo_baseline/run_grpo.sh                       # CPU smoke run: tiny model, toy data
+#   MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo_train.parquet VAL_FILES=/data/val.parquet \
+#   CKPT_DIR=/ckpt/grpo NGPUS=8 bash recipe/grpo_baseline/run_grpo.sh [verl overrides...]
+#
+# Without MODEL_PATH the run is the CPU path (recipe/common/cpu_env.sh): the tiny model and
+# toy data are built into $CACHE_DIR if missing, 4 short steps, ~2 minutes on 2 cores.
+# With MODEL_PATH it is the paper's configuration (config/grpo_trainer.yaml) with vLLM
+# rollouts (ROLLOUT=sglang to switch). Extra arguments are verl/hydra overrides, appended last.
+#
+# Environment: MODEL_PATH, TRAIN_FILES, VAL_FILES, CKPT_DIR, NGPUS (GPUs per node), NNODES,
+# ROLLOUT, ROLLOUT_TP (rollout tensor parallel size), CACHE_DIR, PYTHON, DEVICE (cpu|gpu).
+# Logs: console + $CKPT_DIR/metrics.jsonl (verl file logger: timing_s/step, timing_s/gen, ...);
+# the wall time of the whole run is appended to $CKPT_DIR/run_times.jsonl.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO_ROOT"
+PYTHON="${PYTHON:-python}"
+DEVICE="${DEVICE:-$([[ -n "${MODEL_PATH:-}" ]] && echo gpu || echo cpu)}"
+CACHE_DIR="${CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/opsd_verl}"
+CKPT_DIR="${CKPT_DIR:-$REPO_ROOT/checkpoints/grpo_${DEVICE}}"
+mkdir -p "$CKPT_DIR"
+export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$CKPT_DIR/metrics.jsonl}"
+
+ARGS=(
+    --config-path="$REPO_ROOT/recipe/grpo_baseline/config"
+    --config-name=grpo_trainer
+    reward.custom_reward_function.path="$REPO_ROOT/recipe/common/reward.py"
+    trainer.default_local_dir="$CKPT_DIR"
+)
+
+if [[ "$DEVICE" == cpu ]]; then
+    source "$REPO_ROOT/recipe/common/cpu_env.sh"
+    MODEL_PATH="${MODEL_PATH:-$CACHE_DIR/tiny_model}"
+    TRAIN_FILES="${TRAIN_FILES:-$CACHE_DIR/tiny_data/train.parquet}"
+    VAL_FILES="${VAL_FILES:-$CACHE_DIR/tiny_data/val.parquet}"
+    "$PYTHON" scripts/build_tiny_model.py --if-missing --out-dir "$MODEL_PATH" --data-dir "$CACHE_DIR/tiny_data"
+    STEPS="${STEPS:-4}"
+    ARGS+=(
+        "${CPU_OVERRIDES[@]}"
+        data.max_prompt_length=192
+        data.max_response_length=32
+        data.train_batch_size=4
+        actor_rollout_ref.rollout.n=4
+        actor_rollout_ref.actor.ppo_mini_batch_size=4
+        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
+        actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
+        actor_rollout_ref.actor.optim.lr=1e-4
+        trainer.total_training_steps="$STEPS"
+        trainer.save_freq="$STEPS"
+        trainer.experiment_name=grpo_cpu_tiny
+    )
+else
+    : "${MODEL_PATH:?set MODEL_PATH to an HF model directory}"
+    : "${TRAIN_FILES:?set TRAIN_FILES to the training parquet}"
+    VAL_FILES="${VAL_FILES:-$TRAIN_FILES}"
+    NGPUS="${NGPUS:-8}"
+    MAX_TOKENS_PER_GPU=$((1024 + 20480))
+    ARGS+=(
+        actor_rollout_ref.rollout.name="${ROLLOUT:-vllm}"
+        actor_rollout_ref.rollout.tensor_model_parallel_size="${ROLLOUT_TP:-1}"
+        actor_rollout_ref.actor.use_dynamic_bsz=True
+        actor_rollout_ref.actor.ppo_max_token_len_per_gpu="$MAX_TOKENS_PER_GPU"
+        actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+        actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu="$MAX_TOKENS_PER_GPU"
+        actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+        actor_rollout_ref.ref.log_prob_max_token_len_per_gpu="$MAX_TOKENS_PER_GPU"
+        actor_rollout_ref.model.enable_gradient_checkpointing=True
+        trainer.n_gpus_per_node="$NGPUS"
+        trainer.nnodes="${NNODES:-1}"
+    )
+fi
+
+ARGS+=(
+    actor_rollout_ref.model.path="$MODEL_PATH"
+    data.train_files="$TRAIN_FILES"
+    data.val_files="$VAL_FILES"
+)
+
+echo "[run_grpo] device=$DEVICE model=$MODEL_PATH ckpt=$CKPT_DIR metrics=$VERL_FILE_LOGGER_PATH"
+START=$(date +%s)
+"$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}" "$@"
+END=$(date +%s)
+echo "{\"recipe\": \"grpo\", \"device\": \"$DEVICE\", \"wall_time_s\": $((END - START)), \"metrics\": \"$VERL_FILE_LOGGER_PATH\"}" >> "$CKPT_DIR/run_times.jsonl"
+echo "[run_grpo] done in $((END - START)) s; per-step timings (timing_s/step) in $VERL_FILE_LOGGER_PATH"
