@@ -1,0 +1,106 @@
+"""Frozen teacher-student signal analysis of one model (paper: "Token-Level Analysis Protocol").
+
+Samples K prompts x R rollouts from a verl training parquet (default 2,048 x 2 at
+temperature 1.1, 1,024-token cap), rescores the SAME response tokens under every teacher
+condition ``context:mode``, and writes to ``--out-dir``: ``signals.json`` (all numbers,
+including per-rollout features), ``signals.md`` (the paper's tables), ``pca.png`` and
+``position_windows.png``, plus ``rollouts.json`` (reuse with ``--rollouts``).
+
+Example (CPU, tiny model)::
+
+    python scripts/analyze_signals.py --model /tmp/tiny --data /tmp/tiny_data/train.parquet \\
+        --out-dir /tmp/signals --num-prompts 8 --max-new-tokens 64 \\
+        --conditions full_solution:think answer_only:think unrelated:think none:think
+
+GPU: add ``--device cuda --dtype bfloat16 --backend vllm``. Logic: recipe/analysis/signal_analysis.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from recipe.analysis import signal_analysis as sa
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = sa.SignalAnalysisConfig()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="Hugging Face model directory (student = frozen teacher)")
+    p.add_argument("--data", required=True, help="verl training parquet (prompt + extra_info)")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--model-name", default=None, help="name in tables and figures (default: the directory name)")
+    p.add_argument("--conditions", nargs="+", default=list(defaults.conditions), help="teacher conditions context:mode")
+    p.add_argument("--student-mode", default=defaults.student_mode, choices=sa.MODES)
+    p.add_argument("--num-prompts", type=int, default=defaults.num_prompts)
+    p.add_argument("--rollouts-per-prompt", type=int, default=defaults.rollouts_per_prompt)
+    p.add_argument("--temperature", type=float, default=defaults.temperature)
+    p.add_argument("--top-p", type=float, default=defaults.top_p)
+    p.add_argument("--top-k", type=int, default=defaults.top_k, help="-1 = off")
+    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="rollout cap")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--signal-temperature", type=float, default=None, help="scoring temperature (default: --temperature)")
+    p.add_argument("--clip-tau", type=float, default=defaults.clip_tau, help="per-entry cap of the clip diagnostics")
+    p.add_argument("--entropy-fraction", type=float, default=defaults.entropy_fraction, help="HE share fraction (0.2 = HE20)")
+    p.add_argument("--top-tokens", type=int, default=defaults.top_tokens)
+    p.add_argument("--windows", nargs="+", default=None, metavar="LO:HI",
+                   help="response-position windows (default: the paper's 0:128 128:256 ... 4096:6144)")
+    p.add_argument("--teacher-max-prompt-length", type=int, default=None, help="skip rows with longer teacher prompts")
+    p.add_argument("--chunk-size", type=int, default=defaults.chunk_size, help="lm_head rows per chunk")
+    p.add_argument("--sample-batch-size", type=int, default=defaults.sample_batch_size)
+    p.add_argument("--score-batch-size", type=int, default=defaults.score_batch_size)
+    p.add_argument("--backend", default=defaults.backend, choices=sa.BACKENDS)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--rollouts", default=None, help="rollouts.json of an earlier run to rescore instead of sampling")
+    p.add_argument("--overwrite", action="store_true", help="replace existing outputs in --out-dir")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    config = sa.SignalAnalysisConfig(
+        num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt, temperature=args.temperature,
+        top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        student_mode=args.student_mode, conditions=tuple(args.conditions), signal_temperature=args.signal_temperature,
+        clip_tau=args.clip_tau, entropy_fraction=args.entropy_fraction, top_tokens=args.top_tokens,
+        teacher_max_prompt_length=args.teacher_max_prompt_length, chunk_size=args.chunk_size,
+        sample_batch_size=args.sample_batch_size, score_batch_size=args.score_batch_size, backend=args.backend,
+        windows=_windows(args.windows) if args.windows else defaults.windows,
+    )
+    out_dir = Path(args.out_dir)
+    rollouts_out = out_dir / "rollouts.json"
+    if rollouts_out.exists() and not args.overwrite and args.rollouts != str(rollouts_out):
+        raise SystemExit(f"{rollouts_out} exists; pass --overwrite, --rollouts {rollouts_out}, or another --out-dir")
+    model_name = args.model_name or Path(args.model).resolve().name
+    rows = sa.load_rows(args.data)
+    model, tokenizer = sa.load_model(args.model, device=args.device, dtype=args.dtype)
+    items = rollouts = None
+    if args.rollouts:
+        items, rollouts, meta = sa.load_rollouts(args.rollouts, rows, tokenizer, config=config)
+        print(f"rescoring {len(rollouts)} saved rollouts from {args.rollouts} (sampled with {meta.get('sampling')})")
+    else:
+        items, skipped = sa.build_prompt_items(rows, tokenizer, config=config)
+        print(f"sampling {len(items)} prompts x {config.rollouts_per_prompt} rollouts (skipped rows: {skipped or 'none'})")
+        rollouts = sa.sample_rollouts(model, tokenizer, items, config=config, model_path=args.model)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        meta = {"model": str(args.model), "data": str(args.data), "sampling": sa.sampling_settings(config)}
+        sa.save_rollouts(rollouts_out, items, rollouts, meta=meta)
+    result = sa.run_signal_analysis(model, tokenizer, rows, config=config, model_name=model_name, rollouts=rollouts, items=items)
+    paths = sa.write_outputs(result, out_dir, overwrite=args.overwrite)
+    print(sa.markdown_report(result))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _windows(specs: list[str]) -> tuple[tuple[int, int], ...]:
+    try:
+        return tuple((int(lo), int(hi)) for lo, hi in (spec.split(":") for spec in specs))
+    except ValueError:
+        raise SystemExit(f"--windows takes LO:HI integer pairs, got {specs}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

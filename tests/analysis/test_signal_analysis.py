@@ -1,0 +1,207 @@
+"""Signal analysis on the tiny model reproduces the core signal functions; PCA on hand data."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from recipe.analysis import signal_analysis as sa
+from recipe.common import chat, prompts
+from recipe.opsd import signals
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from recipe.common.tiny_model import build_tiny_model, build_tiny_parquet
+
+    root = tmp_path_factory.mktemp("signal_analysis")
+    model_dir = build_tiny_model(root / "model", seed=0)
+    train, _ = build_tiny_parquet(root / "data", num_train=12, num_val=2, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return model, tokenizer, sa.load_rows(train), train
+
+
+CONDITIONS = ("full_solution:think", "answer_only:no_think", "none:think")
+
+
+@pytest.fixture(scope="module")
+def analysed(tiny):
+    model, tokenizer, rows, _ = tiny
+    config = sa.SignalAnalysisConfig(
+        num_prompts=3, rollouts_per_prompt=2, max_new_tokens=12, conditions=CONDITIONS, chunk_size=7,
+        sample_batch_size=4, score_batch_size=4, top_tokens=5, windows=((0, 4), (4, 8), (8, 16)),
+    )
+    items, skipped = sa.build_prompt_items(rows, tokenizer, config=config)
+    rollouts = sa.sample_rollouts(model, tokenizer, items, config=config)
+    scored = sa.score_rollouts(model, items, rollouts, config=config)
+    result = sa.run_signal_analysis(model, tokenizer, rows, config=config, model_name="tiny", items=items, rollouts=rollouts)
+    return config, items, rollouts, scored, result
+
+
+def test_prompts_are_the_shared_builders_and_token_spliced(tiny, analysed):
+    _, tokenizer, rows, _ = tiny
+    config, items, rollouts, _, _ = analysed
+    assert len(items) == 3 and len(rollouts) == 6
+    assert [r.prompt for r in rollouts] == [0, 0, 1, 1, 2, 2]
+    for item in items:
+        record = rows[item.row]
+        assert item.student_ids == chat.render_ids(record["prompt"], tokenizer, "think")
+        _, teacher = prompts.build_prompt_pair("full_solution", record["extra_info"])
+        assert item.teacher_ids["full_solution:think"] == chat.render_ids(teacher, tokenizer, "think")
+        _, teacher = prompts.build_prompt_pair("answer_only", record["extra_info"])
+        assert item.teacher_ids["answer_only:no_think"] == chat.render_ids(teacher, tokenizer, "no_think")
+        assert record["extra_info"]["solution"] in tokenizer.decode(item.teacher_ids["full_solution:think"])
+
+
+def test_signals_equal_token_signals_on_plain_full_logits(tiny, analysed):
+    """Reference: one unpadded model forward per sequence, full [T, V] logits, token_signals."""
+    model, _, _, _ = tiny
+    config, items, rollouts, scored, _ = analysed
+    temperature = config.temperature
+    for cond in CONDITIONS:
+        got = scored[cond]
+        offset = 0
+        for k, rollout in enumerate(rollouts):
+            item = items[rollout.prompt]
+            resp = rollout.response_ids
+            n = len(resp)
+            with torch.no_grad():
+                s_logits = model(torch.tensor([item.student_ids + resp])).logits[0]
+                t_logits = model(torch.tensor([item.teacher_ids[cond] + resp])).logits[0]
+            ps, pt = len(item.student_ids), len(item.teacher_ids[cond])
+            ref = signals.token_signals(
+                s_logits[ps - 1 : ps - 1 + n].double(), t_logits[pt - 1 : pt - 1 + n].double(), torch.tensor(resp),
+                student_temperature=temperature, clip_tau=config.clip_tau,
+            )
+            rows = slice(offset, offset + n)
+            assert torch.equal(got["rollout"][rows], torch.full((n,), k))
+            assert torch.equal(got["position"][rows], torch.arange(n))
+            assert torch.equal(got["sampled_id"][rows], torch.tensor(resp))
+            for key in ("fwd_kl", "adv", "student_entropy", "teacher_entropy", "student_logp", "teacher_logp"):
+                torch.testing.assert_close(got[key][rows].double(), ref[key], atol=2e-5, rtol=1e-4, msg=f"{cond} {key}")
+            assert torch.equal(got["top1_agree"][rows].double(), ref["top1_agree"])
+            offset += n
+        assert offset == got["fwd_kl"].numel()
+
+
+def test_student_logp_matches_the_sampler(analysed):
+    """Rescored student log-probs (full forward, right padding) equal the sampler's own
+    (generate, left padding, KV cache): the rollouts are rescored exactly as sampled."""
+    _, _, rollouts, scored, result = analysed
+    sampled = torch.tensor([lp for r in rollouts for lp in r.logprobs], dtype=torch.float64)
+    for cond in CONDITIONS:
+        torch.testing.assert_close(scored[cond]["student_logp"].double(), sampled, atol=1e-4, rtol=0)
+    assert result["sampler_logp_max_abs_diff"] < 1e-4
+
+
+def test_teacher_equal_to_student_gives_zero_signal(analysed):
+    _, _, _, _, result = analysed
+    summary = result["conditions"]["none:think"]["summary"]
+    assert summary["fwd_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert summary["agree"] == 100.0 and summary["enc"] == 0.0 and summary["disc"] == 0.0
+    assert result["conditions"]["none:think"]["top_tokens"] == []
+
+
+def test_report_numbers_are_the_shared_summaries(analysed):
+    config, _, rollouts, scored, result = analysed
+    for cond in CONDITIONS:
+        sig = {k: scored[cond][k] for k in signals.SIGNAL_KEYS}
+        rep = result["conditions"][cond]
+        assert rep["summary"] == signals.summarize_signals(sig) or all(
+            (math.isnan(a) and math.isnan(b)) or a == b
+            for a, b in zip(rep["summary"].values(), signals.summarize_signals(sig).values())
+        )
+        # Hand definitions of the paper's columns on the same tokens.
+        kl, adv = sig["fwd_kl"].double(), sig["adv"].double()
+        assert rep["summary"]["fwd_kl"] == pytest.approx(float(kl.mean()))
+        assert rep["summary"]["d_gt_005"] == pytest.approx(100 * float((kl > 0.05).double().mean()))
+        assert rep["summary"]["enc"] == pytest.approx(100 * float((adv > 0).double().mean()))
+        windows = rep["position_windows"]
+        assert [w["window"] for w in windows] == ["[0,4)", "[4,8)", "[8,16)"]
+        first = kl[scored[cond]["position"] < 4]
+        assert windows[0]["mean"] == pytest.approx(float(first.mean()))
+        assert windows[0]["count"] == first.numel()
+        # Per-rollout features: plain means over each rollout's tokens.
+        feats = torch.tensor(rep["rollout_features"])
+        assert feats.shape == (len(rollouts), len(sa.ROLLOUT_FEATURES))
+        mask = scored[cond]["rollout"] == 1
+        assert feats[1, 0].item() == pytest.approx(float(kl[mask].mean()))
+        assert feats[1, 5].item() == pytest.approx(float((adv[mask] < 0).double().mean()))
+    # Divergence mass: sum over positions of the per-entry terms = sum of fwd_kl.
+    mass = scored["full_solution:think"]["mass_V"]
+    assert float(mass.sum()) == pytest.approx(float(scored["full_solution:think"]["fwd_kl"].double().sum()), rel=1e-4)
+    top = result["conditions"]["full_solution:think"]["top_tokens"]
+    assert 0 < len(top) <= 5 and top[0]["mass"] == pytest.approx(float(mass.max()))
+    assert [t["mass"] for t in top] == sorted((t["mass"] for t in top), reverse=True)
+
+
+def test_outputs_written_and_not_overwritten(analysed, tmp_path):
+    _, _, _, _, result = analysed
+    paths = sa.write_outputs(result, tmp_path / "out")
+    data = json.loads(paths["signals.json"].read_text())  # strict JSON: NaN became null
+    assert set(data["conditions"]) == set(CONDITIONS)
+    md = paths["signals.md"].read_text()
+    assert "| full_solution:think |" in md and "D>.05" in md and "HE20" in md
+    for name in ("pca.png", "position_windows.png"):
+        assert paths[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(FileExistsError):
+        sa.write_outputs(result, tmp_path / "out")
+
+
+def test_rollouts_round_trip_and_mismatch(tiny, analysed, tmp_path):
+    _, tokenizer, rows, _ = tiny
+    config, items, rollouts, _, _ = analysed
+    path = tmp_path / "rollouts.json"
+    sa.save_rollouts(path, items, rollouts, meta={"sampling": sa.sampling_settings(config)})
+    loaded_items, loaded, _ = sa.load_rollouts(path, rows, tokenizer, config=config)
+    assert [r.response_ids for r in loaded] == [r.response_ids for r in rollouts]
+    assert [i.teacher_ids for i in loaded_items] == [i.teacher_ids for i in items]
+    other = sa.SignalAnalysisConfig(**{**sa.sampling_settings(config), "temperature": 0.7, "conditions": CONDITIONS})
+    with pytest.raises(ValueError, match="temperature"):
+        sa.load_rollouts(path, rows, tokenizer, config=other)
+
+
+def test_rows_missing_a_context_field_are_skipped_or_rejected(tiny):
+    _, tokenizer, rows, _ = tiny
+    config = sa.SignalAnalysisConfig(num_prompts=2, conditions=("cot_solution:think",))
+    with pytest.raises(ValueError, match="cot_solution"):  # the tiny parquet has no CoT
+        sa.build_prompt_items(rows, tokenizer, config=config)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="context"):
+        sa.SignalAnalysisConfig(conditions=("solution:think",))
+    with pytest.raises(ValueError, match="mode"):
+        sa.SignalAnalysisConfig(conditions=("full_solution:thinking",))
+    with pytest.raises(ValueError, match="student prompt"):
+        sa.SignalAnalysisConfig(conditions=("concise_to_detailed:think",))
+    with pytest.raises(ValueError, match="duplicates"):
+        sa.SignalAnalysisConfig(conditions=("none:think", "none:think"))
+    with pytest.raises(ValueError, match="student_mode"):
+        sa.SignalAnalysisConfig(student_mode="auto")
+    with pytest.raises(ValueError, match="num_prompts"):
+        sa.SignalAnalysisConfig(num_prompts=0)
+
+
+def test_pca_on_hand_made_data():
+    # Points on the line y = 2x: one component carries all the variance.
+    x = torch.tensor([[-2.0, -4.0], [-1.0, -2.0], [0.0, 0.0], [1.0, 2.0], [2.0, 4.0]])
+    result = sa.pca(x, n_components=2)
+    torch.testing.assert_close(result.components_CF[0], torch.tensor([1.0, 2.0], dtype=torch.float64) / math.sqrt(5))
+    torch.testing.assert_close(result.explained_variance_ratio_C, torch.tensor([1.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(result.coords_MC[:, 0], torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0], dtype=torch.float64) * math.sqrt(5))
+    torch.testing.assert_close(result.coords_MC[:, 1], torch.zeros(5, dtype=torch.float64), atol=1e-12, rtol=0)
+    # Axis-aligned data with variances 4 and 1: components are the axes, ratios 0.8 / 0.2.
+    y = torch.tensor([[2.0, 0.0], [-2.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    r = sa.pca(y)
+    torch.testing.assert_close(r.components_CF.abs(), torch.eye(2, dtype=torch.float64))
+    torch.testing.assert_close(r.explained_variance_ratio_C, torch.tensor([0.8, 0.2], dtype=torch.float64))
+
+
+def test_standardize_columns():
+    z = sa.standardize(torch.tensor([[1.0, 5.0, 3.0], [3.0, 5.0, 7.0]]))
+    torch.testing.assert_close(z, torch.tensor([[-1.0, 0.0, -1.0], [1.0, 0.0, 1.0]], dtype=torch.float64))
