@@ -54,7 +54,7 @@ def build(args: argparse.Namespace) -> dict:
         raw, columns={"problem": args.problem_key, "answer": args.answer_key}, required=("problem", "answer"),
         id_prefix="dapo", id_column=args.id_key, counts=counts, strict=args.strict,
     )
-    counts.stages["after_field_normalisation_before_dedup"] = len(records)
+    counts.stages["after_field_normalisation"] = len(records)
     records = deduplicate(records, counts)
     index = make_index(args.eval_dir, n=args.ngram, threshold=args.ngram_threshold)
     return finish_build(

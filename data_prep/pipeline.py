@@ -71,7 +71,7 @@ def finish_build(
     """Decontaminate ``records`` (problem), pair, build rows, re-check, write; return the summary."""
     out = Path(out)
     check_writable(output_paths(out), overwrite=overwrite)
-    counts.stages["after_field_normalisation"] = len(records)
+    counts.stages["before_decontamination"] = len(records)
     kept, removed = decontaminate(records, index)
     for match in removed:
         counts.drop(f"decontamination_{match.reason}", match.row_id)
