@@ -184,3 +184,33 @@ def test_eval_sets_bad_row_is_an_error(tmp_path):
     write_jsonl(d / "x.jsonl", [{"id": "x-1", "problem": "P", "answer": ""}])
     with pytest.raises(ValueError, match="row 'x-1': field 'answer'"):
         eval_sets.build(d, tmp_path / "out", overwrite=False)
+
+
+def test_sft_export_round_trips_generated_solution(tmp_path, eval_dir, tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from data_prep import sft
+
+    generated = "<think>\nI think.\n</think>\n\nThe answer is $\\boxed{1}$."
+    rows = [
+        {"problem": "P0?", "generated_solution": generated, "expected_answer": "1"},
+        {"problem": "P1?", "generated_solution": "<think>\n" + "t" * 300 + "\n</think>\n\nS.", "expected_answer": "2"},
+    ]
+    src = write_jsonl(tmp_path / "omr.jsonl", rows)
+    openmathreasoning.build(openmathreasoning.parser().parse_args(
+        ["--input", str(src), "--eval-dir", str(eval_dir), "--unrelated-pool", "none", "--out", str(tmp_path / "omr.parquet")]))
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    full = tok.apply_chat_template([{"role": "user", "content": "P0?"}, {"role": "assistant", "content": generated}], tokenize=False)
+    cap = len(tok(full, add_special_tokens=False)["input_ids"])
+    summary = sft.build(sft.parser().parse_args(
+        ["--input", str(tmp_path / "omr.parquet"), "--tokenizer", str(tokenizer_dir), "--max-length", str(cap),
+         "--out", str(tmp_path / "sft.parquet")]))
+    assert summary["drops"] == {f"sequence_over_{cap}": 1} and summary["dropped_ids"][f"sequence_over_{cap}"] == ["omr-000001"]
+    frame = pd.read_parquet(tmp_path / "sft.parquet")
+    messages = [dict(m) for m in frame.iloc[0]["messages"]]
+    assert messages[1] == {"role": "assistant", "content": "The answer is $\\boxed{1}$.", "reasoning_content": "I think."}
+    # rendering the split record gives back exactly the source generated_solution
+    assert tok.apply_chat_template(messages, tokenize=False) == full
+    # verl's MultiTurnSFTDataset renders turn by turn: the concatenation equals the whole render
+    per_turn = "".join(tok.apply_chat_template([m], tokenize=False) for m in messages)
+    assert per_turn == full
