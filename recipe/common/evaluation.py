@@ -150,18 +150,29 @@ def _run_merger(checkpoint: Path, target: Path) -> None:
         raise RuntimeError(f"model merge failed ({' '.join(command)}):\n{completed.stderr[-4000:]}")
 
 
-def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> Path:
-    """An HF model directory for ``model``: itself, or the merged FSDP checkpoint in the cache.
+def _looks_like_hub_id(model: str) -> bool:
+    return model.count("/") == 1 and not model.startswith((".", "/", "~")) and all(model.split("/"))
+
+
+def _model_key(model: str) -> str:
+    path = Path(model).expanduser().resolve()
+    return model if not path.exists() and _looks_like_hub_id(model) else str(path)
+
+
+def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> str:
+    """What to load for ``model``: a hub id as given, an HF directory, or the merged FSDP checkpoint.
 
     A merged copy is written to ``<merge_cache>/<name>-<hash of the checkpoint path>`` through
     a temporary directory and renamed when complete; an existing complete copy is reused,
     never overwritten; an incomplete one is an error.
     """
     path = Path(model).expanduser().resolve()
+    if not path.exists() and _looks_like_hub_id(model):
+        return model
     if not path.is_dir():
-        raise FileNotFoundError(f"model {model!r} is not a directory")
+        raise FileNotFoundError(f"model {model!r} is not a directory (nor a hub id like 'Qwen/Qwen3-1.7B')")
     if _is_hf_model_dir(path):
-        return path
+        return str(path)
     if not list(path.glob("model_world_size_*_rank_*.pt")):
         raise ValueError(
             f"model {model!r} is neither a Hugging Face model directory (config.json + weights) nor an "
@@ -172,7 +183,7 @@ def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> Path:
     target = Path(merge_cache).expanduser() / f"{name}-{digest}"
     if target.exists():
         if _is_hf_model_dir(target):
-            return target
+            return str(target)
         raise RuntimeError(f"{target} exists but holds no complete merged model; remove it to merge again")
     partial = target.with_name(target.name + f".partial-{os.getpid()}")
     partial.parent.mkdir(parents=True, exist_ok=True)
@@ -180,13 +191,13 @@ def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> Path:
     if not _is_hf_model_dir(partial):
         raise RuntimeError(f"model merge of {path} produced no model weights in {partial}")
     partial.rename(target)
-    return target
+    return str(target)
 
 
 def run_config(config: EvalConfig) -> dict:
     """The JSON-able record of what a run generates (checked on resume, kept in the results)."""
     return {
-        "model": str(Path(config.model).expanduser().resolve()),
+        "model": _model_key(config.model),
         "decoding": dataclasses.asdict(config.preset),
         "n": config.n,
         "seed": config.seed,
@@ -316,7 +327,7 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
     if pending:
         if backend is None:
             model_path = resolve_model(config.model, merge_cache=config.merge_cache)
-            backend = make_backend(config.backend, str(model_path), preset=config.preset, seed=config.seed)
+            backend = make_backend(config.backend, model_path, preset=config.preset, seed=config.seed)
         bar = tqdm(total=sum(len(samples) for *_, samples in pending), desc="generations", disable=not progress)
         with open(generations_path, "a", encoding="utf-8") as sink, ThreadPoolExecutor(MAX_WORKERS) as pool:
             for start in range(0, len(pending), config.problems_per_call):

@@ -247,7 +247,10 @@ def _fake_hf_dir(path: Path):
 def test_resolve_model_hf_dir_and_fsdp_merge_cache(tmp_path, monkeypatch):
     hf = tmp_path / "hf"
     _fake_hf_dir(hf)
-    assert resolve_model(str(hf), merge_cache=tmp_path / "cache") == hf.resolve()
+    assert resolve_model(str(hf), merge_cache=tmp_path / "cache") == str(hf.resolve())
+    assert resolve_model("Qwen/Qwen3-1.7B", merge_cache=tmp_path / "cache") == "Qwen/Qwen3-1.7B"
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        resolve_model(str(tmp_path / "missing" / "model"), merge_cache=tmp_path / "cache")
 
     actor = tmp_path / "ckpt" / "global_step_100" / "actor"
     actor.mkdir(parents=True)
@@ -259,10 +262,10 @@ def test_resolve_model_hf_dir_and_fsdp_merge_cache(tmp_path, monkeypatch):
         _fake_hf_dir(target)
 
     monkeypatch.setattr(evaluation, "_run_merger", fake_merge)
-    merged = resolve_model(str(actor), merge_cache=tmp_path / "cache")
+    merged = Path(resolve_model(str(actor), merge_cache=tmp_path / "cache"))
     assert merged.parent == tmp_path / "cache" and "global_step_100_actor" in merged.name
     assert (merged / "config.json").is_file() and len(calls) == 1 and ".partial-" in calls[0][1].name
-    assert resolve_model(str(actor), merge_cache=tmp_path / "cache") == merged  # reused, not merged again
+    assert resolve_model(str(actor), merge_cache=tmp_path / "cache") == str(merged)  # reused, not merged again
     assert len(calls) == 1
 
     (merged / "model.safetensors").unlink()  # an incomplete cache entry is never overwritten
