@@ -81,14 +81,24 @@ class HFRolloutServer:
         # log-probs within ~1e-5 of the trainer's recomputation.
         self.model = AutoModelForCausalLM.from_pretrained(
             model_config.local_path,
-            torch_dtype=torch.float32,
+            dtype=torch.float32,
             attn_implementation="sdpa",
             trust_remote_code=model_config.trust_remote_code,
         ).eval()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[_Request] | None = None
         self._batcher: asyncio.Task | None = None
         # Held while a batch generates or weights load, so the two never interleave.
         self._model_lock: asyncio.Lock | None = None
+
+    def _ensure_batcher(self) -> None:
+        """Start the batching loop on the running event loop (Ray's actor loop; a new one in tests)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._model_lock = asyncio.Lock()
+            self._batcher = loop.create_task(self._serve_batches())
 
     def ready(self) -> bool:
         return True
@@ -116,10 +126,7 @@ class HFRolloutServer:
     ) -> TokenOutput:
         if image_data is not None or video_data is not None:
             raise NotImplementedError("the hf CPU rollout is text-only")
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-            self._model_lock = asyncio.Lock()
-            self._batcher = asyncio.get_running_loop().create_task(self._serve_batches())
+        self._ensure_batcher()
         prompt_ids = [int(t) for t in prompt_ids]
         temperature = float(sampling_params.get("temperature", self.config.temperature))
         params = SampleParams(
@@ -177,8 +184,8 @@ class HFRolloutServer:
 
     async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int] = None):
         """Load the trainer's full weights (HF names) into the served model."""
-        lock = self._model_lock or asyncio.Lock()
-        async with lock:
+        self._ensure_batcher()
+        async with self._model_lock:
             own = self.model.state_dict()
             unknown = sorted(set(state_dict) - set(own))
             missing = sorted(set(own) - set(state_dict))
