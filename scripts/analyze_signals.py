@@ -103,4 +103,7 @@ def _windows(specs: list[str]) -> tuple[tuple[int, int], ...]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (FileExistsError, FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None

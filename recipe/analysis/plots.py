@@ -18,6 +18,7 @@ pyplot global state) and writes one PNG, refusing to overwrite an existing file 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -259,6 +260,30 @@ def plot_position_windows(
         ax.grid(alpha=0.3)
     ax_mean.legend(fontsize=8, loc="best")
     return _save(fig, out_path, overwrite)
+
+
+def read_eval_results(path: str | Path, *, dataset: str | None = None) -> dict[str, float]:
+    """Figure numbers of one evaluation (``results.json`` of ``scripts/evaluate.py``, or its
+    directory): ``avg`` / ``pass`` (Avg@n / Pass@n in %), ``length`` (mean tokens), ``boxed`` (%),
+    ``n``; the macro average unless ``dataset`` names one benchmark."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"evaluation results not found: {path}")
+    results = json.loads(path.read_text())
+    try:
+        n = int(results["n"])
+        metrics = results["macro"] if dataset is None else results["per_dataset"][dataset]
+        return {
+            "avg": 100.0 * metrics[f"avg@{n}"],
+            "pass": 100.0 * metrics[f"pass@{n}"],
+            "length": float(metrics["mean_length"]),
+            "boxed": 100.0 * metrics["boxed_rate"],
+            "n": n,
+        }
+    except KeyError as err:
+        raise ValueError(f"{path}: not an evaluation results.json (missing {err})") from None
 
 
 def _cap_label(cap: float) -> str:

@@ -781,3 +781,26 @@ def _f(value: Any, digits: int) -> str:
 
 def _token_text(token: str) -> str:
     return token.replace("\n", "\\n").replace("\t", "\\t").replace("|", "\\|").replace("`", "'") or " "
+
+
+def joint_pca(results: Sequence[Mapping[str, Any]], *, n_components: int = 2) -> tuple[dict[str, list[list[float]]], list[float]]:
+    """One PCA over the rollout features of several analysis results (e.g. several models),
+    each standardised within its own result first (the paper: "Features are standardized
+    within each model--mode setting before the joint PCA fit").
+
+    Returns ``({condition: [[pc1, pc2], ...]}, explained_variance_ratio)``; points of the same
+    condition name from different results are pooled.
+    """
+    blocks, labels = [], []
+    for result in results:
+        if list(result["rollout_features"]) != list(ROLLOUT_FEATURES):
+            raise ValueError(f"{result.get('model')}: rollout features {result['rollout_features']} != {list(ROLLOUT_FEATURES)}")
+        names = list(result["conditions"])
+        feats = torch.cat([torch.tensor(result["conditions"][n]["rollout_features"], dtype=torch.float64) for n in names])
+        blocks.append(standardize(feats))
+        labels += [n for n in names for _ in result["conditions"][n]["rollout_features"]]
+    fit = pca(torch.cat(blocks), n_components=n_components)
+    points: dict[str, list[list[float]]] = {}
+    for label, xy in zip(labels, fit.coords_MC.tolist()):
+        points.setdefault(label, []).append(xy)
+    return points, fit.explained_variance_ratio_C.tolist()

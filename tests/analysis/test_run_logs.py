@@ -83,3 +83,25 @@ def test_bad_inputs_name_the_file(tmp_path):
         read_run_metrics(empty)
     with pytest.raises(FileNotFoundError):
         read_run_metrics(tmp_path / "missing.log")
+
+
+def test_monitor_run_cli_on_a_fixture_log(tmp_path):
+    """The offline tool prints the window table and the collapse warning of a collapsing run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    lines = []
+    for s in range(1, 31):
+        ent, grad = (0.4, 0.35) if s <= 10 else (1.2, 0.9)
+        lines.append(f"(TaskRunner pid=7) step:{s} - opsd/student_entropy:{ent} - actor/grad_norm:np.float64({grad}) "
+                     f"- opsd/fwd_kl:0.05 - opsd/loss:-0.01")
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(lines) + "\n")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "monitor_run.py"
+    proc = subprocess.run([sys.executable, str(script), str(log), "--window", "1:10", "--window", "21:30", "--strict"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "| run | 1-10 (n=10) | 0.4 | 0.05 | 0.35 | -0.01 |" in proc.stdout
+    assert "| run | 21-30 (n=10) | 1.2 | 0.05 | 0.9 | -0.01 |" in proc.stdout
+    assert "step 20 [collapse]" in proc.stdout

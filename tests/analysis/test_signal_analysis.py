@@ -205,3 +205,22 @@ def test_pca_on_hand_made_data():
 def test_standardize_columns():
     z = sa.standardize(torch.tensor([[1.0, 5.0, 3.0], [3.0, 5.0, 7.0]]))
     torch.testing.assert_close(z, torch.tensor([[-1.0, 0.0, -1.0], [1.0, 0.0, 1.0]], dtype=torch.float64))
+
+
+def test_joint_pca_standardises_within_each_result():
+    base = torch.tensor([[0.1, 0.2, 0.3, 0.9, 0.5, 0.4, 1.0], [0.3, 0.1, 0.2, 0.8, 0.4, 0.6, 1.2],
+                         [0.2, 0.4, 0.1, 0.7, 0.6, 0.5, 0.9], [0.5, 0.3, 0.4, 0.6, 0.3, 0.7, 1.1]], dtype=torch.float64)
+
+    def result(model, feats):
+        return {"model": model, "rollout_features": list(sa.ROLLOUT_FEATURES),
+                "conditions": {"full": {"rollout_features": feats[:2].tolist()},
+                               "answer": {"rollout_features": feats[2:].tolist()}}}
+
+    # Model B = affine rescaling of model A: identical after within-model standardisation.
+    points, explained = sa.joint_pca([result("A", base), result("B", 10 * base + 3)])
+    assert set(points) == {"full", "answer"} and len(points["full"]) == 4
+    torch.testing.assert_close(torch.tensor(points["full"][:2]), torch.tensor(points["full"][2:]))
+    torch.testing.assert_close(torch.tensor(points["answer"][:2]), torch.tensor(points["answer"][2:]))
+    single = sa.pca(sa.standardize(base), n_components=2)
+    torch.testing.assert_close(torch.tensor(points["full"][:2], dtype=torch.float64), single.coords_MC[:2])
+    assert explained == pytest.approx(single.explained_variance_ratio_C.tolist())
