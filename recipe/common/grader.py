@@ -275,11 +275,11 @@ atexit.register(_POOL.close)
 
 def answers_match(pred: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
     """Whether an extracted answer equals the ground truth (bounded by ``timeout_s``)."""
+    if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
+        return False
     decided = fast_equal(pred, gold)
     if decided is not None:
         return decided
-    if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
-        return False
     worker = _POOL.acquire()
     try:
         return bool(worker.verify(pred, gold, timeout_s))
@@ -319,6 +319,7 @@ def _serve() -> None:
     import math_verify  # noqa: F401  (import before reporting ready)
 
     out = sys.stdout.buffer
+    sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the protocol
     out.write(b"ready\n")
     out.flush()
     for line in sys.stdin.buffer:
