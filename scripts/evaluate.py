@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--context", type=int)
     run.add_argument("--limit", type=int, help="only the first LIMIT problems of each benchmark")
     run.add_argument("--problems-per-call", type=int, default=16, help="problems per backend call")
+    run.add_argument("--pass-k", type=int, nargs="*", default=[],
+                     help="extra k values for Pass@k in results.json (1 and n are always reported)")
     run.add_argument("--grade-timeout", type=float, default=10.0, help="seconds per Math-Verify comparison")
     run.add_argument("--merge-cache", default=str(DEFAULT_MERGE_CACHE), help="where merged FSDP checkpoints go")
     run.add_argument("--no-progress", action="store_true")
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         grade_timeout_s=args.grade_timeout,
         merge_cache=args.merge_cache,
         problems_per_call=args.problems_per_call,
+        pass_ks=args.pass_k,
     )
     results = evaluate(config, progress=not args.no_progress)
     print(results_table(results), end="")

@@ -71,6 +71,7 @@ class EvalConfig:
         grade_timeout_s: wall-clock bound of one Math-Verify comparison.
         merge_cache: where merged FSDP checkpoints are kept.
         problems_per_call: problems sent to the backend per call (the unit of resumption).
+        pass_ks: extra k values for Pass@k in results.json (1 and n are always reported).
     """
 
     model: str
@@ -84,6 +85,7 @@ class EvalConfig:
     grade_timeout_s: float = DEFAULT_TIMEOUT_S
     merge_cache: str = str(DEFAULT_MERGE_CACHE)
     problems_per_call: int = 16
+    pass_ks: Sequence[int] = ()
     benchmark_paths: dict[str, Path] = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -93,6 +95,9 @@ class EvalConfig:
             self.backend = self.preset.engine
         if self.backend not in ("vllm", "sglang", "hf"):
             raise ValueError(f"backend must be one of ('vllm', 'sglang', 'hf'), got {self.backend!r}")
+        bad_ks = [k for k in self.pass_ks if not 1 <= k <= self.n]
+        if bad_ks:
+            raise ValueError(f"pass_ks must lie in [1, n={self.n}], got {bad_ks}")
         if self.problems_per_call < 1:
             raise ValueError(f"problems_per_call must be >= 1, got {self.problems_per_call}")
         if self.limit is not None and self.limit < 1:
@@ -267,16 +272,22 @@ def _prompt_messages(problem: str, preset: DecodingPreset) -> list[dict]:
     return system + eval_messages(problem)
 
 
-def compute_results(records: Sequence[dict], config: dict, benchmarks: Sequence[str]) -> dict:
-    """Per-dataset and macro metrics of the generation records, with the run config."""
+def compute_results(
+    records: Sequence[dict], config: dict, benchmarks: Sequence[str], *, pass_ks: Sequence[int] = ()
+) -> dict:
+    """Per-dataset and macro metrics of the generation records, with the run config.
+
+    Pass@k is reported for k in {1, n} and ``pass_ks``.
+    """
+    n = config["n"]
+    ks = sorted({1, n, *pass_ks})
     per_dataset = {}
     for name in benchmarks:
         rows = [r for r in records if r["dataset"] == name]
         if rows:
-            per_dataset[name] = eval_metrics.dataset_metrics(rows)
+            per_dataset[name] = eval_metrics.dataset_metrics(rows, ks=ks)
     if not per_dataset:
         raise ValueError("no generations to summarise")
-    n = config["n"]
     return {
         "n": n,
         "rep_ngram_order": eval_metrics.REPEAT_NGRAM,
@@ -359,6 +370,6 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
         bar.close()
     wanted = {(name, row["id"]) for name, rows in datasets.items() for row in rows}
     selected = [r for r in records if (r["dataset"], r["problem_id"]) in wanted and r["sample"] < config.n]
-    results = compute_results(selected, current, list(datasets))
+    results = compute_results(selected, current, list(datasets), pass_ks=config.pass_ks)
     write_results(out_dir, results)
     return results

@@ -123,7 +123,7 @@ def fixture_run(tmp_path):
         "b1": [Generation("\\boxed{99}", 50, stop)] * 2 + [Generation("no idea", 70, stop)] * 2,
     }
     config = EvalConfig(model=str(tmp_path), out_dir=str(tmp_path / "out"), preset=get_preset("tiny_cpu"),
-                        benchmarks=[str(bench_a), str(bench_b)], n=4, problems_per_call=2)
+                        benchmarks=[str(bench_a), str(bench_b)], n=4, problems_per_call=2, pass_ks=[2])
     return config, script
 
 
@@ -143,6 +143,8 @@ def test_fixture_run_grades_and_tabulates(fixture_run):
     assert a["avg@4"] == pytest.approx((3 / 4 + 1 / 4) / 2)
     assert a["pass@4"] == 1.0 and b["pass@4"] == 0.0
     assert a["pass@1"] == pytest.approx(0.5)
+    # a1: 1 - C(1,2)/C(4,2) = 1; a2: 1 - C(3,2)/C(4,2) = 1/2
+    assert a["pass@2"] == pytest.approx((1 + 0.5) / 2)
     assert a["mean_length"] == pytest.approx((25 + 300) / 2)
     assert a["boxed_rate"] == pytest.approx((3 / 4 + 2 / 4) / 2)
     assert a["truncated_rate"] == pytest.approx((0 + 2 / 4) / 2)
