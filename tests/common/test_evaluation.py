@@ -299,8 +299,10 @@ def test_end_to_end_tiny_model_cpu(tmp_path):
     assert all((r["finish_reason"] == "length") == (r["num_tokens"] == 12) for r in records)
     assert results["macro"]["n_problems"] == 2
     assert "| Macro avg | 2 |" in results_table(results)
-    # seeded: a second run in a fresh directory samples the same texts
-    run("e2")
+    # seeded: a second run in a fresh directory (through the CLI) samples the same texts
+    assert _load_cli().main(["run", "--model", str(model), "--out-dir", str(tmp_path / "e2"), "--preset", "tiny_cpu",
+                             "--max-new-tokens", "12", "--n", "2", "--limit", "1", "--backend", "hf",
+                             "--benchmarks", "aime2024", "hmmt_feb_2025", "--no-progress"]) == 0
     again = [json.loads(x) for x in (tmp_path / "e2" / "generations.jsonl").read_text().splitlines()]
     assert [r["text"] for r in again] == [r["text"] for r in records]
 
@@ -312,13 +314,18 @@ def test_hf_backend_refuses_presence_penalty(tmp_path):
         HFBackend(str(tmp_path), preset=get_preset("qwen35_4b"), seed=42)
 
 
-def test_cli_run_and_compare(tmp_path, capsys):
+def _load_cli():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
         "evaluate_cli", Path(__file__).resolve().parents[2] / "scripts" / "evaluate.py")
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
+    return cli
+
+
+def test_cli_parsing_and_compare(tmp_path, capsys):
+    cli = _load_cli()
     args = cli.build_parser().parse_args(["run", "--model", "m", "--out-dir", "o", "--top-k", "off",
                                           "--mode", "native", "--temperature", "0.9"])
     assert (args.top_k, args.mode, args.temperature) == ("off", "native", 0.9)
