@@ -44,7 +44,13 @@ def load_records(source: str, *, split: str = "train", config_name: str | None =
         return datasets.load_dataset(fmt, data_files=str(path), split="train")
     if source.endswith(tuple(_LOCAL_FORMATS)):
         raise FileNotFoundError(f"{source}: no such file")
-    return datasets.load_dataset(source, config_name, split=split)
+    try:
+        return datasets.load_dataset(source, config_name, split=split)
+    except Exception as err:  # hub errors are long and varied; name the source and the way out
+        raise RuntimeError(
+            f"could not load dataset {source!r} (split {split!r}): {type(err).__name__}: {err}. "
+            "Without network access, download it elsewhere and pass the local json/jsonl/parquet file."
+        ) from err
 
 
 @dataclass

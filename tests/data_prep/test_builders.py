@@ -214,3 +214,16 @@ def test_sft_export_round_trips_generated_solution(tmp_path, eval_dir, tokenizer
     # verl's MultiTurnSFTDataset renders turn by turn: the concatenation equals the whole render
     per_turn = "".join(tok.apply_chat_template([m], tokenize=False) for m in messages)
     assert per_turn == full
+
+
+def test_load_errors_name_the_source(tmp_path, monkeypatch):
+    from data_prep.common import load_records
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="missing.jsonl: no such file"):
+        load_records(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="unknown file type"):
+        (tmp_path / "x.txt").write_text("a")
+        load_records(str(tmp_path / "x.txt"))
+    with pytest.raises(RuntimeError, match="could not load dataset 'no-such-org/no-such-dataset'.*local"):
+        load_records("no-such-org/no-such-dataset")
