@@ -244,7 +244,7 @@ def plot_position_windows(
                 labels.append(row["window"])
     if not labels:
         raise ValueError("plot_position_windows: every window is empty")
-    fig = Figure(figsize=(9.0, 3.6), layout="constrained")
+    fig = Figure(figsize=(9.0, 4.2), layout="constrained")
     ax_mean, ax_snr = fig.subplots(1, 2)
     for i, (name, rows) in enumerate(windows.items()):
         kept = [r for r in rows if r.get("count", 1) and r.get("mean") is not None]
@@ -258,7 +258,7 @@ def plot_position_windows(
         ax.set_xlabel("Response position window")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    ax_mean.legend(fontsize=8, loc="best")
+    fig.legend(handles=ax_mean.get_lines(), loc="outside lower center", ncols=min(len(windows), 3), fontsize=8, frameon=False)
     return _save(fig, out_path, overwrite)
 
 
