@@ -82,12 +82,16 @@ def _match_braces(text: str) -> dict[int, int]:
     """Index of each ``{`` -> index of its closing ``}`` (escaped ``\\{`` / ``\\}`` ignored)."""
     match: dict[int, int] = {}
     stack: list[int] = []
+    escaped = False
     for idx, char in enumerate(text):
-        if char not in "{}" or (idx > 0 and text[idx - 1] == "\\"):
+        if escaped:  # the character after a backslash is never structural (`\{`, but `\\{` is)
+            escaped = False
             continue
-        if char == "{":
+        if char == "\\":
+            escaped = True
+        elif char == "{":
             stack.append(idx)
-        elif stack:
+        elif char == "}" and stack:
             match[stack.pop()] = idx
     return match
 

@@ -91,6 +91,7 @@ def test_numeric_ground_truth_is_converted():
         ("first \\boxed{1} then \\boxed{2}", "2"),
         ("\\boxed{7} and a truncated \\boxed{8", "7"),
         ("\\boxed{a^{b^{c}}}", "a^{b^{c}}"),
+        ("\\boxed{x \\\\{y}}", "x \\\\{y}"),  # `\\` is a line break, the brace after it is structural
         ("no answer here", None),
         ("\\boxedx", None),
     ],
