@@ -67,38 +67,57 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- formulas
-def log_probs(logits: torch.Tensor, *, temperature: float, dtype: torch.dtype) -> torch.Tensor:
-    """log softmax(logits / temperature) over the last dim, computed in ``dtype``."""
-    return F.log_softmax(logits.to(dtype) / temperature, dim=-1)
+# The optional ``out`` / ``scratch`` buffers let the chunked kernels reuse [chunk, V] memory:
+# a fresh multi-100-MB CPU allocation page-faults on every chunk and costs more than the math.
+# Without buffers the helpers allocate and are differentiable (the autograd reference path).
+def log_probs(logits: torch.Tensor, *, temperature: float, dtype: torch.dtype, out=None, scratch=None) -> torch.Tensor:
+    """log softmax(logits / temperature) over the last dim, computed in ``dtype``.
+
+    With buffers (no autograd): ``scratch`` receives the scaled logits (it may be ``logits``
+    itself when the caller owns it) and ``out`` the result.
+    """
+    if out is None:
+        return F.log_softmax(logits.to(dtype) / temperature, dim=-1)
+    scaled = scratch.copy_(logits)
+    if temperature != 1.0:
+        scaled.div_(temperature)
+    return torch._log_softmax(scaled, -1, False, out=out)
 
 
-def forward_kl_terms(logp_t: torch.Tensor, logp_s: torch.Tensor) -> torch.Tensor:
+def forward_kl_terms(logp_t: torch.Tensor, logp_s: torch.Tensor, *, out=None, scratch=None) -> torch.Tensor:
     """Per-entry forward-KL contributions d_v = pT_v (log pT_v - log pS_v) (eq:opsd_clipped)."""
-    return (logp_t - logp_s).mul_(logp_t.exp())
+    return torch.sub(logp_t, logp_s, out=out).mul_(torch.exp(logp_t, out=scratch))
 
 
-def _log_mixture(logp_s: torch.Tensor, logp_t: torch.Tensor, beta: float) -> torch.Tensor:
+def _log_mixture(logp_s, logp_t, beta: float, *, out=None, scratch=None) -> torch.Tensor:
     """log m with m = (1 - beta) pS + beta pT, computed in log space (0 < beta < 1)."""
-    return torch.logaddexp(logp_s + math.log1p(-beta), logp_t + math.log(beta))
+    a = torch.add(logp_s, math.log1p(-beta), out=out)
+    b = torch.add(logp_t, math.log(beta), out=scratch)
+    return torch.logaddexp(a, b, out=out)
 
 
-def entry_terms(logp_s: torch.Tensor, logp_t: torch.Tensor, *, beta: float) -> torch.Tensor:
+def entry_terms(logp_s: torch.Tensor, logp_t: torch.Tensor, *, beta: float, out=None, scratch=None, scratch2=None) -> torch.Tensor:
     """Unclipped per-vocabulary-entry terms d_v of the beta-divergence (see module docstring)."""
     if beta == 0.0:
-        return forward_kl_terms(logp_t, logp_s)
+        return forward_kl_terms(logp_t, logp_s, out=out, scratch=scratch)
     if beta == 1.0:
-        return logp_s.exp() * (logp_s - logp_t)
-    logm = _log_mixture(logp_s, logp_t, beta)
-    return beta * logp_t.exp() * (logp_t - logm) + (1.0 - beta) * logp_s.exp() * (logp_s - logm)
+        return torch.sub(logp_s, logp_t, out=out).mul_(torch.exp(logp_s, out=scratch))
+    logm = _log_mixture(logp_s, logp_t, beta, out=scratch, scratch=scratch2)
+    d = torch.sub(logp_t, logm, out=out).mul_(torch.exp(logp_t, out=scratch2)).mul_(beta)
+    student_part = torch.sub(logp_s, logm, out=scratch2)
+    student_part.mul_(torch.exp(logp_s, out=scratch)).mul_(1.0 - beta)  # logm is no longer needed
+    return d.add_(student_part)
 
 
-def _entry_grad(logp_s, logp_t, *, beta: float) -> torch.Tensor:
+def _entry_grad(logp_s, logp_t, *, beta: float, out=None, scratch=None, scratch2=None) -> torch.Tensor:
     """dd_v / dlog pS_v for each entry (before the clip mask and the softmax normaliser)."""
     if beta == 0.0:
-        return -logp_t.exp()
+        return torch.exp(logp_t, out=out).neg_()
     if beta == 1.0:
-        return logp_s.exp() * (logp_s - logp_t + 1.0)
-    return (1.0 - beta) * logp_s.exp() * (logp_s - _log_mixture(logp_s, logp_t, beta))
+        return torch.sub(logp_s, logp_t, out=out).add_(1.0).mul_(torch.exp(logp_s, out=scratch))
+    logm = _log_mixture(logp_s, logp_t, beta, out=scratch, scratch=scratch2)
+    g = torch.sub(logp_s, logm, out=out)
+    return g.mul_(torch.exp(logp_s, out=scratch2)).mul_(1.0 - beta)
 
 
 def entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -149,40 +168,61 @@ def _support_ids(s_raw: torch.Tensor, t_raw: torch.Tensor, o: _Opts) -> torch.Te
     return ranked.topk(o.topk, dim=-1, sorted=False).indices
 
 
-def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bool):
+class _Workspace:
+    """Named [rows, V] buffers reused across the chunks of one forward or backward call."""
+
+    def __init__(self, device: torch.device):
+        self.device, self._bufs = device, {}
+
+    def __call__(self, name: str, rows: int, vocab: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != vocab or buf.dtype != dtype:
+            buf = self._bufs[name] = torch.empty(rows, vocab, dtype=dtype, device=self.device)
+        return buf[:rows]
+
+
+def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bool, ws: _Workspace, owned: bool = False):
     """Per-row values [rows] and, if asked, d value / d s_raw [rows, V] (analytic).
 
-    Works on raw logits of one chunk; everything inside is in ``cdt``.
+    Works on raw logits of one chunk; everything inside is in ``cdt``. ``owned`` means
+    the raw logits are scratch buffers of the caller that may be overwritten. The
+    returned gradient is a workspace view: consume it before the next chunk.
     """
-    ids, vocab = None, s_raw.shape[-1]
+    rows, vocab = s_raw.shape
+    ids = None
     if o.topk is not None:
         ids = _support_ids(s_raw, t_raw, o)
         s_raw, t_raw = s_raw.gather(-1, ids), t_raw.gather(-1, ids)
-    logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
-    logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
-    del s_raw, t_raw  # frees the fused path's chunk logits
-    d = entry_terms(logp_s, logp_t, beta=o.beta)
-    keep = None
+        owned = True
+
+    def buf(name, dtype=cdt):  # top-k rows are small: plain allocation
+        return None if ids is not None else ws(name, rows, vocab, dtype)
+
+    logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt, out=buf("ls"),
+                       scratch=s_raw if owned and s_raw.dtype == cdt else buf("a"))
+    logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt, out=buf("lt"),
+                       scratch=t_raw if owned and t_raw.dtype == cdt else buf("a"))
+    del s_raw, t_raw
+    d = entry_terms(logp_s, logp_t, beta=o.beta, out=buf("d"), scratch=buf("a"), scratch2=buf("b"))
+    over = None
     if o.clip_tau is not None:
-        keep = d <= o.clip_tau
+        if want_grad:  # min(d, tau) passes gradient where d <= tau (as torch.clamp does)
+            over = torch.gt(d, o.clip_tau, out=buf("over", torch.bool))
         d.clamp_(max=o.clip_tau)
     values = d.sum(-1)
-    del d
     if not want_grad:
         return values, None
-    g = _entry_grad(logp_s, logp_t, beta=o.beta)
-    del logp_t
-    if keep is not None:
-        g.mul_(keep)
-        del keep
+    g = _entry_grad(logp_s, logp_t, beta=o.beta, out=buf("d"), scratch=buf("a"), scratch2=buf("b"))
+    if over is not None:
+        g.masked_fill_(over, 0.0)
     g_sum = g.sum(-1, keepdim=True)
-    p_s = logp_s.exp_()  # reuse the buffer: logp_s is no longer needed
-    g.sub_(p_s.mul_(g_sum)).div_(o.student_temperature)
-    del p_s
+    p_s = torch.exp(logp_s, out=buf("a"))
+    g.sub_(p_s.mul_(g_sum))
+    if o.student_temperature != 1.0:
+        g.div_(o.student_temperature)
     if ids is None:
         return values, g
-    full = torch.zeros(g.shape[0], vocab, dtype=cdt, device=g.device)
-    return values, full.scatter_(-1, ids, g)
+    return values, ws("full", rows, vocab, cdt).zero_().scatter_(-1, ids, g)
 
 
 def _autograd_values(s_raw, t_raw, o: _Opts, cdt: torch.dtype) -> torch.Tensor:
@@ -211,8 +251,9 @@ class _ChunkedDivergence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, student_NV, teacher_NV, o: _Opts, chunk_size: int, cdt: torch.dtype):
         values_N = torch.empty(student_NV.shape[0], dtype=cdt, device=student_NV.device)
+        ws = _Workspace(student_NV.device)
         for rows in _row_chunks(student_NV.shape[0], chunk_size):
-            values_N[rows], _ = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], o, cdt, want_grad=False)
+            values_N[rows], _ = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], o, cdt, False, ws)
         ctx.save_for_backward(student_NV, teacher_NV)
         ctx.o, ctx.chunk_size, ctx.cdt = o, chunk_size, cdt
         return values_N
@@ -221,10 +262,28 @@ class _ChunkedDivergence(torch.autograd.Function):
     def backward(ctx, grad_N):
         student_NV, teacher_NV = ctx.saved_tensors
         grad_NV = torch.empty_like(student_NV)
+        ws = _Workspace(student_NV.device)
         for rows in _row_chunks(student_NV.shape[0], ctx.chunk_size):
-            _, g = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], ctx.o, ctx.cdt, want_grad=True)
+            _, g = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], ctx.o, ctx.cdt, True, ws)
             grad_NV[rows] = g.mul_(grad_N[rows, None].to(ctx.cdt))
         return grad_NV, None, None, None, None
+
+
+def _chunk_logits(h_NH, w_VH, b_V, rows: slice, out: torch.Tensor) -> torch.Tensor:
+    """lm_head logits of one row chunk (in the input dtype, like the model's lm_head) into ``out``."""
+    if b_V is None:
+        return torch.mm(h_NH[rows], w_VH.T, out=out)
+    return torch.addmm(b_V, h_NH[rows], w_VH.T, out=out)
+
+
+def _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, want_grad, ws: _Workspace):
+    n_rows, vocab = rows.stop - rows.start, ws_VH.shape[0]
+    # raw logits go straight into the kernel's scratch buffers when they already have the compute dtype
+    s_name = "a" if ws_VH.dtype == cdt else "raw_s"
+    t_name = "b" if wt_VH.dtype == cdt else "raw_t"
+    s_raw = _chunk_logits(hs_NH, ws_VH, bs_V, rows, ws(s_name, n_rows, vocab, ws_VH.dtype))
+    t_raw = _chunk_logits(ht_NH, wt_VH, bt_V, rows, ws(t_name, n_rows, vocab, wt_VH.dtype))
+    return _rows_value_and_grad(s_raw, t_raw, o, cdt, want_grad, ws, owned=True)
 
 
 class _FusedLinearDivergence(torch.autograd.Function):
@@ -233,10 +292,9 @@ class _FusedLinearDivergence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, o: _Opts, chunk_size: int, cdt: torch.dtype):
         values_N = torch.empty(hs_NH.shape[0], dtype=cdt, device=hs_NH.device)
+        ws = _Workspace(hs_NH.device)
         for rows in _row_chunks(hs_NH.shape[0], chunk_size):
-            values_N[rows], _ = _rows_value_and_grad(
-                F.linear(hs_NH[rows], ws_VH, bs_V), F.linear(ht_NH[rows], wt_VH, bt_V), o, cdt, want_grad=False
-            )
+            values_N[rows], _ = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, False, ws)
         ctx.save_for_backward(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V)
         ctx.o, ctx.chunk_size, ctx.cdt = o, chunk_size, cdt
         return values_N
@@ -250,13 +308,13 @@ class _FusedLinearDivergence(torch.autograd.Function):
         # weight / bias gradients accumulate over chunks in the compute dtype (fp32 for bf16 weights)
         grad_w = torch.zeros(ws_VH.shape, dtype=cdt, device=ws_VH.device) if need_w else None
         grad_b = torch.zeros(bs_V.shape, dtype=cdt, device=bs_V.device) if need_b and bs_V is not None else None
+        ws = _Workspace(hs_NH.device)
         for rows in _row_chunks(hs_NH.shape[0], ctx.chunk_size):
-            _, g = _rows_value_and_grad(
-                F.linear(hs_NH[rows], ws_VH, bs_V), F.linear(ht_NH[rows], wt_VH, bt_V), ctx.o, cdt, want_grad=True
-            )
+            _, g = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, ctx.o, cdt, True, ws)
             g.mul_(grad_N[rows, None].to(cdt))
             if need_h:
-                grad_h[rows] = g.to(ws_VH.dtype) @ ws_VH
+                g_in = g if ws_VH.dtype == cdt else ws("g_in", g.shape[0], g.shape[1], ws_VH.dtype).copy_(g)
+                torch.mm(g_in, ws_VH, out=grad_h[rows])
             if need_w:
                 grad_w.addmm_(g.T, hs_NH[rows].to(cdt))
             if grad_b is not None:
