@@ -126,3 +126,27 @@ def test_cli_end_to_end(tmp_path, tokenizer_dir):
     assert summary["teacher_contexts"] == {"full_solution": 1024} and summary["student_mode"] == "no_think"
     with pytest.raises(FileExistsError):
         length_filter.main(argv)
+
+
+def test_verl_rl_dataset_reads_filtered_parquet_and_agrees_on_length(tmp_path, tokenizer_dir, tok):
+    import pandas as pd
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    recs = [record(i, problem="Q" * n + "?") for i, n in enumerate((10, 300, 800, 1500))]
+    src = tmp_path / "in.parquet"
+    pd.DataFrame(rows_of(recs)).to_parquet(src, index=False)
+    out = tmp_path / "out.parquet"
+    assert length_filter.main(["--input", str(src), "--tokenizer", str(tokenizer_dir), "--student-mode", "no_think",
+                               "--max-prompt-length", "1000", "--out", str(out)]) == 0
+    kept = read_parquet_rows(out)
+    assert [r["extra_info"]["id"] for r in kept] == ["r0", "r1", "r2"]
+    config = OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 1000, "filter_overlong_prompts": True,
+                               "apply_chat_template_kwargs": {"enable_thinking": False}, "filter_overlong_prompts_workers": 1})
+    # verl's own overlong filter, same mode and cap: keeps exactly our rows of the unfiltered file
+    assert len(RLHFDataset(data_files=[str(src)], tokenizer=tok, config=config)) == 3
+    dataset = RLHFDataset(data_files=[str(out)], tokenizer=tok, config=config)
+    assert len(dataset) == 3
+    item = dataset[1]
+    assert item["raw_prompt"] == kept[1]["prompt"] and item["index"] == 1
+    assert item["extra_info"]["problem"] == "Q" * 300 + "?"
