@@ -51,3 +51,16 @@ CPU_OVERRIDES=(
     # The tokenised parquet loading runs in the trainer process.
     data.dataloader_num_workers=0
 )
+
+# The same shims for verl's SFT trainer (verl.trainer.sft_trainer, launched with torchrun).
+CPU_SFT_OVERRIDES=(
+    +model.override_config.attn_implementation=sdpa
+    model.use_remove_padding=False
+    engine.strategy=fsdp2
+    # torch.compile of the loss helpers adds minutes of CPU compile time for tiny models.
+    engine.use_torch_compile=False
+    trainer.device=cpu
+    trainer.nnodes=1
+    trainer.n_gpus_per_node="${CPU_NUM_RANKS}"
+    data.num_workers=0
+)

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Supervised initialization (paper appendix "Supervised-Initialization Configuration") on
+# verl 0.9.1's SFT trainer: assistant-token loss, Qwen3 thinking template.
+#
+#   bash recipe/sft/run_sft.sh                                  # CPU smoke run: tiny model, toy data
+#   MODEL_PATH=/models/Qwen3-4B-Base SFT_FILES=/data/omr_cot_sft.parquet CKPT_DIR=/ckpt/sft \
+#   NGPUS=8 bash recipe/sft/run_sft.sh [verl overrides...]
+#
+# SFT_FILES is a parquet with a `messages` column (python -m recipe.sft.build_sft_data).
+# Without MODEL_PATH the run is the CPU path: the tiny model, toy data and its SFT parquet are
+# built into $CACHE_DIR if missing, 3 steps. Extra arguments are verl/hydra overrides.
+# Environment: MODEL_PATH, SFT_FILES, CKPT_DIR, NGPUS, NNODES, CACHE_DIR, PYTHON, DEVICE (cpu|gpu).
+# Merge a checkpoint to HF format: bash scripts/merge_checkpoint.sh $CKPT_DIR/global_step_N <out>.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO_ROOT"
+PYTHON="${PYTHON:-python}"
+DEVICE="${DEVICE:-$([[ -n "${MODEL_PATH:-}" ]] && echo gpu || echo cpu)}"
+CACHE_DIR="${CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/opsd_verl}"
+CKPT_DIR="${CKPT_DIR:-$REPO_ROOT/checkpoints/sft_${DEVICE}}"
+mkdir -p "$CKPT_DIR"
+export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$CKPT_DIR/metrics.jsonl}"
+
+ARGS=(
+    --config-path="$REPO_ROOT/recipe/sft/config"
+    --config-name=sft_trainer
+    trainer.default_local_dir="$CKPT_DIR"
+)
+
+if [[ "$DEVICE" == cpu ]]; then
+    source "$REPO_ROOT/recipe/common/cpu_env.sh"
+    NPROC="$CPU_NUM_RANKS"
+    MODEL_PATH="${MODEL_PATH:-$CACHE_DIR/tiny_model}"
+    "$PYTHON" scripts/build_tiny_model.py --if-missing --out-dir "$MODEL_PATH" --data-dir "$CACHE_DIR/tiny_data"
+    if [[ -z "${SFT_FILES:-}" ]]; then
+        SFT_FILES="$CACHE_DIR/tiny_data/sft_train.parquet"
+        [[ -f "$SFT_FILES" ]] || "$PYTHON" -m recipe.sft.build_sft_data \
+            --input "$CACHE_DIR/tiny_data/train.parquet" --output "$SFT_FILES"
+    fi
+    STEPS="${STEPS:-3}"
+    ARGS+=(
+        "${CPU_SFT_OVERRIDES[@]}"
+        data.train_batch_size=8
+        data.micro_batch_size_per_gpu=4
+        data.max_length=256
+        data.max_token_len_per_gpu=1024
+        optim.lr=1e-3
+        trainer.total_training_steps="$STEPS"
+        trainer.save_freq="$STEPS"
+        trainer.experiment_name=sft_cpu_tiny
+    )
+else
+    : "${MODEL_PATH:?set MODEL_PATH to an HF model directory}"
+    : "${SFT_FILES:?set SFT_FILES to the SFT parquet (messages column)}"
+    NPROC="${NGPUS:-8}"
+    ARGS+=(
+        trainer.n_gpus_per_node="$NPROC"
+        trainer.nnodes="${NNODES:-1}"
+    )
+fi
+
+ARGS+=(
+    model.path="$MODEL_PATH"
+    data.train_files="$SFT_FILES"
+)
+
+echo "[run_sft] device=$DEVICE model=$MODEL_PATH data=$SFT_FILES ckpt=$CKPT_DIR"
+START=$(date +%s)
+"$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
+    -m verl.trainer.sft_trainer "${ARGS[@]}" "$@"
+END=$(date +%s)
+echo "{\"recipe\": \"sft\", \"device\": \"$DEVICE\", \"wall_time_s\": $((END - START)), \"metrics\": \"$VERL_FILE_LOGGER_PATH\"}" >> "$CKPT_DIR/run_times.jsonl"
+echo "[run_sft] done in $((END - START)) s"
