@@ -55,6 +55,7 @@ WORKER_MEMORY_BYTES = 4 * 1024**3
 # Concurrent worker processes per grading process (threads beyond this wait their turn).
 MAX_WORKERS = int(os.environ.get("OPSD_GRADER_WORKERS", "2"))
 
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _ANSWER_RE = re.compile(r"(?<![A-Za-z])answer\s*:", re.IGNORECASE)
 _INT_RE = re.compile(r"[+-]?\d+")
@@ -181,12 +182,17 @@ class _Worker:
         self._buffer = b""
 
     def _start(self) -> None:
+        # The repository root goes first on the child's path, so the worker imports this very
+        # module even when the parent found it through a runtime sys.path change.
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "recipe.common.grader", "--serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             close_fds=True,
+            env=env,
         )
         self._buffer = b""
         if self._read_line(time.monotonic() + WORKER_STARTUP_TIMEOUT_S) != b"ready":
