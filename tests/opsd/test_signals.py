@@ -1,0 +1,175 @@
+"""Token-level signals of recipe.opsd.signals against hand-written 3-entry distributions and
+float64 references (the unclipped beta=0 term of paper eq:opsd_clipped / eq:generalized_jsd,
+sampled-token advantage, paper table columns, position windows, HE20 shares).
+
+Run: python -m pytest tests/opsd/test_signals.py
+"""
+
+import math
+
+import pytest
+import torch
+
+from recipe.opsd.signals import (
+    SIGNAL_KEYS,
+    divergence_mass_by_token,
+    divergence_mass_by_token_from_hidden,
+    entropy_tail_shares,
+    position_windows,
+    summarize_signals,
+    token_signals,
+    token_signals_from_hidden,
+)
+
+LN2 = math.log(2.0)
+# rows 0, 1: pS = (1/2, 1/4, 1/4), pT = (1/4, 1/2, 1/4); row 2: pS = pT = (0.7, 0.2, 0.1)
+PS = torch.tensor([[0.5, 0.25, 0.25], [0.5, 0.25, 0.25], [0.7, 0.2, 0.1]], dtype=torch.float64)
+PT = torch.tensor([[0.25, 0.5, 0.25], [0.25, 0.5, 0.25], [0.7, 0.2, 0.1]], dtype=torch.float64)
+Y = torch.tensor([1, 0, 2])
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 1024])
+def test_token_signals_by_hand(chunk_size):
+    sig = token_signals(PS.log(), PT.log(), Y, clip_tau=0.05, chunk_size=chunk_size)
+    assert set(sig) == set(SIGNAL_KEYS)
+    h_ps = 1.5 * LN2  # 1/2 ln 2 + 2 * 1/4 ln 4
+    h_row2 = -(0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1))
+    expect = {
+        # d = (1/4 ln 1/2, 1/2 ln 2, 0) -> ln2/4; identical distributions -> 0
+        "fwd_kl": [LN2 / 4, LN2 / 4, 0.0],
+        "student_entropy": [h_ps, h_ps, h_row2],
+        "teacher_entropy": [h_ps, h_ps, h_row2],
+        "top1_agree": [0.0, 0.0, 1.0],
+        # a = log pT(y) - log pS(y): y=1: ln(1/2) - ln(1/4) = ln2; y=0: ln(1/4) - ln(1/2) = -ln2; 0
+        "adv": [LN2, -LN2, 0.0],
+        # y=1 is the teacher argmax; y=0 has one strictly larger teacher entry; 0.1 is third
+        "teacher_rank": [0.0, 1.0, 2.0],
+        "student_logp": [math.log(0.25), math.log(0.5), math.log(0.1)],
+        "teacher_logp": [math.log(0.5), math.log(0.25), math.log(0.1)],
+        # only d_1 = 0.3466 exceeds 0.05: 1 of 3 entries, teacher mass 1/2
+        "clip_frac": [1 / 3, 1 / 3, 0.0],
+        "clipped_teacher_mass": [0.5, 0.5, 0.0],
+    }
+    for key, values in expect.items():
+        torch.testing.assert_close(sig[key], torch.tensor(values, dtype=torch.float64), msg=key)
+
+
+def test_ties_share_the_best_teacher_rank_and_no_clip_gives_zeros():
+    sig = token_signals(PS.log(), PT.log(), torch.tensor([2, 2, 0]), clip_tau=None)
+    torch.testing.assert_close(sig["teacher_rank"], torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64))
+    assert torch.equal(sig["clip_frac"], torch.zeros(3, dtype=torch.float64))
+
+
+def test_summarize_signals_by_hand():
+    s = summarize_signals(token_signals(PS.log(), PT.log(), Y, clip_tau=0.05))
+    assert s["fwd_kl"] == pytest.approx(LN2 / 6)          # (ln2/4 + ln2/4 + 0) / 3
+    assert s["d_gt_005"] == pytest.approx(200 / 3)        # 2 of 3 positions have KL 0.173 > 0.05
+    assert s["abs_adv"] == pytest.approx(2 * LN2 / 3)
+    assert s["adv"] == pytest.approx(0.0, abs=1e-12)
+    assert s["agree"] == pytest.approx(100 / 3)
+    assert s["enc"] == pytest.approx(100 / 3) and s["disc"] == pytest.approx(100 / 3)  # the tie is neither
+    assert s["clip_frac"] == pytest.approx(2 / 9)
+    assert s["clipped_teacher_mass"] == pytest.approx(1 / 3)
+    # HE20 keeps ceil(0.2 * 3) = 1 position: row 0 (entropy 1.04 ties row 1, earlier index wins)
+    assert s["he20_kl"] == pytest.approx(50.0) and s["he20_abs_adv"] == pytest.approx(50.0)
+    assert s["n_positions"] == 3
+    with_windows = summarize_signals(token_signals(PS.log(), PT.log(), Y), positions_N=torch.tensor([0, 130, 5000]))
+    assert with_windows["fwd_kl_w0_128_mean"] == pytest.approx(LN2 / 4)
+    assert with_windows["fwd_kl_w4096_6144_mean"] == 0.0
+    assert math.isnan(with_windows["fwd_kl_w256_512_mean"])
+
+
+def test_summarize_empty_and_missing_keys():
+    empty = {k: torch.zeros(0) for k in SIGNAL_KEYS}
+    s = summarize_signals(empty)
+    assert math.isnan(s["fwd_kl"]) and s["n_positions"] == 0
+    with pytest.raises(ValueError, match="missing keys"):
+        summarize_signals({"fwd_kl": torch.zeros(2)})
+
+
+def test_position_windows_by_hand():
+    values = torch.tensor([1.0, 3.0, 5.0, 100.0])
+    positions = torch.tensor([0, 127, 128, 5000])
+    out = position_windows(values, positions, windows=((0, 128), (128, 256), (256, 512), (4096, 6144)))
+    assert out[0] == {"lo": 0, "hi": 128, "mean": 2.0, "std": 1.0, "snr": 2.0, "count": 2}  # population std
+    assert out[1]["mean"] == 5.0 and out[1]["count"] == 1 and math.isnan(out[1]["snr"])   # std 0
+    assert out[2]["count"] == 0 and math.isnan(out[2]["mean"])
+    assert out[3]["mean"] == 100.0
+    assert [(w["lo"], w["hi"]) for w in position_windows(values, positions)] == [
+        (0, 128), (128, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 4096), (4096, 6144)]
+
+
+def test_entropy_tail_shares_by_hand():
+    kl = torch.tensor([1.0, 2.0, 3.0, 4.0, 10.0])
+    adv = torch.tensor([-1.0, 1.0, 0.0, 0.0, 2.0])
+    ent = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])
+    # fraction 0.4 of 5 = 2 highest-entropy positions (indices 0, 1): KL 3 of 20, |adv| 2 of 4
+    shares = entropy_tail_shares(kl, adv, ent, fraction=0.4)
+    assert shares == {"kl_share": pytest.approx(15.0), "abs_adv_share": pytest.approx(50.0)}
+    assert entropy_tail_shares(kl, adv, ent, fraction=0.2)["kl_share"] == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="fraction"):
+        entropy_tail_shares(kl, adv, ent, fraction=0.0)
+
+
+def test_divergence_mass_by_token_by_hand_and_accumulation():
+    mass = divergence_mass_by_token(PS.log(), PT.log(), chunk_size=2)
+    # two rows with d = (-ln2/4, ln2/2, 0) and one row with d = 0
+    torch.testing.assert_close(mass, torch.tensor([-LN2 / 2, LN2, 0.0], dtype=torch.float64))
+    assert mass.dtype == torch.float64
+    again = divergence_mass_by_token(PS.log(), PT.log(), mass_V=mass)
+    assert again is mass
+    torch.testing.assert_close(mass, torch.tensor([-LN2, 2 * LN2, 0.0], dtype=torch.float64))
+
+
+def _hidden_case(seed=0, n=10, h=8, v=60):
+    g = torch.Generator().manual_seed(seed)
+    hs, ht = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
+    ws = torch.randn(v, h, generator=g) * 0.7
+    wt = ws + 0.2 * torch.randn(v, h, generator=g)
+    bs, bt = torch.randn(v, generator=g), torch.randn(v, generator=g)
+    y = torch.randint(0, v, (n,), generator=g)
+    return hs, ws, ht, wt, bs, bt, y
+
+
+def test_from_hidden_equals_from_logits_and_chunking_is_invisible():
+    hs, ws, ht, wt, bs, bt, y = _hidden_case()
+    opts = dict(student_temperature=1.1, teacher_temperature=0.9, clip_tau=0.05)
+    ref = token_signals(hs @ ws.T + bs, ht @ wt.T + bt, y, chunk_size=1024, **opts)
+    for cs in (1, 3, 7):
+        got = token_signals_from_hidden(hs, ws, ht, wt, y, student_bias=bs, teacher_bias=bt, chunk_size=cs, **opts)
+        for k in SIGNAL_KEYS:
+            torch.testing.assert_close(got[k], ref[k], msg=k)
+    m1 = divergence_mass_by_token(hs @ ws.T + bs, ht @ wt.T + bt, student_temperature=1.1)
+    m2 = divergence_mass_by_token_from_hidden(hs, ws, ht, wt, student_bias=bs, teacher_bias=bt,
+                                              student_temperature=1.1, chunk_size=4)
+    torch.testing.assert_close(m1, m2)
+    torch.testing.assert_close(m1.sum(), token_signals(hs @ ws.T + bs, ht @ wt.T + bt, y, student_temperature=1.1)["fwd_kl"].double().sum())
+
+
+def test_float32_signals_match_float64_reference():
+    g = torch.Generator().manual_seed(1)
+    s, t = torch.randn(6, 400, generator=g) * 3, torch.randn(6, 400, generator=g) * 3
+    y = torch.randint(0, 400, (6,), generator=g)
+    sig = token_signals(s.bfloat16(), t.bfloat16(), y, student_temperature=1.1, chunk_size=4)
+    assert sig["fwd_kl"].dtype == torch.float32
+    ls = torch.log_softmax(s.bfloat16().double() / 1.1, -1)
+    lt = torch.log_softmax(t.bfloat16().double() / 1.1, -1)
+    ref_kl = (lt.exp() * (lt - ls)).sum(-1)
+    assert (sig["fwd_kl"].double() - ref_kl).abs().max() <= 1e-5 * ref_kl.abs().max()
+    torch.testing.assert_close(sig["student_entropy"].double(), torch.distributions.Categorical(logits=ls).entropy(), rtol=1e-5, atol=1e-6)
+    ref_rank = (lt > lt.gather(1, y[:, None])).sum(1).double()
+    assert torch.equal(sig["teacher_rank"].double(), ref_rank)
+
+
+def test_signals_have_no_grad_and_validate_inputs():
+    s = torch.randn(3, 5, requires_grad=True)
+    sig = token_signals(s, torch.randn(3, 5), torch.tensor([0, 1, 2]))
+    assert all(not v.requires_grad for v in sig.values())
+    with pytest.raises(ValueError, match="sampled_ids_N"):
+        token_signals(s, torch.randn(3, 5), torch.tensor([0, 1, 5]))
+    with pytest.raises(ValueError, match="sampled_ids_N"):
+        token_signals(s, torch.randn(3, 5), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="student_temperature"):
+        token_signals(s, torch.randn(3, 5), torch.tensor([0, 1, 2]), student_temperature=0.0)
+    with pytest.raises(ValueError, match="clip_tau"):
+        token_signals(s, torch.randn(3, 5), torch.tensor([0, 1, 2]), clip_tau=-1.0)
