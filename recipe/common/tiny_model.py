@@ -186,7 +186,8 @@ def tiny_arithmetic_records(*, num_rows: int, seed: int, split: str) -> list[dic
 
     Smoke-test data for the tiny model: the student prompt comes from
     ``recipe.common.prompts.student_messages``, the reference solution is a one-line
-    derivation ending in ``\\boxed{}``.
+    derivation ending in ``\\boxed{}``, the ``cot`` a one-line reasoning trace (so the SFT
+    builder ``data_prep.sft`` can use the same file).
     """
     import random
 
@@ -212,7 +213,7 @@ def tiny_arithmetic_records(*, num_rows: int, seed: int, split: str) -> list[dic
                     "problem": problem,
                     "solution": f"{a} + {b} = {answer}, so the answer is \\boxed{{{answer}}}.",
                     "answer": answer,
-                    "cot": "",
+                    "cot": f"Add {a} and {b}: {a} + {b} = {answer}.",
                     "unrelated_problem": f"What is {unrelated_a} + {unrelated_b}?",
                     "unrelated_solution": f"The answer is \\boxed{{{unrelated_a + unrelated_b}}}.",
                 },

@@ -20,7 +20,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO_ROOT"
 PYTHON="${PYTHON:-python}"
 DEVICE="${DEVICE:-$([[ -n "${MODEL_PATH:-}" ]] && echo gpu || echo cpu)}"
-CACHE_DIR="${CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/opsd_verl}"
+CACHE_DIR="${CACHE_DIR:-${OPSD_CACHE:-$HOME/.cache/opsd-verl}}"
 CKPT_DIR="${CKPT_DIR:-$REPO_ROOT/checkpoints/grpo_${DEVICE}}"
 mkdir -p "$CKPT_DIR"
 export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$CKPT_DIR/metrics.jsonl}"
@@ -34,7 +34,7 @@ ARGS=(
 
 if [[ "$DEVICE" == cpu ]]; then
     source "$REPO_ROOT/recipe/common/cpu_env.sh"
-    MODEL_PATH="${MODEL_PATH:-$CACHE_DIR/tiny_model}"
+    MODEL_PATH="${MODEL_PATH:-$CACHE_DIR/tiny_qwen3}"
     TRAIN_FILES="${TRAIN_FILES:-$CACHE_DIR/tiny_data/train.parquet}"
     VAL_FILES="${VAL_FILES:-$CACHE_DIR/tiny_data/val.parquet}"
     "$PYTHON" scripts/build_tiny_model.py --if-missing --out-dir "$MODEL_PATH" --data-dir "$CACHE_DIR/tiny_data"

@@ -6,7 +6,7 @@
 #   MODEL_PATH=/models/Qwen3-4B-Base SFT_FILES=/data/omr_cot_sft.parquet CKPT_DIR=/ckpt/sft \
 #   NGPUS=8 bash recipe/sft/run_sft.sh [verl overrides...]
 #
-# SFT_FILES is a parquet with a `messages` column (python -m recipe.sft.build_sft_data).
+# SFT_FILES is a parquet with a `messages` column (python -m data_prep.sft).
 # Without MODEL_PATH the run is the CPU path: the tiny model, toy data and its SFT parquet are
 # built into $CACHE_DIR if missing, 3 steps. Extra arguments are verl/hydra overrides.
 # Environment: MODEL_PATH, SFT_FILES, CKPT_DIR, NGPUS, NNODES, CACHE_DIR, PYTHON, DEVICE (cpu|gpu).
@@ -17,7 +17,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO_ROOT"
 PYTHON="${PYTHON:-python}"
 DEVICE="${DEVICE:-$([[ -n "${MODEL_PATH:-}" ]] && echo gpu || echo cpu)}"
-CACHE_DIR="${CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/opsd_verl}"
+CACHE_DIR="${CACHE_DIR:-${OPSD_CACHE:-$HOME/.cache/opsd-verl}}"
 CKPT_DIR="${CKPT_DIR:-$REPO_ROOT/checkpoints/sft_${DEVICE}}"
 mkdir -p "$CKPT_DIR"
 export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$CKPT_DIR/metrics.jsonl}"
@@ -31,12 +31,12 @@ ARGS=(
 if [[ "$DEVICE" == cpu ]]; then
     source "$REPO_ROOT/recipe/common/cpu_env.sh"
     NPROC="$CPU_NUM_RANKS"
-    MODEL_PATH="${MODEL_PATH:-$CACHE_DIR/tiny_model}"
+    MODEL_PATH="${MODEL_PATH:-$CACHE_DIR/tiny_qwen3}"
     "$PYTHON" scripts/build_tiny_model.py --if-missing --out-dir "$MODEL_PATH" --data-dir "$CACHE_DIR/tiny_data"
     if [[ -z "${SFT_FILES:-}" ]]; then
         SFT_FILES="$CACHE_DIR/tiny_data/sft_train.parquet"
-        [[ -f "$SFT_FILES" ]] || "$PYTHON" -m recipe.sft.build_sft_data \
-            --input "$CACHE_DIR/tiny_data/train.parquet" --output "$SFT_FILES"
+        [[ -f "$SFT_FILES" ]] || "$PYTHON" -m data_prep.sft \
+            --input "$CACHE_DIR/tiny_data/train.parquet" --out "$SFT_FILES"
     fi
     STEPS="${STEPS:-3}"
     ARGS+=(
