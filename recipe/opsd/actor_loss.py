@@ -74,12 +74,16 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
         )
     from verl.utils.metric import AggregationType, Metric
 
+    # the lm_head runs in the dtype of the hidden states, as the model's own (autocast) lm_head would
     student_hidden_bRH = model_output["student_hidden"]
-    student_weight_VH = model_output["student_weight"]
+    dtype = student_hidden_bRH.dtype
+    student_weight_VH = model_output["student_weight"].to(dtype)
     student_bias_V = model_output.get("student_bias")
-    teacher_weight = student_weight_VH.detach() if teacher_weight_VH is None else teacher_weight_VH
-    teacher_bias = None if student_bias_V is None or teacher_weight_VH is not None else student_bias_V.detach()
-    teacher_hidden_bRH = data["teacher_hidden"].to(student_hidden_bRH.device)
+    student_bias_V = None if student_bias_V is None else student_bias_V.to(dtype)
+    live = teacher_weight_VH is None
+    teacher_weight = (student_weight_VH.detach() if live else teacher_weight_VH).to(dtype)
+    teacher_bias = student_bias_V.detach() if live and student_bias_V is not None else None
+    teacher_hidden_bRH = data["teacher_hidden"].to(device=student_hidden_bRH.device, dtype=dtype)
     loss_mask_bR = data["loss_mask"].bool()
     response_mask_bR = data["response_mask"].bool()
     dp_size = int(data["dp_size"])
@@ -97,8 +101,8 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
     per_token_N = fused_linear_token_divergence(
         student_hidden_bRH[loss_mask_bR],
         student_weight_VH,
-        teacher_hidden_bRH[loss_mask_bR].to(student_hidden_bRH.dtype),
-        teacher_weight.to(student_weight_VH.dtype),
+        teacher_hidden_bRH[loss_mask_bR],
+        teacher_weight,
         student_bias=student_bias_V,
         teacher_bias=teacher_bias,
         **options,
@@ -112,9 +116,11 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
         signals = token_signals_from_hidden(
             student_hidden_bRH[response_mask_bR].detach(),
             student_weight_VH.detach(),
-            teacher_hidden_bRH[response_mask_bR].to(student_hidden_bRH.dtype),
-            teacher_weight.to(student_weight_VH.dtype),
+            teacher_hidden_bRH[response_mask_bR],
+            teacher_weight,
             data["responses"][response_mask_bR].long(),
+            student_bias=None if student_bias_V is None else student_bias_V.detach(),
+            teacher_bias=teacher_bias,
             student_temperature=loss_config.student_temperature,
             teacher_temperature=loss_config.effective_teacher_temperature,
             clip_tau=loss_config.clip_tau,

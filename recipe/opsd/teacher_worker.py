@@ -42,6 +42,25 @@ from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from recipe.opsd.actor_loss import opsd_loss, response_rows
 
+
+def _cpu_unpinned_teacher_offload() -> None:
+    """CPU path only: verl's FSDP2 forward-only engine (the ref = our teacher) always uses
+    ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an accelerator. Belongs in
+    recipe.common.cpu_plugin (requested); kept here until it moves there."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from verl.workers.engine.fsdp import transformer_impl
+
+    if os.environ.get("VERL_PLATFORM") == "cpu" and transformer_impl.CPUOffloadPolicy is CPUOffloadPolicy:
+
+        def unpinned(*args, **kwargs):
+            return CPUOffloadPolicy(*args, **(kwargs | {"pin_memory": False}))
+
+        transformer_impl.CPUOffloadPolicy = unpinned
+
+
+_cpu_unpinned_teacher_offload()
+
 OPSD_FORWARD_KEY = "opsd_forward"
 RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
 RESPONSE_TOKENS_KEY = "opsd_response_tokens"
@@ -68,19 +87,6 @@ def capture_final_hidden(module):
         yield store
     finally:
         handle.remove()
-
-
-def lm_head_weight(module) -> torch.Tensor:
-    """The live lm_head weight [V, H], gathered across FSDP2 shards (differentiable)."""
-    weight = _unwrap_causal_lm(module).get_output_embeddings().weight
-    return weight.full_tensor() if isinstance(weight, DTensor) else weight
-
-
-def lm_head_bias(module):
-    bias = getattr(_unwrap_causal_lm(module).get_output_embeddings(), "bias", None)
-    if bias is None:
-        return None
-    return bias.full_tensor() if isinstance(bias, DTensor) else bias
 
 
 def load_initial_lm_head(model_path: str, *, tie_word_embeddings: bool) -> torch.Tensor:
@@ -129,36 +135,60 @@ class OPSDEngineMixin:
             if autocast_dtype == torch.float32
             else torch.autocast(device_type=get_device_name(), dtype=autocast_dtype)
         )
-        with autocast_ctx, capture_final_hidden(self.module) as store:
-            self.module(**model_inputs, use_cache=False, logits_to_keep=1)
-        hidden = store["hidden"]  # [b, Lmax, H] (padded) or [1, total_nnz (+pad), H] (packed)
-
-        seq_lens_b = micro_batch["input_ids"].offsets().diff()
-        if hidden.shape[0] == 1 and model_inputs["attention_mask"] is None:  # packed (remove padding)
-            starts_b = micro_batch["input_ids"].offsets()[:-1]
-        else:
-            starts_b = torch.arange(hidden.shape[0], device=hidden.device) * hidden.shape[1]
-        response_len_b = micro_batch[RESPONSE_LENGTHS_KEY]
-        max_response_len = micro_batch["response_mask"].shape[-1]
-        rows_bR, valid_bR = response_rows(
-            starts_b=starts_b, seq_lens_b=seq_lens_b, response_lens_b=response_len_b, max_response_len=max_response_len
-        )
-        hidden_NH = hidden.reshape(-1, hidden.shape[-1])
-        hidden_bRH = hidden_NH[rows_bR] * valid_bR.unsqueeze(-1).to(hidden_NH.dtype)
+        response_hidden = partial(_response_hidden, micro_batch=micro_batch, packed=model_inputs["attention_mask"] is None)
 
         if mode == "teacher_hidden":
-            return torch.zeros((), device=hidden.device), {
-                "model_output": {"teacher_hidden": hidden_bRH.detach()},
+            with autocast_ctx, capture_final_hidden(self.module) as store:
+                self.module(**model_inputs, use_cache=False, logits_to_keep=1)
+            return torch.zeros((), device=store["hidden"].device), {
+                "model_output": {"teacher_hidden": response_hidden(store["hidden"]).detach()},
                 "loss": 0.0,
                 "metrics": {},
             }
-        model_output = {
-            "student_hidden": hidden_bRH,
-            "student_weight": lm_head_weight(self.module),
-            "student_bias": lm_head_bias(self.module),
-        }
-        loss, metrics = loss_function(model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group())
-        return loss, {"model_output": {}, "loss": loss.detach().item(), "metrics": metrics}
+
+        # Student: the loss is computed INSIDE the model's forward, in place of its lm_head, so that
+        # FSDP2 sees it as the forward output (its backward hooks re-gather the lm_head weight).
+        # With logits_to_keep=0 the lm_head input is the final hidden state of every position.
+        head = _unwrap_causal_lm(self.module).get_output_embeddings()
+        captured = {}
+
+        def loss_head(hidden):
+            with torch.autocast(device_type=get_device_name(), enabled=False):
+                weight = head.weight.full_tensor() if isinstance(head.weight, DTensor) else head.weight
+                bias = head.bias
+                if isinstance(bias, DTensor):
+                    bias = bias.full_tensor()
+                model_output = {"student_hidden": response_hidden(hidden), "student_weight": weight, "student_bias": bias}
+                loss, captured["metrics"] = loss_function(
+                    model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group()
+                )
+            return loss.reshape(1, 1, 1)
+
+        head.forward = loss_head
+        try:
+            with autocast_ctx:
+                output = self.module(**model_inputs, use_cache=False, logits_to_keep=0)
+        finally:
+            del head.forward
+        loss = output.logits.reshape(())
+        return loss, {"model_output": {}, "loss": loss.detach().item(), "metrics": captured["metrics"]}
+
+
+def _response_hidden(hidden, *, micro_batch, packed: bool):
+    """[b, R, H] hidden states predicting each response token, zero where there is no token."""
+    seq_lens_b = micro_batch["input_ids"].offsets().diff()
+    if packed:  # [1, total_nnz (+pad), H]
+        starts_b = micro_batch["input_ids"].offsets()[:-1]
+    else:  # [b, Lmax, H], right-padded
+        starts_b = torch.arange(hidden.shape[0], device=hidden.device) * hidden.shape[1]
+    rows_bR, valid_bR = response_rows(
+        starts_b=starts_b.to(hidden.device),
+        seq_lens_b=seq_lens_b,
+        response_lens_b=micro_batch[RESPONSE_LENGTHS_KEY],
+        max_response_len=micro_batch["response_mask"].shape[-1],
+    )
+    hidden_NH = hidden.reshape(-1, hidden.shape[-1])
+    return hidden_NH[rows_bR] * valid_bR.unsqueeze(-1).to(hidden_NH.dtype)
 
 
 _ENGINE_CLASSES: dict[type, type] = {}
