@@ -76,18 +76,23 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{rollouts_out} exists; pass --overwrite, --rollouts {rollouts_out}, or another --out-dir")
     model_name = args.model_name or Path(args.model).resolve().name
     rows = sa.load_rows(args.data)
-    model, tokenizer = sa.load_model(args.model, device=args.device, dtype=args.dtype)
-    items = rollouts = None
+    tokenizer = sa.load_tokenizer(args.model)
+    model = None
     if args.rollouts:
         items, rollouts, meta = sa.load_rollouts(args.rollouts, rows, tokenizer, config=config)
         print(f"rescoring {len(rollouts)} saved rollouts from {args.rollouts} (sampled with {meta.get('sampling')})")
     else:
         items, skipped = sa.build_prompt_items(rows, tokenizer, config=config)
         print(f"sampling {len(items)} prompts x {config.rollouts_per_prompt} rollouts (skipped rows: {skipped or 'none'})")
-        rollouts = sa.sample_rollouts(model, tokenizer, items, config=config, model_path=args.model)
+        if config.backend == "hf":
+            model = sa.load_model(args.model, device=args.device, dtype=args.dtype)
+        # vLLM samples first and frees the GPU before the HF model is loaded for scoring.
+        rollouts = sa.sample_rollouts(model if model is not None else args.model, tokenizer, items, config=config)
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {"model": str(args.model), "data": str(args.data), "sampling": sa.sampling_settings(config)}
         sa.save_rollouts(rollouts_out, items, rollouts, meta=meta)
+    if model is None:
+        model = sa.load_model(args.model, device=args.device, dtype=args.dtype)
     result = sa.run_signal_analysis(model, tokenizer, rows, config=config, model_name=model_name, rollouts=rollouts, items=items)
     paths = sa.write_outputs(result, out_dir, overwrite=args.overwrite)
     print(sa.markdown_report(result))

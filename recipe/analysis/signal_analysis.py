@@ -171,6 +171,9 @@ class SignalAnalysisConfig:
         self.conditions = tuple(self.conditions)
         if not self.conditions:
             raise ValueError("SignalAnalysisConfig.conditions is empty; give at least one context:mode")
+        if self.num_prompts * self.rollouts_per_prompt * len(self.conditions) < 2:
+            raise ValueError("SignalAnalysisConfig: the rollout PCA needs at least 2 rollout x condition summaries; "
+                             "raise num_prompts, rollouts_per_prompt or the number of conditions")
         parsed = [Condition.parse(c).name for c in self.conditions]
         if len(set(parsed)) != len(parsed):
             raise ValueError(f"SignalAnalysisConfig.conditions has duplicates: {list(self.conditions)}")
@@ -261,18 +264,21 @@ def build_prompt_items(
 
 
 # ---------------------------------------------------------------------------- sampling
-def sample_rollouts(
-    model, tokenizer, items: Sequence[PromptItem], *, config: SignalAnalysisConfig, model_path: str | Path | None = None
-) -> list[Rollout]:
+def sample_rollouts(model, tokenizer, items: Sequence[PromptItem], *, config: SignalAnalysisConfig) -> list[Rollout]:
     """``rollouts_per_prompt`` sampled responses per item (response ids end with eos if finished).
 
-    ``backend="vllm"`` needs ``model_path`` (vLLM loads its own copy; ``model`` only gives eos ids).
+    ``model`` is the loaded HF model for ``backend="hf"`` and the model directory for
+    ``backend="vllm"`` (sample before loading the HF model on the same GPU).
     """
-    eos_ids = _eos_ids(model, tokenizer)
     if config.backend == "vllm":
-        if model_path is None:
-            raise ValueError("sample_rollouts: backend='vllm' needs model_path")
-        return _sample_vllm(model_path, items, eos_ids=eos_ids, config=config)
+        from transformers import GenerationConfig
+
+        try:
+            generation_config = GenerationConfig.from_pretrained(model)
+        except OSError:
+            generation_config = None
+        return _sample_vllm(model, items, eos_ids=_eos_ids(generation_config, tokenizer), config=config)
+    eos_ids = _eos_ids(model.generation_config, tokenizer)
     from recipe.common.hf_generate import SampleParams, sample_batch
 
     params = SampleParams(
@@ -295,7 +301,7 @@ def sample_rollouts(
     return rollouts
 
 
-def _sample_vllm(model_path, items, *, eos_ids, config):  # pragma: no cover - GPU only
+def _sample_vllm(model_path, items, *, eos_ids, config):  # GPU only; not exercised by the CPU tests
     try:
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
@@ -309,8 +315,7 @@ def _sample_vllm(model_path, items, *, eos_ids, config):  # pragma: no cover - G
         top_k=config.top_k if config.top_k > 0 else -1,
         max_tokens=config.max_new_tokens,
         stop_token_ids=list(eos_ids),
-        seed=config.seed,
-    )
+    )  # no per-request seed: it would give every prompt the same random stream
     outputs = llm.generate([TokensPrompt(prompt_token_ids=item.student_ids) for item in items], params)
     rollouts = []
     for p, out in enumerate(outputs):
@@ -574,8 +579,8 @@ def run_signal_analysis(
     }
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids = model.generation_config.eos_token_id if model.generation_config is not None else None
+def _eos_ids(generation_config, tokenizer) -> list[int]:
+    ids = generation_config.eos_token_id if generation_config is not None else None
     ids = ids if ids is not None else tokenizer.eos_token_id
     ids = [ids] if isinstance(ids, int) else list(ids or [])
     if not ids:
@@ -732,19 +737,26 @@ def load_rollouts(
     return items, rollouts, payload["meta"]
 
 
-def load_model(path: str | Path, *, device: str = "cpu", dtype: str = "float32"):
-    """(model, tokenizer) from an HF directory, in eval mode, without any download."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in dtypes:
-        raise ValueError(f"dtype must be one of {list(dtypes)}, got {dtype!r}")
+
+def load_tokenizer(path: str | Path):
+    """Tokenizer of an HF model directory (no download)."""
+    from transformers import AutoTokenizer
+
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json); merge FSDP checkpoints first")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtypes[dtype]).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(path: str | Path, *, device: str = "cpu", dtype: str = "float32"):
+    """The causal LM of an HF model directory, in eval mode, without any download."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    return AutoModelForCausalLM.from_pretrained(Path(path), dtype=DTYPES[dtype]).to(device).eval()
 
 
 def write_outputs(result: Mapping[str, Any], out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Path]:

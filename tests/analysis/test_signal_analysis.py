@@ -167,9 +167,23 @@ def test_rollouts_round_trip_and_mismatch(tiny, analysed, tmp_path):
 
 def test_rows_missing_a_context_field_are_skipped_or_rejected(tiny):
     _, tokenizer, rows, _ = tiny
-    config = sa.SignalAnalysisConfig(num_prompts=2, conditions=("cot_solution:think",))
-    with pytest.raises(ValueError, match="cot_solution"):  # the tiny parquet has no CoT
-        sa.build_prompt_items(rows, tokenizer, config=config)
+    no_cot = [{**r, "extra_info": {**r["extra_info"], "cot": ""}} for r in rows]
+    mixed = [no_cot[i] if i % 2 else rows[i] for i in range(len(rows))]
+    config = sa.SignalAnalysisConfig(num_prompts=4, conditions=("cot_solution:think", "none:think"))
+    items, skipped = sa.build_prompt_items(mixed, tokenizer, config=config)
+    assert len(items) == 4 and all(item.row % 2 == 0 for item in items)
+    assert set(skipped) == {"missing field for cot_solution"} and sum(skipped.values()) >= 1
+    with pytest.raises(ValueError, match="cot_solution"):
+        sa.build_prompt_items(no_cot, tokenizer, config=config)
+    # A teacher-prompt cap drops rows under every condition alike.
+    every = sa.SignalAnalysisConfig(num_prompts=len(rows), conditions=("cot_solution:think",))
+    lengths = [len(i.teacher_ids["cot_solution:think"]) for i in sa.build_prompt_items(rows, tokenizer, config=every)[0]]
+    cap = max(lengths) - 1  # drops the longest row(s) only
+    capped = sa.SignalAnalysisConfig(num_prompts=4, conditions=("none:think", "cot_solution:think"),
+                                     teacher_max_prompt_length=cap)
+    kept, skipped = sa.build_prompt_items(rows, tokenizer, config=capped)
+    assert all(len(ids) <= cap for item in kept for ids in item.teacher_ids.values())
+    assert any("teacher prompt >" in reason for reason in skipped)
 
 
 def test_config_validation():
