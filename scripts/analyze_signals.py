@@ -12,12 +12,15 @@ Example (CPU, tiny model)::
         --out-dir /tmp/signals --num-prompts 8 --max-new-tokens 64 \\
         --conditions full_solution:think answer_only:think unrelated:think none:think
 
-GPU: add ``--device cuda --dtype bfloat16 --backend vllm``. Logic: recipe/analysis/signal_analysis.py.
+GPU: add ``--device cuda --dtype bfloat16 --backend vllm``. The paper's S/T grid or multi-model
+tables: ``python scripts/analyze_signals.py --combine run_a/signals.json run_b/signals.json``.
+Logic: recipe/analysis/signal_analysis.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -29,9 +32,11 @@ from recipe.analysis import signal_analysis as sa
 def main(argv: list[str] | None = None) -> int:
     defaults = sa.SignalAnalysisConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="Hugging Face model directory (student = frozen teacher)")
-    p.add_argument("--data", required=True, help="verl training parquet (prompt + extra_info)")
-    p.add_argument("--out-dir", required=True)
+    p.add_argument("--model", help="Hugging Face model directory (student = frozen teacher)")
+    p.add_argument("--data", help="verl training parquet (prompt + extra_info)")
+    p.add_argument("--out-dir")
+    p.add_argument("--combine", nargs="+", metavar="SIGNALS_JSON",
+                   help="only print one table over earlier runs' signals.json (models / student modes, macro average)")
     p.add_argument("--model-name", default=None, help="name in tables and figures (default: the directory name)")
     p.add_argument("--conditions", nargs="+", default=list(defaults.conditions), help="teacher conditions context:mode")
     p.add_argument("--student-mode", default=defaults.student_mode, choices=sa.MODES)
@@ -58,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollouts", default=None, help="rollouts.json of an earlier run to rescore instead of sampling")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs in --out-dir")
     args = p.parse_args(argv)
+    if args.combine:
+        print(sa.combined_table([json.loads(Path(path).read_text()) for path in args.combine]))
+        return 0
+    missing = [flag for flag, value in (("--model", args.model), ("--data", args.data), ("--out-dir", args.out_dir)) if not value]
+    if missing:
+        p.error(f"the following arguments are required: {', '.join(missing)} (or use --combine)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

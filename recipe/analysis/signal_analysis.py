@@ -816,3 +816,42 @@ def joint_pca(results: Sequence[Mapping[str, Any]], *, n_components: int = 2) ->
     for label, xy in zip(labels, fit.coords_MC.tolist()):
         points.setdefault(label, []).append(xy)
     return points, fit.explained_variance_ratio_C.tolist()
+
+
+def combined_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """One Markdown table over several analyses (models and/or student modes), in the layout
+    of the paper's ``tab:token_context_signal_app`` / ``tab:token_signal_summary``: Model, S,
+    T, Context, Fwd KL, D>.05, abs adv, Agree, Enc, Disc. For each (student mode, condition)
+    that every model analysed in that student mode has (two or more models), a macro-average
+    row gives each model equal weight."""
+    cols = (("fwd_kl", 3), ("d_gt_005", 1), ("abs_adv", 3), ("agree", 1), ("enc", 1), ("disc", 1))
+    lines = [
+        "| Model | S | T | Context | Fwd KL | D>.05 (%) | abs adv | Agree (%) | Enc (%) | Disc (%) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[str, str], dict[str, Mapping[str, float]]] = {}
+    models_by_mode: dict[str, set[str]] = {}
+    for result in results:
+        student, model = result["config"]["student_mode"], result["model"]
+        models_by_mode.setdefault(student, set()).add(model)
+        for name, rep in result["conditions"].items():
+            cond = Condition.parse(name)
+            s = rep["summary"]
+            if model in groups.setdefault((student, name), {}):
+                raise ValueError(f"combined_table: {model} / student {student} / {name} appears twice")
+            groups[(student, name)][model] = s
+            cells = " | ".join(_f(s[key], digits) for key, digits in cols)
+            lines.append(f"| {model} | {student} | {cond.mode} | {cond.context} | {cells} |")
+    for (student, name), by_model in groups.items():
+        if len(models_by_mode[student]) < 2 or set(by_model) != models_by_mode[student]:
+            continue
+        cond = Condition.parse(name)
+        cells = " | ".join(
+            _f(sum(_nan_none(s[key]) for s in by_model.values()) / len(by_model), digits) for key, digits in cols
+        )
+        lines.append(f"| Macro average | {student} | {cond.mode} | {cond.context} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def _nan_none(value: Any) -> float:
+    return math.nan if value is None else float(value)

@@ -238,3 +238,21 @@ def test_joint_pca_standardises_within_each_result():
     single = sa.pca(sa.standardize(base), n_components=2)
     torch.testing.assert_close(torch.tensor(points["full"][:2], dtype=torch.float64), single.coords_MC[:2])
     assert explained == pytest.approx(single.explained_variance_ratio_C.tolist())
+
+
+def test_combined_table_rows_and_macro_average():
+    def result(model, student, conds):
+        keys = ("fwd_kl", "d_gt_005", "abs_adv", "agree", "enc", "disc")
+        return {"model": model, "config": {"student_mode": student},
+                "conditions": {name: {"summary": dict(zip(keys, values))} for name, values in conds.items()}}
+
+    table = sa.combined_table([
+        result("A", "think", {"full_solution:think": (0.1, 20, 0.15, 93, 30, 60), "answer_only:think": (0.02, 3, 0.04, 98, 40, 50)}),
+        result("B", "think", {"full_solution:think": (0.3, 40, 0.25, 91, 20, 70)}),
+        result("A", "no_think", {"full_solution:think": (0.2, 25, 0.2, 92, 15, 71)}),
+    ]).splitlines()
+    assert "| A | think | think | full_solution | 0.100 | 20.0 | 0.150 | 93.0 | 30.0 | 60.0 |" in table
+    assert "| A | no_think | think | full_solution | 0.200 | 25.0 | 0.200 | 92.0 | 15.0 | 71.0 |" in table
+    macro = [line for line in table if line.startswith("| Macro")]
+    # Only full_solution under student think is shared by both models.
+    assert macro == ["| Macro average | think | think | full_solution | 0.200 | 30.0 | 0.200 | 92.0 | 25.0 | 65.0 |"]
