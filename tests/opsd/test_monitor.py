@@ -161,3 +161,13 @@ def test_window_table_matches_hand_means():
     assert lines[2] == "| run | 1-10 (n=10) | 5.5 | 0.1 | 2 | -0.01 |"
     assert lines[3] == "| run | 91-100 (n=10) | 95.5 | 0.1 | 2 | -0.01 |"
     assert "| - |" in window_table({"short": rows[:5]}).splitlines()[3]
+
+
+def test_config_from_hydra_yaml_containers():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"enabled": True, "stop_on": ["collapse", "boxed"], "entropy_ratio_threshold": 2,
+                            "metric_keys": {"entropy": "actor/entropy"}})
+    config = MonitorConfig(**cfg)
+    assert config.stop_on == ("collapse", "boxed")
+    assert config.key("entropy") == "actor/entropy" and config.key("grad_norm") == "actor/grad_norm"
