@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     rollouts_out = out_dir / "rollouts.json"
     if rollouts_out.exists() and not args.overwrite and args.rollouts != str(rollouts_out):
         raise SystemExit(f"{rollouts_out} exists; pass --overwrite, --rollouts {rollouts_out}, or another --out-dir")
+    existing = [str(out_dir / name) for name in sa.OUTPUT_FILES if (out_dir / name).exists()]
+    if existing and not args.overwrite:
+        raise SystemExit(f"refusing to overwrite {existing}; pass --overwrite or another --out-dir")
     model_name = args.model_name or Path(args.model).resolve().name
     rows = sa.load_rows(args.data)
     tokenizer = sa.load_tokenizer(args.model)

@@ -195,6 +195,8 @@ class PromptItem:
 
 @dataclass
 class Rollout:
+    """One sampled response of a prompt item."""
+
     prompt: int  # index into the PromptItem list
     response_ids: list[int]
     finish_reason: str
@@ -759,12 +761,15 @@ def load_model(path: str | Path, *, device: str = "cpu", dtype: str = "float32")
     return AutoModelForCausalLM.from_pretrained(Path(path), dtype=DTYPES[dtype]).to(device).eval()
 
 
+OUTPUT_FILES = ("signals.json", "signals.md", "pca.png", "position_windows.png")
+
+
 def write_outputs(result: Mapping[str, Any], out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Path]:
     """``signals.json``, ``signals.md``, ``pca.png`` and ``position_windows.png`` in ``out_dir``."""
     from recipe.analysis import plots
 
     out_dir = Path(out_dir)
-    paths = {name: out_dir / name for name in ("signals.json", "signals.md", "pca.png", "position_windows.png")}
+    paths = {name: out_dir / name for name in OUTPUT_FILES}
     existing = [str(p) for p in paths.values() if p.exists()]
     if existing and not overwrite:
         raise FileExistsError(f"refusing to overwrite {existing}; pass overwrite=True (--overwrite) or another out dir")

@@ -22,7 +22,7 @@ def tiny(tmp_path_factory):
     train, _ = build_tiny_parquet(root / "data", num_train=12, num_val=2, seed=0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return model, tokenizer, sa.load_rows(train), train
+    return model, tokenizer, sa.load_rows(train), train, model_dir
 
 
 CONDITIONS = ("full_solution:think", "answer_only:no_think", "none:think")
@@ -30,7 +30,7 @@ CONDITIONS = ("full_solution:think", "answer_only:no_think", "none:think")
 
 @pytest.fixture(scope="module")
 def analysed(tiny):
-    model, tokenizer, rows, _ = tiny
+    model, tokenizer, rows, _, _ = tiny
     config = sa.SignalAnalysisConfig(
         num_prompts=3, rollouts_per_prompt=2, max_new_tokens=12, conditions=CONDITIONS, chunk_size=7,
         sample_batch_size=4, score_batch_size=4, top_tokens=5, windows=((0, 4), (4, 8), (8, 16)),
@@ -43,7 +43,7 @@ def analysed(tiny):
 
 
 def test_prompts_are_the_shared_builders_and_token_spliced(tiny, analysed):
-    _, tokenizer, rows, _ = tiny
+    _, tokenizer, rows, _, _ = tiny
     config, items, rollouts, _, _ = analysed
     assert len(items) == 3 and len(rollouts) == 6
     assert [r.prompt for r in rollouts] == [0, 0, 1, 1, 2, 2]
@@ -59,7 +59,7 @@ def test_prompts_are_the_shared_builders_and_token_spliced(tiny, analysed):
 
 def test_signals_equal_token_signals_on_plain_full_logits(tiny, analysed):
     """Reference: one unpadded model forward per sequence, full [T, V] logits, token_signals."""
-    model, _, _, _ = tiny
+    model, _, _, _, _ = tiny
     config, items, rollouts, scored, _ = analysed
     temperature = config.temperature
     for cond in CONDITIONS:
@@ -153,7 +153,7 @@ def test_outputs_written_and_not_overwritten(analysed, tmp_path):
 
 
 def test_rollouts_round_trip_and_mismatch(tiny, analysed, tmp_path):
-    _, tokenizer, rows, _ = tiny
+    _, tokenizer, rows, _, _ = tiny
     config, items, rollouts, _, _ = analysed
     path = tmp_path / "rollouts.json"
     sa.save_rollouts(path, items, rollouts, meta={"sampling": sa.sampling_settings(config)})
@@ -166,7 +166,7 @@ def test_rollouts_round_trip_and_mismatch(tiny, analysed, tmp_path):
 
 
 def test_rows_missing_a_context_field_are_skipped_or_rejected(tiny):
-    _, tokenizer, rows, _ = tiny
+    _, tokenizer, rows, _, _ = tiny
     no_cot = [{**r, "extra_info": {**r["extra_info"], "cot": ""}} for r in rows]
     mixed = [no_cot[i] if i % 2 else rows[i] for i in range(len(rows))]
     config = sa.SignalAnalysisConfig(num_prompts=4, conditions=("cot_solution:think", "none:think"))
@@ -256,3 +256,33 @@ def test_combined_table_rows_and_macro_average():
     macro = [line for line in table if line.startswith("| Macro")]
     # Only full_solution under student think is shared by both models.
     assert macro == ["| Macro average | think | think | full_solution | 0.200 | 30.0 | 0.200 | 92.0 | 25.0 | 65.0 |"]
+
+
+def test_cli_samples_saves_rescoring_and_combines(tiny, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, _, _, train, model_dir = tiny
+    script = Path(__file__).resolve().parents[2] / "scripts" / "analyze_signals.py"
+    common = ["--model", str(model_dir), "--data", str(train), "--num-prompts", "2", "--rollouts-per-prompt", "1",
+              "--max-new-tokens", "8", "--chunk-size", "16"]
+
+    def run(*extra):
+        return subprocess.run([sys.executable, str(script), *common, *extra], capture_output=True, text=True, timeout=300)
+
+    first = run("--out-dir", str(tmp_path / "a"), "--conditions", "full_solution:think", "none:think")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "| none:think | 0.000 | 0.0 | 0.000 | 100.0 | 0.0 | 0.0 |" in first.stdout
+    saved = tmp_path / "a" / "rollouts.json"
+    second = run("--out-dir", str(tmp_path / "b"), "--conditions", "answer_only:no_think", "--rollouts", str(saved),
+                 "--model-name", "again")
+    assert second.returncode == 0, second.stderr[-2000:]
+    a = json.loads((tmp_path / "a" / "signals.json").read_text())
+    b = json.loads((tmp_path / "b" / "signals.json").read_text())
+    assert a["num_tokens"] == b["num_tokens"]  # the same rollouts, rescored
+    again = run("--out-dir", str(tmp_path / "a"), "--conditions", "none:think")
+    assert again.returncode != 0 and "exists" in again.stderr
+    combined = subprocess.run([sys.executable, str(script), "--combine", str(tmp_path / "a" / "signals.json"),
+                               str(tmp_path / "b" / "signals.json")], capture_output=True, text=True, timeout=120)
+    assert "| again | think | no_think | answer_only |" in combined.stdout
