@@ -1,0 +1,568 @@
+"""Sweep runner: experiment presets -> runs -> resolved configs -> training -> evaluation -> tables.
+
+Library behind ``scripts/sweep.py`` (docs/presets.md). A sweep is one model preset
+(``recipe/opsd/config/model``) and a list of experiment presets (``recipe/opsd/config/experiment``;
+``a+b`` combines presets in one run). For every run it composes the OPSD config with hydra
+(``+model=<m> +experiment=[<presets>] <overrides>``), applies the preset's data step
+(``sweep.data_prep``, ``recipe.common.sweep_data``), writes the resolved config next to the run's
+outputs and trains from exactly that file (``python -m recipe.opsd.main_opsd --config-path <run_dir>
+--config-name config``), then evaluates the checkpoints with ``recipe.common.evaluation`` under the
+model preset's decoding preset for the run's evaluation mode (``sweep.eval_mode``, default: the
+student's mode). The base model is evaluated once per evaluation setting. ``collect`` writes the
+paper-style comparison table (Avg@n / Pass@n / Length, deltas vs Base: points for accuracy,
+relative % for length) and figures (``recipe.analysis.plots``).
+
+Layout of a sweep directory::
+
+    sweep.json                          what was asked (model, presets, overrides, evaluation)
+    base/<key>/task.json, results.json  base-model evaluations, one per evaluation setting
+    runs/<name>/config.yaml             the resolved training config the run trains from
+    runs/<name>/overrides.txt, plan.json, status.json, train.log, metrics.jsonl, checkpoints/
+    runs/<name>/eval/step_<N>/results.json
+    comparison.md, comparison.json, figures/*.png
+
+Runs execute sequentially in this process (``run_local``) or as separate Ray jobs
+(``submit_ray``: ``ray job submit`` of ``scripts/sweep.py run-one <run_dir>``; the sweep
+directory must be on a file system the cluster shares).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO_ROOT / "recipe" / "opsd" / "config"
+CPU_ENV = REPO_ROOT / "recipe" / "common" / "cpu_env.sh"
+SWEEP_CLI = REPO_ROOT / "scripts" / "sweep.py"
+DEVICES = ("gpu", "cpu")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Evaluation of every base model and checkpoint of a sweep (the paper: n 8, seed 42, four benchmarks)."""
+
+    n: int = 8
+    seed: int = 42
+    benchmarks: tuple[str, ...] = ("aime2024", "aime2025", "aime2026", "hmmt_feb_2025")
+    limit: int | None = None
+    backend: str | None = None
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"evaluation n must be >= 1, got {self.n}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"evaluation limit must be None or >= 1, got {self.limit}")
+        if self.backend not in (None, "vllm", "sglang", "hf"):
+            raise ValueError(f"evaluation backend must be vllm, sglang, hf or None, got {self.backend!r}")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: a model preset, the experiment presets it combines, extra overrides."""
+
+    name: str
+    model: str
+    experiments: tuple[str, ...]
+    overrides: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- presets
+def available(group: str) -> list[str]:
+    """Preset names of ``experiment`` or ``model``."""
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def expand_runs(presets: Sequence[str], *, model: str, overrides: Sequence[str] = ()) -> list[RunSpec]:
+    """One RunSpec per entry of ``presets``; ``a+b`` composes presets a and b in one run."""
+    if model not in available("model"):
+        raise ValueError(f"unknown model preset {model!r}; known: {available('model')}")
+    known = set(available("experiment"))
+    runs, names = [], set()
+    for entry in presets:
+        parts = tuple(p for p in entry.split("+") if p)
+        unknown = [p for p in parts if p not in known]
+        if not parts or unknown:
+            raise ValueError(f"unknown experiment preset(s) {unknown or [entry]} in {entry!r}; known: {sorted(known)}")
+        name = "+".join(parts)
+        if name in names:
+            raise ValueError(f"preset {name!r} is listed twice")
+        names.add(name)
+        runs.append(RunSpec(name=name, model=model, experiments=parts, overrides=tuple(overrides)))
+    if not runs:
+        raise ValueError("no presets given")
+    return runs
+
+
+def compose(overrides: Sequence[str]):
+    """The OPSD config (``opsd_trainer`` + overrides) composed with hydra, unresolved."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return hydra_compose(config_name="opsd_trainer", overrides=list(overrides))
+
+
+def cpu_launch_environment() -> tuple[dict[str, str], list[str]]:
+    """(environment variables, hydra overrides) of ``recipe/common/cpu_env.sh`` (the one copy of the CPU shims)."""
+    script = f'source {shlex.quote(str(CPU_ENV))} >/dev/null && printf "%s\\0" "${{CPU_OVERRIDES[@]}}" && printf "\\1\\0" && env -0'
+    out = subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True, env=dict(os.environ)).stdout
+    fields = out.split("\0")
+    marker = fields.index("\1")
+    overrides = fields[:marker]
+    env = dict(item.split("=", 1) for item in fields[marker + 1 :] if "=" in item)
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v and k not in ("SHLVL", "_", "PWD", "OLDPWD")}
+    return changed, overrides
+
+
+# --------------------------------------------------------------------------- evaluation settings
+def eval_choice(cfg) -> tuple[str, str, str | None]:
+    """(mode key, decoding preset name, mode) of a composed config's evaluation.
+
+    The mode is ``sweep.eval_mode`` if a preset sets it, else the student's mode; ``native``
+    (mode None) for single-mode models. The decoding preset is the model preset's for that mode.
+    """
+    from omegaconf import OmegaConf
+
+    if cfg.get("model_preset") is None:
+        raise ValueError("the config has no model_preset block: add +model=<name> (recipe/opsd/config/model)")
+    sweep = cfg.get("sweep") or {}
+    mode = sweep.get("eval_mode") or cfg.opsd.get("student_mode")
+    key = mode or "native"
+    presets = OmegaConf.to_container(cfg.model_preset.eval_presets, resolve=True)
+    if key not in presets:
+        raise ValueError(
+            f"model preset {cfg.model_preset.name!r} has no evaluation preset for mode {key!r} "
+            f"(model_preset.eval_presets: {presets})"
+        )
+    return key, presets[key], mode
+
+
+def decoding_for(preset_name: str, mode: str | None):
+    """The named decoding preset evaluated in ``mode`` (the preset's own mode is replaced when they differ)."""
+    from recipe.common.decoding_presets import get_preset
+
+    preset = get_preset(preset_name)
+    return preset if preset.mode == mode else preset.with_overrides(mode=mode)
+
+
+def eval_steps(cfg) -> list[int]:
+    """Checkpoint steps to evaluate: the last one, plus every ``sweep.eval_every`` steps."""
+    total = int(cfg.trainer.total_training_steps)
+    every = (cfg.get("sweep") or {}).get("eval_every")
+    steps = {total}
+    if every:
+        steps |= set(range(int(every), total + 1, int(every)))
+    save = int(cfg.trainer.save_freq)
+    missing = sorted(s for s in steps if s != total and (save <= 0 or s % save))
+    if missing:
+        raise ValueError(f"evaluation steps {missing} are not checkpoint steps (trainer.save_freq={save})")
+    return sorted(steps)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+
+
+def base_key(model_preset: str, model_path: str, preset_name: str, mode_key: str) -> str:
+    digest = hashlib.sha256(model_path.encode()).hexdigest()[:8]
+    return _slug(f"{model_preset}-{preset_name}-{mode_key}-{digest}")
+
+
+# --------------------------------------------------------------------------- planning
+def _write_new(path: Path, text: str) -> None:
+    """Write ``text``; an existing different file is an error (a planned run is never replaced silently)."""
+    if path.exists() and path.read_text() != text:
+        raise ValueError(f"{path} exists with different content: use a new sweep directory or delete the run")
+    path.write_text(text)
+
+
+def _disabled(cfg, key: str) -> bool:
+    """True when a parent node of ``key`` has ``enable: false`` (verl leaves such nodes' ``???`` unset)."""
+    from omegaconf import OmegaConf
+
+    parts = key.split(".")
+    return any(OmegaConf.select(cfg, ".".join(parts[:i] + ["enable"]), default=None) is False for i in range(1, len(parts)))
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def plan_run(
+    spec: RunSpec, *, sweep_dir: Path, device: str, evaluation: EvalSettings, train_timeout_s: float | None = None
+) -> dict:
+    """Compose, prepare data, write ``config.yaml`` + ``plan.json`` of one run; return the plan."""
+    from omegaconf import OmegaConf
+
+    from recipe.common import sweep_data
+
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    run_dir = (sweep_dir / "runs" / _slug(spec.name)).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env, cpu_overrides = cpu_launch_environment() if device == "cpu" else ({}, [])
+    env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics.jsonl")
+    # the one grader as verl's reward (rollout accuracy / boxed-rate logs), as recipe/opsd/run_opsd.sh passes it
+    reward = [f"reward.custom_reward_function.path={REPO_ROOT / 'recipe' / 'common' / 'reward.py'}",
+              "reward.custom_reward_function.name=compute_score"]
+    head = [f"+model={spec.model}", f"+experiment=[{','.join(spec.experiments)}]", *reward, *cpu_overrides,
+            *spec.overrides]
+    forced = [
+        f"trainer.default_local_dir={run_dir / 'checkpoints'}",
+        f"trainer.experiment_name={_slug(spec.name)}",
+        "trainer.logger=[console,file]",
+    ]
+    cfg = compose(head + forced)
+    sweep = OmegaConf.to_container(cfg.get("sweep") or {}, resolve=True)
+    base_model = str(cfg.actor_rollout_ref.model.path)
+    stages = []
+    if sweep.get("data_prep"):
+        source = str(cfg.data.train_files)
+        tokenizer = _load_tokenizer(base_model) if sweep["data_prep"].get("kind") == "gold_trace_deciles" else None
+        prepared = sweep_data.prepare(sweep["data_prep"], source=source, output=run_dir / "data" / "train.parquet",
+                                      tokenizer=tokenizer)
+        forced.append(f"data.train_files={prepared}")
+    if sweep.get("init_stage"):
+        stage_cmds, init_model = init_stage_commands(sweep["init_stage"], cfg=cfg, run_dir=run_dir, device=device)
+        stages += stage_cmds
+        forced.append(f"actor_rollout_ref.model.path={init_model}")
+    if len(forced) > 3:
+        cfg = compose(head + forced)
+    missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not _disabled(cfg, k))
+    if missing:
+        raise ValueError(f"run {spec.name!r}: mandatory config values are not set: {missing} (pass them as overrides)")
+    mode_key, preset_name, mode = eval_choice(cfg)
+    steps = eval_steps(cfg)
+    _write_new(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    _write_new(run_dir / "overrides.txt", "\n".join(head + forced) + "\n")
+    train_cmd = [sys.executable, "-m", "recipe.opsd.main_opsd", "--config-path", str(run_dir), "--config-name", "config",
+                 f"hydra.run.dir={run_dir / 'hydra'}"]
+    ckpt = Path(str(cfg.trainer.default_local_dir))
+    plan = {
+        "name": spec.name,
+        "label": (cfg.get("sweep") or {}).get("label") or spec.name,
+        "model_preset": spec.model,
+        "experiments": list(spec.experiments),
+        "run_dir": str(run_dir),
+        "device": device,
+        "env": env,
+        "stages": stages,
+        "train_cmd": train_cmd,
+        "train_timeout_s": train_timeout_s,
+        "eval": {
+            "mode_key": mode_key,
+            "preset": preset_name,
+            "mode": mode,
+            "settings": dataclasses.asdict(evaluation),
+            "checkpoints": {str(s): str(ckpt / f"global_step_{s}" / "actor") for s in steps},
+            "init_model": str(cfg.actor_rollout_ref.model.path) if stages else None,
+        },
+        "base": base_key(spec.model, base_model, preset_name, mode_key),
+        "base_model": base_model,
+    }
+    _write_new(run_dir / "plan.json", json.dumps(plan, indent=2) + "\n")
+    return plan
+
+
+def init_stage_commands(stage: Mapping, *, cfg, run_dir: Path, device: str) -> tuple[list[dict], Path]:
+    """Commands of a ``sweep.init_stage`` (``kind: sft``): SFT data, verl SFT trainer, FSDP merge.
+
+    Returns (commands, merged model dir); OPSD then starts from the merged model (student = teacher).
+    """
+    if stage.get("kind") != "sft":
+        raise ValueError(f"sweep.init_stage.kind must be 'sft', got {stage.get('kind')!r}")
+    steps = int(stage["total_steps"])
+    model = str(cfg.actor_rollout_ref.model.path)
+    sft_ckpt, merged = run_dir / "sft" / "checkpoints", run_dir / "sft" / "merged"
+    commands = []
+    sft_files = stage.get("train_files")
+    if not sft_files:  # the OPSD training parquet (problem + cot + solution) as SFT messages
+        sft_files = run_dir / "sft" / "train.parquet"
+        commands.append({"name": "sft_data", "cmd": [
+            sys.executable, "-m", "data_prep.sft", "--input", str(cfg.data.train_files), "--tokenizer", model,
+            "--out", str(sft_files)]})
+    commands.append({"name": "sft_train", "cmd": [
+        "bash", str(REPO_ROOT / "recipe" / "sft" / "run_sft.sh"),
+        f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}"],
+        "env": {"MODEL_PATH": model, "SFT_FILES": str(sft_files), "CKPT_DIR": str(sft_ckpt), "DEVICE": device,
+                "STEPS": str(steps), "NGPUS": str(cfg.trainer.n_gpus_per_node)}})
+    commands.append({"name": "sft_merge", "cmd": [
+        sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+        "--local_dir", str(sft_ckpt / f"global_step_{steps}"), "--target_dir", str(merged)]})
+    return commands, merged
+
+
+def plan_sweep(
+    presets: Sequence[str], *, model: str, sweep_dir: str | Path, device: str = "gpu",
+    overrides: Sequence[str] = (), evaluation: EvalSettings = EvalSettings(), train_timeout_s: float | None = None,
+) -> list[dict]:
+    """Plan every run and every base evaluation of a sweep (writes the sweep directory)."""
+    sweep_dir = Path(sweep_dir).resolve()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    record = {"model": model, "presets": list(presets), "overrides": list(overrides), "device": device,
+              "evaluation": dataclasses.asdict(evaluation)}
+    _write_new(sweep_dir / "sweep.json", json.dumps(record, indent=2) + "\n")
+    plans = [plan_run(spec, sweep_dir=sweep_dir, device=device, evaluation=evaluation, train_timeout_s=train_timeout_s)
+             for spec in expand_runs(presets, model=model, overrides=overrides)]
+    for plan in plans:
+        task_dir = sweep_dir / "base" / plan["base"]
+        task_dir.mkdir(parents=True, exist_ok=True)
+        task = {"model": plan["base_model"], "preset": plan["eval"]["preset"], "mode": plan["eval"]["mode"],
+                "mode_key": plan["eval"]["mode_key"], "settings": plan["eval"]["settings"],
+                "env": {k: v for k, v in plan["env"].items() if k != "VERL_FILE_LOGGER_PATH"}}
+        _write_new(task_dir / "task.json", json.dumps(task, indent=2) + "\n")
+    return plans
+
+
+# --------------------------------------------------------------------------- execution
+def _status(run_dir: Path) -> dict:
+    path = run_dir / "status.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _set_status(run_dir: Path, **changes) -> None:
+    status = _status(run_dir) | changes
+    (run_dir / "status.json").write_text(json.dumps(status, indent=2) + "\n")
+
+
+def _run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log: Path, timeout_s: float | None) -> int:
+    """Run ``cmd`` in its own process group with output to ``log``; kill the group on timeout (rc -9)."""
+    import signal
+
+    with open(log, "a") as out:
+        out.write(f"$ {shlex.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env=dict(os.environ) | dict(env), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return -9
+
+
+def evaluate_model(model: str, *, out_dir: Path, preset: str, mode: str | None, settings: Mapping, progress=False) -> dict:
+    """Evaluate ``model`` (HF dir or FSDP ``.../actor`` checkpoint) with ``recipe.common.evaluation``."""
+    from recipe.common.evaluation import EvalConfig, evaluate
+
+    config = EvalConfig(model=model, out_dir=str(out_dir), preset=decoding_for(preset, mode),
+                        benchmarks=tuple(settings["benchmarks"]), n=settings["n"], seed=settings["seed"],
+                        backend=settings["backend"], limit=settings["limit"])
+    return evaluate(config, progress=progress)
+
+
+def run_base_task(task_dir: str | Path) -> dict:
+    """Evaluate the base model of ``<sweep>/base/<key>`` (resumable)."""
+    task_dir = Path(task_dir)
+    task = json.loads((task_dir / "task.json").read_text())
+    os.environ.update(task["env"])
+    return evaluate_model(task["model"], out_dir=task_dir, preset=task["preset"], mode=task["mode"],
+                          settings=task["settings"])
+
+
+def run_one(run_dir: str | Path) -> dict:
+    """Execute a planned run: init stage (if any), training from ``config.yaml``, evaluation of its checkpoints."""
+    run_dir = Path(run_dir)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    log = run_dir / "train.log"
+    status = _status(run_dir)
+    checkpoints = {int(s): Path(p) for s, p in plan["eval"]["checkpoints"].items()}
+    if status.get("train") != "ok" or not all(p.is_dir() for p in checkpoints.values()):
+        for stage in plan["stages"]:
+            if status.get(stage["name"]) == "ok":
+                continue
+            rc = _run_logged(stage["cmd"], env=plan["env"] | stage.get("env", {}), log=log, timeout_s=None)
+            _set_status(run_dir, **{stage["name"]: "ok" if rc == 0 else f"failed (rc={rc})"})
+            if rc != 0:
+                return _status(run_dir)
+        rc = _run_logged(plan["train_cmd"], env=plan["env"], log=log, timeout_s=plan["train_timeout_s"])
+        missing = [str(p) for p in checkpoints.values() if not p.is_dir()]
+        if rc != 0 or missing:
+            reason = f"rc={rc}" if rc != 0 else f"no checkpoint {missing}"
+            _set_status(run_dir, train=f"failed ({reason}; see {log})")
+            return _status(run_dir)
+        _set_status(run_dir, train="ok")
+    os.environ.update(plan["env"])
+    evals = dict(_status(run_dir).get("eval", {}))
+    targets = dict(sorted(checkpoints.items()))
+    if plan["eval"]["init_model"]:
+        targets[0] = Path(plan["eval"]["init_model"])  # the init-stage model (e.g. SFT-10) as step 0
+    for step, model in targets.items():
+        try:
+            evaluate_model(str(model), out_dir=run_dir / "eval" / f"step_{step}", preset=plan["eval"]["preset"],
+                           mode=plan["eval"]["mode"], settings=plan["eval"]["settings"])
+            evals[str(step)] = "ok"
+        except Exception as err:  # recorded; the sweep goes on with the next run
+            evals[str(step)] = f"failed: {type(err).__name__}: {err}"
+        _set_status(run_dir, eval=evals)
+    return _status(run_dir)
+
+
+def run_local(plans: Sequence[Mapping], *, sweep_dir: str | Path) -> list[dict]:
+    """Base evaluations, then every run, sequentially in this process; then the tables."""
+    sweep_dir = Path(sweep_dir)
+    done = set()
+    for plan in plans:
+        if plan["base"] not in done:
+            run_base_task(sweep_dir / "base" / plan["base"])
+            done.add(plan["base"])
+    statuses = [run_one(plan["run_dir"]) for plan in plans]
+    collect(sweep_dir)
+    return statuses
+
+
+def ray_submit_command(task: Sequence[str], *, address: str, submission_id: str, env: Mapping[str, str]) -> list[str]:
+    """``ray job submit`` of one task (non-blocking); the job runs from the repository checkout."""
+    runtime_env = {"env_vars": dict(env)} if env else None
+    cmd = ["ray", "job", "submit", "--address", address, "--submission-id", submission_id, "--no-wait"]
+    if runtime_env:
+        cmd += ["--runtime-env-json", json.dumps(runtime_env)]
+    return cmd + ["--", *task]
+
+
+def submit_ray(plans: Sequence[Mapping], *, sweep_dir: str | Path, address: str, dry_run: bool = False) -> list[list[str]]:
+    """Submit each base evaluation and each run as its own Ray job; ``collect`` once they finish."""
+    sweep_dir = Path(sweep_dir).resolve()
+    commands, seen = [], set()
+    stamp = hashlib.sha256(str(sweep_dir).encode()).hexdigest()[:6]
+    for plan in plans:
+        if plan["base"] not in seen:
+            seen.add(plan["base"])
+            task = [sys.executable, str(SWEEP_CLI), "eval-base", str(sweep_dir / "base" / plan["base"])]
+            commands.append(ray_submit_command(task, address=address, submission_id=_slug(f"sweep-{stamp}-base-{plan['base']}"),
+                                               env=plan["env"]))
+        task = [sys.executable, str(SWEEP_CLI), "run-one", plan["run_dir"]]
+        commands.append(ray_submit_command(task, address=address, submission_id=_slug(f"sweep-{stamp}-{plan['name']}"),
+                                           env=plan["env"]))
+    if not dry_run:
+        for cmd in commands:
+            subprocess.run(cmd, check=True, cwd=REPO_ROOT)
+    return commands
+
+
+# --------------------------------------------------------------------------- tables and figures
+def _metrics(results: Mapping) -> dict:
+    n, macro = results["n"], results["macro"]
+    return {"n": n, "avg": 100 * macro[f"avg@{n}"], "pass": 100 * macro[f"pass@{n}"], "length": macro["mean_length"]}
+
+
+def _read_results(path: Path) -> dict | None:
+    return _metrics(json.loads(path.read_text())) if path.is_file() else None
+
+
+def _fmt(value: float | None, kind: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.0f}" if kind == "length" else f"{value:.1f}"
+
+
+def _delta(base: float | None, value: float | None, kind: str) -> str:
+    if base is None or value is None:
+        return "-"
+    if kind == "length":
+        return "-" if base == 0 else f"{100 * (value - base) / base:+.1f}%"
+    return f"{value - base:+.1f}"
+
+
+def comparison_rows(sweep_dir: str | Path) -> list[dict]:
+    """One row per evaluated checkpoint: run, label, step, evaluation setting, Base and OPSD metrics."""
+    sweep_dir = Path(sweep_dir)
+    rows = []
+    for plan_path in sorted((sweep_dir / "runs").glob("*/plan.json")):
+        plan = json.loads(plan_path.read_text())
+        run_dir = Path(plan["run_dir"])
+        base = _read_results(sweep_dir / "base" / plan["base"] / "results.json")
+        steps = sorted(int(s) for s in plan["eval"]["checkpoints"]) + ([0] if plan["eval"]["init_model"] else [])
+        status = _status(run_dir)
+        for step in sorted(steps):
+            rows.append({
+                "run": plan["name"], "label": plan["label"], "step": step, "final": step == max(steps),
+                "model_preset": plan["model_preset"], "eval": f"{plan['eval']['preset']}/{plan['eval']['mode_key']}",
+                "base": base, "opsd": _read_results(run_dir / "eval" / f"step_{step}" / "results.json"),
+                "status": status.get("train", "planned"),
+            })
+    return rows
+
+
+def comparison_table(rows: Sequence[Mapping]) -> str:
+    """Markdown table in the paper's style: Base / OPSD / delta for Avg@n, Pass@n and Length."""
+    ns = {r[k]["n"] for r in rows for k in ("base", "opsd") if r[k]}
+    n = ns.pop() if len(ns) == 1 else "n"
+    head = (f"| Run | Step | Eval | Avg@{n} Base | Avg@{n} OPSD | Δ | Pass@{n} Base | Pass@{n} OPSD | Δ | "
+            "Length Base | Length OPSD | Δ |")
+    lines = [head, "|" + "|".join(["---"] * 12) + "|"]
+    for r in rows:
+        cells = [r["label"] + ("" if r["opsd"] or r["status"] in ("ok", "planned") else f" ({r['status']})"),
+                 str(r["step"]), r["eval"]]
+        for key in ("avg", "pass", "length"):
+            b = r["base"][key] if r["base"] else None
+            o = r["opsd"][key] if r["opsd"] else None
+            cells += [_fmt(b, key), _fmt(o, key), _delta(b, o, key)]
+        lines.append("| " + " | ".join(cells) + " |")
+    note = ("\nΔ: OPSD - Base in percentage points for Avg/Pass, relative change for Length "
+            "(mean output tokens); Base is the initial model under the same evaluation setting.\n")
+    return "\n".join(lines) + "\n" + note
+
+
+def _figures(rows: Sequence[Mapping], out_dir: Path) -> list[Path]:
+    try:
+        from recipe.analysis import plots
+    except ImportError:  # the figure module is optional for the tables
+        return []
+    made = []
+    caps = {}
+    for r in rows:
+        names = r["run"].split("+")
+        if r["final"] and r["opsd"] and r["base"] and len(names) == 1 and re.fullmatch(r"rollout_\d+", names[0]):
+            caps[int(names[0].split("_")[1])] = r
+    if len(caps) >= 2:
+        ordered = [caps[c] for c in sorted(caps)]
+        model = ordered[0]["model_preset"]
+        series = {"caps": sorted(caps), "opsd": {k: [r["opsd"][k] for r in ordered] for k in ("avg", "pass", "length")},
+                  "base": dict(ordered[0]["base"])}
+        made.append(plots.plot_metric_vs_cap({model: series}, out_dir / "metric_vs_cap.png",
+                                             n=ordered[0]["opsd"]["n"], overwrite=True))
+    by_run = {}
+    for r in rows:
+        by_run.setdefault(r["label"], []).append(r)
+    curves = {}
+    for label, rs in by_run.items():
+        points = [{"step": r["step"], "avg": r["opsd"]["avg"], "pass": r["opsd"]["pass"]} for r in rs if r["opsd"]]
+        if len(points) >= 2 and rs[0]["base"]:
+            curves[label] = [{"step": 0, "avg": rs[0]["base"]["avg"], "pass": rs[0]["base"]["pass"]}] + points
+    if curves:
+        n = next(r["opsd"]["n"] for rs in by_run.values() for r in rs if r["opsd"])
+        made.append(plots.plot_accuracy_vs_step(curves, out_dir / "accuracy_vs_step.png", n=n, overwrite=True))
+    return made
+
+
+def collect(sweep_dir: str | Path) -> str:
+    """Write ``comparison.md`` / ``comparison.json`` (and figures) of a sweep; return the Markdown."""
+    sweep_dir = Path(sweep_dir)
+    rows = comparison_rows(sweep_dir)
+    if not rows:
+        raise ValueError(f"{sweep_dir}: no planned runs (runs/*/plan.json)")
+    text = comparison_table(rows)
+    figures = _figures(rows, sweep_dir / "figures")
+    if figures:
+        text += "\nFigures: " + ", ".join(str(p.relative_to(sweep_dir)) for p in figures) + "\n"
+    (sweep_dir / "comparison.md").write_text(text)
+    (sweep_dir / "comparison.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return text
