@@ -484,8 +484,12 @@ def _delta(base: float | None, value: float | None, kind: str) -> str:
 def comparison_rows(sweep_dir: str | Path) -> list[dict]:
     """One row per evaluated checkpoint: run, label, step, evaluation setting, Base and OPSD metrics."""
     sweep_dir = Path(sweep_dir)
+    record = sweep_dir / "sweep.json"
+    order = [_slug(p) for p in json.loads(record.read_text())["presets"]] if record.is_file() else []
+    rank = {name: i for i, name in enumerate(order)}
     rows = []
-    for plan_path in sorted((sweep_dir / "runs").glob("*/plan.json")):
+    plan_paths = sorted((sweep_dir / "runs").glob("*/plan.json"), key=lambda p: (rank.get(p.parent.name, len(rank)), p.parent.name))
+    for plan_path in plan_paths:
         plan = json.loads(plan_path.read_text())
         run_dir = Path(plan["run_dir"])
         base = _read_results(sweep_dir / "base" / plan["base"] / "results.json")

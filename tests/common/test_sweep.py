@@ -117,3 +117,21 @@ def test_ray_submit_command():
     assert cmd[:8] == ["ray", "job", "submit", "--address", "http://h:8265", "--submission-id", "sweep-a", "--no-wait"]
     assert json.loads(cmd[cmd.index("--runtime-env-json") + 1]) == {"env_vars": {"X": "1"}}
     assert cmd[cmd.index("--") + 1:] == ["python", "scripts/sweep.py", "run-one", "/s/runs/a"]
+
+
+def test_collect_orders_rows_and_draws_the_cap_figure(tmp_path):
+    (tmp_path / "base" / "k").mkdir(parents=True)
+    (tmp_path / "base" / "k" / "results.json").write_text(json.dumps(_results(8, 0.30, 0.50, 1000.0)))
+    (tmp_path / "sweep.json").write_text(json.dumps({"presets": ["rollout_256", "rollout_128"]}))
+    for cap, avg in ((128, 0.32), (256, 0.35)):
+        run_dir = tmp_path / "runs" / f"rollout_{cap}"
+        (run_dir / "eval" / "step_10").mkdir(parents=True)
+        (run_dir / "eval" / "step_10" / "results.json").write_text(json.dumps(_results(8, avg, 0.55, 1100.0)))
+        plan = {"name": f"rollout_{cap}", "label": f"OPSD-{cap}", "model_preset": "m", "run_dir": str(run_dir),
+                "base": "k", "eval": {"preset": "p", "mode_key": "think", "checkpoints": {"10": "x"}, "init_model": None}}
+        (run_dir / "plan.json").write_text(json.dumps(plan))
+    text = sweep.collect(tmp_path)
+    assert text.index("| OPSD-256") < text.index("| OPSD-128")  # the sweep's order
+    figure = tmp_path / "figures" / "metric_vs_cap.png"
+    assert figure.is_file() and figure.stat().st_size > 10_000
+    assert "| OPSD-128 | 10 | p/think | 30.0 | 32.0 | +2.0 |" in text
