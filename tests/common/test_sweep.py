@@ -135,3 +135,21 @@ def test_collect_orders_rows_and_draws_the_cap_figure(tmp_path):
     figure = tmp_path / "figures" / "metric_vs_cap.png"
     assert figure.is_file() and figure.stat().st_size > 10_000
     assert "| OPSD-128 | 10 | p/think | 30.0 | 32.0 | +2.0 |" in text
+
+
+def test_init_stage_commands_sft_then_merge(tmp_path):
+    cfg = OmegaConf.create({"actor_rollout_ref": {"model": {"path": "/m/base"}}, "data": {"train_files": "/d/ot.parquet"},
+                            "trainer": {"n_gpus_per_node": 2}})
+    cmds, merged = sweep.init_stage_commands({"kind": "sft", "total_steps": 10, "train_files": None}, cfg=cfg,
+                                             run_dir=tmp_path, device="gpu")
+    assert [c["name"] for c in cmds] == ["sft_data", "sft_train", "sft_merge"]
+    assert cmds[0]["cmd"][1:] == ["-m", "data_prep.sft", "--input", "/d/ot.parquet", "--tokenizer", "/m/base",
+                                  "--out", str(tmp_path / "sft" / "train.parquet")]
+    assert "trainer.total_training_steps=10" in cmds[1]["cmd"] and cmds[1]["env"]["MODEL_PATH"] == "/m/base"
+    assert cmds[2]["cmd"][-4:] == ["--local_dir", str(tmp_path / "sft" / "checkpoints" / "global_step_10"),
+                                   "--target_dir", str(merged)]
+    given, _ = sweep.init_stage_commands({"kind": "sft", "total_steps": 10, "train_files": "/d/omr_sft.parquet"},
+                                         cfg=cfg, run_dir=tmp_path, device="gpu")
+    assert [c["name"] for c in given] == ["sft_train", "sft_merge"] and given[0]["env"]["SFT_FILES"] == "/d/omr_sft.parquet"
+    with pytest.raises(ValueError, match="init_stage.kind"):
+        sweep.init_stage_commands({"kind": "grpo", "total_steps": 1}, cfg=cfg, run_dir=tmp_path, device="gpu")
