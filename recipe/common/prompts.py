@@ -194,6 +194,33 @@ def teacher_messages(
     return student_messages(problem, style=_STYLE_PAIRS[context][1])
 
 
+# Contexts that carry a privileged reference C (Purified OPSD's reference-only teacher needs one).
+REFERENCE_CONTEXTS = ("full_solution", "answer_only", "cot_solution")
+
+
+def reference_only_messages(context: str, record: Mapping[str, object]) -> list[dict[str, str]]:
+    """The reference-only teacher's chat (Purified OPSD's pR = pi_0(. | C, y_<i)).
+
+    The teacher message of ``context`` with the ``Problem: {problem}\n\n`` paragraph removed,
+    every other character unchanged, so log pT - log pR isolates what the question adds
+    given the same reference text. The paper does not print this prompt; docs/prompts.md
+    states the choice. Only contexts of ``REFERENCE_CONTEXTS`` have a reference.
+
+    Raises:
+        ValueError: a context without a reference, or a missing field (named).
+    """
+    if context not in REFERENCE_CONTEXTS:
+        raise ValueError(f"reference-only prompt: context {context!r} has no reference; use one of {list(REFERENCE_CONTEXTS)}")
+    if not isinstance(record, Mapping):
+        raise ValueError(f"reference_only_messages: record must be a mapping (parquet extra_info), got {type(record).__name__}")
+    problem = _require(f"teacher context {context!r}", "problem", record.get("problem"))
+    content = build_prompt_pair(context, record)[1][0]["content"]
+    prefix = f"Problem: {problem}\n\n"
+    if not content.startswith(prefix):  # pragma: no cover - guarded by the prompt texts above
+        raise AssertionError(f"teacher prompt of {context!r} does not start with the problem paragraph")
+    return _user(content[len(prefix):])
+
+
 def student_style(context: str) -> str | None:
     """The student-message style a teacher context implies (``None`` = the default message)."""
     _check_context(context)

@@ -186,3 +186,30 @@ def test_missing_problem_and_unknown_context():
         teacher_messages("reference", problem=PROBLEM)
     with pytest.raises(ValueError, match="concise"):
         student_messages(PROBLEM, style="short")
+
+
+def test_reference_only_prompt_drops_only_the_problem_paragraph():
+    from recipe.common.prompts import reference_only_messages
+
+    record = {"problem": "What is 2+3?", "solution": "2+3=5, so \\boxed{5}.", "answer": "5", "cot": "add"}
+    full = reference_only_messages("full_solution", record)[0]["content"]
+    assert full == (
+        "Here is a reference solution to this problem:\n=== Reference Solution Begin ===\n"
+        "2+3=5, so \\boxed{5}.\n=== Reference Solution End ===\n\n"
+        "After reading the reference solution above, make sure you truly understand the reasoning "
+        "behind each step\u2014do not copy or paraphrase it. Now, using your own words and independent "
+        "reasoning, derive the same final answer to the problem above. Think step by step, explore "
+        "different approaches, and don't be afraid to backtrack or reconsider if something doesn't "
+        "work out:\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+    )
+    answer = reference_only_messages("answer_only", record)[0]["content"]
+    assert answer == (
+        "Here is the verified answer:\n5\n\n"
+        "After understanding the privileged information, solve the problem using your own reasoning.\n\n"
+        "Please reason step by step and put the final answer within \\boxed{}."
+    )
+    assert "What is 2+3?" not in reference_only_messages("cot_solution", record)[0]["content"]
+    with pytest.raises(ValueError, match="'none' has no reference"):
+        reference_only_messages("none", record)
+    with pytest.raises(ValueError, match="'solution'"):
+        reference_only_messages("full_solution", {"problem": "p"})
