@@ -104,7 +104,8 @@ def plot_metric_vs_cap(
         ax.set_visible(False)
     style = [Line2D([], [], color="black", ls="-", marker="o", ms=4, label="OPSD"),
              Line2D([], [], color="black", ls="--", label="Base")]
-    fig.legend(handles=lines[:3] + style, loc="outside lower center", ncols=5, frameon=False)
+    # One row of five entries needs two panels' width; a single panel wraps them (3 + 2).
+    fig.legend(handles=lines[:3] + style, loc="outside lower center", ncols=5 if ncols > 1 else 3, frameon=False)
     return _save(fig, out_path, overwrite)
 
 
