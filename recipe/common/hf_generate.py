@@ -24,6 +24,17 @@ from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation.logits_process import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+# Sampling filters a model's generation config may set that sample_batch does not apply
+# (vLLM SamplingParams semantics: only temperature, top-k and top-p).
+_UNSUPPORTED_WARPERS = ("min_p", "top_h")
 
 
 @dataclass
@@ -78,6 +89,52 @@ def left_pad(prompt_ids: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple
     return input_ids_BP, attention_mask_BP
 
 
+class _SampledLogprobRecorder(LogitsProcessor):
+    """Last logits processor: records log p(sampled token) of each step, O(B x V) memory.
+
+    ``generate`` calls processors with the ids generated so far, before sampling. So call
+    t sees the token sampled at step t-1 as ``input_ids[:, -1]``: it gathers that token's
+    log-probability from the previous step's processed scores and keeps only the current
+    step's scores. ``finish`` resolves the last step from the final sequences. Holding one
+    step instead of ``output_scores`` (all steps, ``[B, R, V]``) is what keeps long
+    rollouts with a 150k vocabulary in memory.
+    """
+
+    def __init__(self):
+        self._pending_BV: torch.Tensor | None = None
+        self._logprobs: list[torch.Tensor] = []
+
+    def _resolve(self, sampled_ids_B: torch.Tensor) -> None:
+        if self._pending_BV is not None:
+            logprobs_BV = torch.log_softmax(self._pending_BV.float(), dim=-1)
+            picked_B = logprobs_BV.gather(-1, sampled_ids_B.to(logprobs_BV.device).unsqueeze(-1)).squeeze(-1)
+            self._logprobs.append(picked_B.cpu())
+            self._pending_BV = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._resolve(input_ids[:, -1])
+        self._pending_BV = scores
+        return scores
+
+    def finish(self, sequences_BS: torch.Tensor) -> torch.Tensor:
+        """``logprobs_BR`` of the R generated columns (the last R columns of ``sequences_BS``)."""
+        self._resolve(sequences_BS[:, -1])
+        if not self._logprobs:
+            return torch.zeros((sequences_BS.shape[0], 0), dtype=torch.float32)
+        return torch.stack(self._logprobs, dim=1)
+
+
+def _refuse_model_level_warpers(model: PreTrainedModel) -> None:
+    config = getattr(model, "generation_config", None)
+    for name in _UNSUPPORTED_WARPERS:
+        value = getattr(config, name, None) if config is not None else None
+        if value is not None:
+            raise ValueError(
+                f"the model's generation_config sets {name}={value!r}; sample_batch applies only temperature, "
+                f"top_k and top_p (vLLM semantics). Unset generation_config.{name} to sample with this model."
+            )
+
+
 @torch.no_grad()
 def sample_batch(
     model: PreTrainedModel,
@@ -104,18 +161,35 @@ def sample_batch(
     input_ids_BP, attention_mask_BP = left_pad(prompt_ids, pad_token_id=pad_token_id)
     device = model.device
     greedy = params.temperature == 0
-    # Every sampling field explicit: a None would be filled from transformers' global
-    # defaults (top_k=50), silently changing the distribution. top_k=0 / top_p=1.0 = off.
+    _refuse_model_level_warpers(model)
+    # The warpers are passed explicitly (temperature, then top-k, then top-p: transformers'
+    # own order) so that the recorder runs after them and sees the distribution each token
+    # is sampled from. transformers appends user processors after its default ones but
+    # BEFORE the warpers it builds from the generation config, so the config leaves those
+    # off: temperature 1.0, top_k 0, top_p 1.0. Every field is explicit; a None would be
+    # filled from the model's generation config or transformers' defaults (top_k=50).
+    recorder = _SampledLogprobRecorder()
+    processors = LogitsProcessorList()
+    if not greedy:
+        if params.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(float(params.temperature)))
+        if params.top_k > 0:
+            processors.append(TopKLogitsWarper(top_k=int(params.top_k), min_tokens_to_keep=1))
+        if params.top_p < 1.0:
+            processors.append(TopPLogitsWarper(top_p=float(params.top_p), min_tokens_to_keep=1))
+    processors.append(recorder)
     generation_config = GenerationConfig(
         do_sample=not greedy,
-        temperature=1.0 if greedy else float(params.temperature),
-        top_p=1.0 if greedy else float(params.top_p),
-        top_k=0 if greedy or params.top_k <= 0 else int(params.top_k),
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
         max_new_tokens=int(params.max_new_tokens),
         eos_token_id=list(eos_token_ids),
         pad_token_id=pad_token_id,
         bos_token_id=None,
-        output_scores=True,
         return_dict_in_generate=True,
     )
     with torch.random.fork_rng(devices=[], enabled=seed is not None):
@@ -125,12 +199,17 @@ def sample_batch(
             input_ids=input_ids_BP.to(device),
             attention_mask=attention_mask_BP.to(device),
             generation_config=generation_config,
+            logits_processor=processors,
         )
     prompt_width = input_ids_BP.shape[1]
-    new_ids_BR = out.sequences[:, prompt_width:].cpu()
-    # scores are the processed logits (temperature, top-k, top-p applied) of each step.
-    scores_BRV = torch.stack(out.scores, dim=1).float().cpu()
-    logprobs_BR = torch.log_softmax(scores_BRV, dim=-1).gather(-1, new_ids_BR.unsqueeze(-1)).squeeze(-1)
+    sequences_BS = out.sequences.cpu()
+    new_ids_BR = sequences_BS[:, prompt_width:]
+    logprobs_BR = recorder.finish(sequences_BS)
+    if logprobs_BR.shape != new_ids_BR.shape:
+        raise RuntimeError(
+            f"sample_batch: recorded log-probs {tuple(logprobs_BR.shape)} do not match the sampled tokens "
+            f"{tuple(new_ids_BR.shape)}; transformers' generate loop changed (re-check _SampledLogprobRecorder)"
+        )
 
     eos_set = set(int(i) for i in eos_token_ids)
     response_ids, logprobs, finish_reasons = [], [], []

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 from recipe.common.hf_generate import SampleParams, left_pad, sample_batch
 from recipe.common.tiny_model import build_tiny_model
@@ -44,6 +44,42 @@ def test_logprobs_match_the_sampling_distribution(model, temperature, top_k):
         assert len(logprobs) == len(response) >= 1
         expected = reference_logprobs(model, prompt, response, temperature=temperature, top_k=max(top_k, 0))
         torch.testing.assert_close(torch.tensor(logprobs, dtype=torch.float64), expected, atol=2e-5, rtol=0)
+
+
+def output_scores_reference(model, prompts, *, temperature, top_k, top_p, max_new_tokens, seed):
+    """The memory-hungry way: keep every step's processed scores ([B, R, V]) and gather at the end."""
+    input_ids, attention_mask = left_pad(prompts, pad_token_id=PAD)
+    config = GenerationConfig(
+        do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
+        eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None, output_scores=True, return_dict_in_generate=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    new_ids = out.sequences[:, input_ids.shape[1] :]
+    scores = torch.stack(out.scores, dim=1).float()
+    return new_ids, torch.log_softmax(scores, dim=-1).gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 20, 0.95), (1.1, 5, 0.5)])
+def test_step_recorder_equals_output_scores_exactly(model, temperature, top_k, top_p):
+    params = SampleParams(max_new_tokens=9, temperature=temperature, top_k=top_k if top_k else -1, top_p=top_p)
+    out = sample_batch(model, PROMPTS, params=params, eos_token_ids=EOS, pad_token_id=PAD, seed=3)
+    new_ids, logprobs = output_scores_reference(
+        model, PROMPTS, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=9, seed=3
+    )
+    for row, (response, row_logprobs) in enumerate(zip(out.response_ids, out.logprobs)):
+        assert response == new_ids[row, : len(response)].tolist()
+        assert torch.equal(torch.tensor(row_logprobs), logprobs[row, : len(response)])
+
+
+def test_model_level_min_p_is_refused(model):
+    model.generation_config.min_p = 0.1
+    try:
+        with pytest.raises(ValueError, match="min_p"):
+            sample_batch(model, PROMPTS, params=SampleParams(max_new_tokens=2), eos_token_ids=EOS, pad_token_id=PAD)
+    finally:
+        model.generation_config.min_p = None
 
 
 def test_same_seed_same_batch_and_different_seed_differs(model):
