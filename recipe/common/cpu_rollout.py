@@ -13,14 +13,21 @@ verl expects of a backend (same roles as ``verl/workers/rollout/vllm_rollout/``)
 - ``HFServerAdapter``: the ``BaseRollout`` living in each trainer (FSDP) worker; its
   ``update_weights`` collects the trainer's full tensors and loads them into the server.
 
-Registered by ``recipe.common.cpu_plugin`` (CPU path only). Set
-``OPSD_HF_ROLLOUT_SKIP_WEIGHT_SYNC=1`` to turn the weight push off (negative control for the
-on-policy test: the rollout then keeps the initial weights and drifts off-policy).
+Registered by ``recipe.common.cpu_plugin`` (CPU path only). Two environment switches:
+
+- ``OPSD_HF_ROLLOUT_SKIP_WEIGHT_SYNC=1`` turns the weight push off (negative control for the
+  on-policy test: the rollout then keeps the initial weights and drifts off-policy);
+- ``OPSD_HF_ROLLOUT_WEIGHTS_LOG=<path.jsonl>``: after every weight load the server appends
+  ``{"replica", "global_steps", "num_weight_updates", "sha256": {name: digest}}`` (digest of
+  each served float32 tensor's bytes), so a test can check that the rollout serves exactly
+  the trainer's weights (``weights_fingerprint`` on the checkpoint gives the same digests).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -37,6 +44,7 @@ from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 logger = logging.getLogger(__name__)
 
 SKIP_WEIGHT_SYNC_ENV = "OPSD_HF_ROLLOUT_SKIP_WEIGHT_SYNC"
+WEIGHTS_LOG_ENV = "OPSD_HF_ROLLOUT_WEIGHTS_LOG"
 # Concurrent requests arriving within this window join the same generate() batch.
 BATCH_WINDOW_S = 0.02
 
@@ -44,6 +52,15 @@ BATCH_WINDOW_S = 0.02
 def server_actor_name(rollout_name: str, replica_rank: int, node_rank: int, suffix: str = "") -> str:
     """Ray actor name of a server; the adapter in the trainer worker looks it up by this name."""
     return f"{rollout_name}_server_{replica_rank}_{node_rank}{suffix}"
+
+
+def weights_fingerprint(state_dict: dict[str, torch.Tensor]) -> dict[str, str]:
+    """``{name: sha256 of the tensor's float32 bytes}`` (16 hex digits): equal iff bit-identical."""
+    digests = {}
+    for name, tensor in sorted(state_dict.items()):
+        data = tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+        digests[name] = hashlib.sha256(data).hexdigest()[:16]
+    return digests
 
 
 @dataclass
@@ -197,6 +214,16 @@ class HFRolloutServer:
             self.num_weight_updates += 1
         if global_steps is not None:
             self.global_steps = global_steps
+        log_path = os.environ.get(WEIGHTS_LOG_ENV)
+        if log_path:
+            record = {
+                "replica": self.replica_rank,
+                "global_steps": global_steps,
+                "num_weight_updates": self.num_weight_updates,
+                "sha256": weights_fingerprint(self.model.state_dict()),
+            }
+            with open(log_path, "a") as log_file:
+                log_file.write(json.dumps(record) + "\n")
 
     def weights_snapshot(self) -> dict[str, torch.Tensor]:
         """Debug/test hook: a copy of the served weights."""

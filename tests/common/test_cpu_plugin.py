@@ -166,7 +166,7 @@ def test_hf_rollout_server_batches_concurrent_requests_and_loads_weights(tmp_pat
         import torch
         import verl
         from verl.workers.config import HFModelConfig, RolloutConfig
-        from recipe.common.cpu_rollout import HFRolloutServer
+        from recipe.common.cpu_rollout import HFRolloutServer, weights_fingerprint
 
         server = HFRolloutServer(
             RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=16, response_length=8),
@@ -186,7 +186,10 @@ def test_hf_rollout_server_batches_concurrent_requests_and_loads_weights(tmp_pat
         asyncio.run(server.load_weights(new, global_steps=3))
         snapshot = server.weights_snapshot()
         after = asyncio.run(burst(1))[0]
+        logged = [json.loads(line) for line in open("{tmp_path / 'weights.jsonl'}")]
         print(json.dumps({{
+            "logged_steps": [r["global_steps"] for r in logged],
+            "fingerprint_is_new": logged[-1]["sha256"] == weights_fingerprint(new),
             "batches": batches_after_burst,
             "lengths_ok": all(1 <= len(o.token_ids) <= 8 for o in outputs),
             "logprobs_ok": all(len(o.log_probs) == len(o.token_ids) for o in outputs),
@@ -195,9 +198,11 @@ def test_hf_rollout_server_batches_concurrent_requests_and_loads_weights(tmp_pat
             "global_steps": after.extra_fields["global_steps"],
         }}))
         """,
-        env=CPU_ENV,
+        env={**CPU_ENV, "OPSD_HF_ROLLOUT_WEIGHTS_LOG": str(tmp_path / "weights.jsonl")},
     )
     assert result == {
+        "logged_steps": [3],
+        "fingerprint_is_new": True,
         "batches": 1,
         "lengths_ok": True,
         "logprobs_ok": True,
