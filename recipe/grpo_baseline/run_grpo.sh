@@ -10,10 +10,19 @@
 # With MODEL_PATH it is the paper's configuration (config/grpo_trainer.yaml) with vLLM
 # rollouts (ROLLOUT=sglang to switch). Extra arguments are verl/hydra overrides, appended last.
 #
-# Environment: MODEL_PATH, TRAIN_FILES, VAL_FILES, CKPT_DIR, NGPUS (GPUs per node), NNODES,
-# ROLLOUT, ROLLOUT_TP (rollout tensor parallel size), CACHE_DIR, PYTHON, DEVICE (cpu|gpu).
-# Logs: console + $CKPT_DIR/metrics.jsonl (verl file logger: timing_s/step, timing_s/gen, ...);
-# the wall time of the whole run is appended to $CKPT_DIR/run_times.jsonl.
+# Environment (stable names; docs/cpu_path.md):
+#   MODEL_PATH   HF model directory (unset: CPU path with the tiny model)
+#   TRAIN_FILES, VAL_FILES  verl parquet files (CPU default: toy addition data in $CACHE_DIR)
+#   CKPT_DIR     checkpoints + logs (default: <repo>/checkpoints/grpo_<device>)
+#   DEVICE       cpu | gpu (default: gpu iff MODEL_PATH is set)
+#   NGPUS, NNODES  GPUs per node and nodes (GPU path); CPU_NUM_RANKS FSDP ranks (CPU path)
+#   ROLLOUT      vllm (default) | sglang;  ROLLOUT_TP  rollout tensor-parallel size
+#   STEPS        CPU path only: training steps (default 4; checkpoint at the last step)
+#   CACHE_DIR    where the CPU tiny model / data are built (default ~/.cache/opsd-verl)
+#   PYTHON       interpreter (default python)
+# Logs: console; per-step metrics incl. timing_s/step in $CKPT_DIR/metrics.jsonl (verl file
+# logger; a resumed launch writes metrics.1.jsonl, ...; VERL_FILE_LOGGER_PATH overrides);
+# one line per launch (wall time, devices, exit code) in $CKPT_DIR/run_times.jsonl.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,7 +32,9 @@ DEVICE="${DEVICE:-$([[ -n "${MODEL_PATH:-}" ]] && echo gpu || echo cpu)}"
 CACHE_DIR="${CACHE_DIR:-${OPSD_CACHE:-$HOME/.cache/opsd-verl}}"
 CKPT_DIR="${CKPT_DIR:-$REPO_ROOT/checkpoints/grpo_${DEVICE}}"
 mkdir -p "$CKPT_DIR"
-export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$CKPT_DIR/metrics.jsonl}"
+source "$REPO_ROOT/recipe/common/run_log.sh"
+# verl's file logger truncates its file: a resumed launch logs to metrics.1.jsonl, ... instead.
+export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$(next_free_path "$CKPT_DIR/metrics" jsonl)}"
 
 ARGS=(
     --config-path="$REPO_ROOT/recipe/grpo_baseline/config"
@@ -39,6 +50,7 @@ if [[ "$DEVICE" == cpu ]]; then
     VAL_FILES="${VAL_FILES:-$CACHE_DIR/tiny_data/val.parquet}"
     "$PYTHON" scripts/build_tiny_model.py --if-missing --out-dir "$MODEL_PATH" --data-dir "$CACHE_DIR/tiny_data"
     STEPS="${STEPS:-4}"
+    N_DEVICES="$CPU_NUM_RANKS"
     ARGS+=(
         "${CPU_OVERRIDES[@]}"
         data.max_prompt_length=192
@@ -59,6 +71,7 @@ else
     : "${TRAIN_FILES:?set TRAIN_FILES to the training parquet}"
     VAL_FILES="${VAL_FILES:-$TRAIN_FILES}"
     NGPUS="${NGPUS:-8}"
+    N_DEVICES=$((NGPUS * ${NNODES:-1}))
     MAX_TOKENS_PER_GPU=$((1024 + 20480))
     ARGS+=(
         actor_rollout_ref.rollout.name="${ROLLOUT:-vllm}"
@@ -82,8 +95,4 @@ ARGS+=(
 )
 
 echo "[run_grpo] device=$DEVICE model=$MODEL_PATH ckpt=$CKPT_DIR metrics=$VERL_FILE_LOGGER_PATH"
-START=$(date +%s)
-"$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}" "$@"
-END=$(date +%s)
-echo "{\"recipe\": \"grpo\", \"device\": \"$DEVICE\", \"wall_time_s\": $((END - START)), \"metrics\": \"$VERL_FILE_LOGGER_PATH\"}" >> "$CKPT_DIR/run_times.jsonl"
-echo "[run_grpo] done in $((END - START)) s; per-step timings (timing_s/step) in $VERL_FILE_LOGGER_PATH"
+timed_launch grpo "$DEVICE" "$N_DEVICES" "$CKPT_DIR" "$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}" "$@"

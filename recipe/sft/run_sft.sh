@@ -20,7 +20,9 @@ DEVICE="${DEVICE:-$([[ -n "${MODEL_PATH:-}" ]] && echo gpu || echo cpu)}"
 CACHE_DIR="${CACHE_DIR:-${OPSD_CACHE:-$HOME/.cache/opsd-verl}}"
 CKPT_DIR="${CKPT_DIR:-$REPO_ROOT/checkpoints/sft_${DEVICE}}"
 mkdir -p "$CKPT_DIR"
-export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$CKPT_DIR/metrics.jsonl}"
+source "$REPO_ROOT/recipe/common/run_log.sh"
+# verl's file logger truncates its file: a resumed launch logs to metrics.1.jsonl, ... instead.
+export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$(next_free_path "$CKPT_DIR/metrics" jsonl)}"
 
 ARGS=(
     --config-path="$REPO_ROOT/recipe/sft/config"
@@ -54,6 +56,10 @@ else
     : "${MODEL_PATH:?set MODEL_PATH to an HF model directory}"
     : "${SFT_FILES:?set SFT_FILES to the SFT parquet (messages column)}"
     NPROC="${NGPUS:-8}"
+    if [[ "${NNODES:-1}" != 1 ]]; then
+        echo "run_sft.sh launches one node (torchrun --standalone); for NNODES=$NNODES run torchrun per node" >&2
+        exit 2
+    fi
     ARGS+=(
         trainer.n_gpus_per_node="$NPROC"
         trainer.nnodes="${NNODES:-1}"
@@ -65,10 +71,7 @@ ARGS+=(
     data.train_files="$SFT_FILES"
 )
 
-echo "[run_sft] device=$DEVICE model=$MODEL_PATH data=$SFT_FILES ckpt=$CKPT_DIR"
-START=$(date +%s)
-"$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
+echo "[run_sft] device=$DEVICE model=$MODEL_PATH data=$SFT_FILES ckpt=$CKPT_DIR metrics=$VERL_FILE_LOGGER_PATH"
+timed_launch sft "$DEVICE" $((NPROC * ${NNODES:-1})) "$CKPT_DIR" \
+    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
     -m verl.trainer.sft_trainer "${ARGS[@]}" "$@"
-END=$(date +%s)
-echo "{\"recipe\": \"sft\", \"device\": \"$DEVICE\", \"wall_time_s\": $((END - START)), \"metrics\": \"$VERL_FILE_LOGGER_PATH\"}" >> "$CKPT_DIR/run_times.jsonl"
-echo "[run_sft] done in $((END - START)) s"

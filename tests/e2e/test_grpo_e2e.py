@@ -69,7 +69,8 @@ def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, tiny_model_dir, tin
         assert 0.0 <= metrics["critic/score/mean"] <= 1.0
         assert 1 <= metrics["response_length/mean"] <= 32
     wall = [json.loads(line) for line in (ckpt_dir / "run_times.jsonl").read_text().splitlines()]
-    assert wall[-1]["recipe"] == "grpo" and wall[-1]["wall_time_s"] >= run.metrics[2]["timing_s/step"]
+    assert wall[-1]["recipe"] == "grpo" and wall[-1]["exit_code"] == 0 and wall[-1]["n_devices"] == 1
+    assert wall[-1]["wall_time_s"] >= run.metrics[2]["timing_s/step"]
     assert Path(wall[-1]["metrics"]) == run.metrics_path
 
     # Weight sync: the server loaded the trainer's weights at start-up (step 0) and after each step.
