@@ -64,3 +64,20 @@ def test_cpu_overrides_compose_with_the_grpo_yaml():
 def test_a_stale_cpu_override_would_fail_composition():
     with pytest.raises(Exception, match="no_such_field"):
         grpo_config(cpu_overrides() + ["actor_rollout_ref.rollout.no_such_field=1"])
+
+
+def test_released_grpo_changes_only_the_run_size():
+    control = grpo_config()
+    released = grpo_config(["+experiment=released_grpo"])
+    actor = released.actor_rollout_ref.actor
+    # app:released_grpo
+    assert released.data.train_batch_size == 64 and actor.ppo_mini_batch_size == 64
+    assert actor.optim.lr == 1e-6 and released.data.max_response_length == 24576
+    assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload
+    assert released.trainer.total_training_steps == 50
+    # the control itself is unchanged
+    for key in ("clip_ratio_low", "clip_ratio_high", "loss_agg_mode", "kl_loss_coef", "kl_loss_type", "entropy_coeff"):
+        assert actor[key] == control.actor_rollout_ref.actor[key]
+    for key in ("n", "temperature", "top_p", "top_k"):
+        assert released.actor_rollout_ref.rollout[key] == control.actor_rollout_ref.rollout[key]
+    assert released.reward == control.reward and released.data.max_prompt_length == 1024
