@@ -205,6 +205,11 @@ class RayOPSDTrainer(RayPPOTrainer):
                 metrics, timing_raw = {}, {}
                 is_last_step = self.global_steps >= self.total_training_steps
                 batch = DataProto.from_single_dict(batch_dict)
+                indices = [float(info.get("index", -1)) for info in batch.non_tensor_batch["extra_info"]]
+                data_fingerprint = {
+                    "training/data_index_sum": sum(indices),
+                    "training/data_index_sqsum": sum(i * i for i in indices),
+                }
                 batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
                 batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
                 gen_batch = self._get_gen_batch(batch)
@@ -250,8 +255,9 @@ class RayOPSDTrainer(RayPPOTrainer):
                 metrics.update(self._rollout_metrics(batch))
                 metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
                 metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
-                if self.config.trainer.get("log_param_checksums", False):
+                if self.config.trainer.get("log_fingerprints", False):
                     metrics.update(self._param_checksum_metrics())
+                    metrics.update(data_fingerprint)
                 if self.monitor is not None:
                     metrics.update(self.monitor.update(metrics, step=self.global_steps))
                 logger.log(data=metrics, step=self.global_steps)
