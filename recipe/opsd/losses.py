@@ -182,7 +182,7 @@ class _Workspace:
 
 
 def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bool, ws: _Workspace, owned: bool = False):
-    """Per-row values [rows] and, if asked, d value / d s_raw [rows, V] (analytic).
+    """Per-row values [rows] or, if ``want_grad``, (values or None, d value / d s_raw [rows, V]).
 
     Works on raw logits of one chunk; everything inside is in ``cdt``. ``owned`` means
     the raw logits are scratch buffers of the caller that may be overwritten. The
@@ -203,13 +203,14 @@ def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bo
     logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt, out=buf("lt"),
                        scratch=t_raw if owned and t_raw.dtype == cdt else buf("a"))
     del s_raw, t_raw
-    d = entry_terms(logp_s, logp_t, beta=o.beta, out=buf("d"), scratch=buf("a"), scratch2=buf("b"))
-    over = None
-    if o.clip_tau is not None:
-        if want_grad:  # min(d, tau) passes gradient where d <= tau (as torch.clamp does)
-            over = torch.gt(d, o.clip_tau, out=buf("over", torch.bool))
-        d.clamp_(max=o.clip_tau)
-    values = d.sum(-1)
+    values, over = None, None
+    if not want_grad or o.clip_tau is not None:  # backward needs the terms only for the clip mask
+        d = entry_terms(logp_s, logp_t, beta=o.beta, out=buf("d"), scratch=buf("a"), scratch2=buf("b"))
+        if o.clip_tau is not None:
+            if want_grad:  # min(d, tau) passes gradient where d <= tau (as torch.clamp does)
+                over = torch.gt(d, o.clip_tau, out=buf("over", torch.bool))
+            d.clamp_(max=o.clip_tau)
+        values = d.sum(-1)
     if not want_grad:
         return values, None
     g = _entry_grad(logp_s, logp_t, beta=o.beta, out=buf("d"), scratch=buf("a"), scratch2=buf("b"))
