@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-MODES = ("think", "no_think")
+# None = the model's native (only) mode: the prompt is rendered without the enable_thinking switch
+MODES = ("think", "no_think", None)
 VARIANTS = ("opsd", "purified", "beta_opsd")
 
 
@@ -36,6 +37,11 @@ class OPSDLossConfig:
     positions: loss positions, ``all | first:N | uniform:N | final:N | he:Q | le:Q | advt:K``.
     chunk_size: tokens per chunk of the fused lm_head + divergence (memory O(chunk_size x V)).
     variant: ``opsd`` (the paper's target) or a follow-up variant (``purified``, ``beta_opsd``).
+        ``beta_opsd`` has its own target: ``beta`` and ``clip_tau`` do not enter its loss (they still
+        set the clip diagnostics). Neither variant supports ``topk``.
+    variant_params: the variant's parameters (``recipe.opsd.variants.variant_params``): empty for
+        ``opsd``; ``pmi_strength`` / ``pmi_clip`` for ``purified``; ``teacher_weight_start`` /
+        ``teacher_weight_end`` / ``discount`` for ``beta_opsd`` (missing keys take the paper's values).
     """
 
     beta: float = 0.0
@@ -46,6 +52,7 @@ class OPSDLossConfig:
     positions: str = "all"
     chunk_size: int = 1024
     variant: str = "opsd"
+    variant_params: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not 0.0 <= float(self.beta) <= 1.0:
@@ -65,6 +72,20 @@ class OPSDLossConfig:
             raise ValueError(f"opsd.loss.chunk_size must be an integer >= 1, got {self.chunk_size!r}")
         if self.variant not in VARIANTS:
             raise ValueError(f"opsd.loss.variant must be one of {list(VARIANTS)}, got {self.variant!r}")
+        if self.variant_params is not None and not isinstance(self.variant_params, Mapping):
+            raise ValueError(f"opsd.loss.variant_params must be a mapping, got {self.variant_params!r}")
+        self.variant_params = dict(self.variant_params or {})
+        from recipe.opsd.variants import variant_params
+
+        try:
+            variant_params(self.variant, self.variant_params)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"opsd.loss.variant_params (variant {self.variant!r}): {err}") from None
+        if self.variant != "opsd" and self.topk is not None:
+            raise ValueError(
+                f"opsd.loss.topk must be null with opsd.loss.variant={self.variant!r} (the variant's target is "
+                f"full-vocabulary), got {self.topk!r}"
+            )
         from recipe.opsd.positions import parse_position_spec
 
         try:
@@ -77,9 +98,23 @@ class OPSDLossConfig:
         return float(self.student_temperature if self.teacher_temperature is None else self.teacher_temperature)
 
     @property
+    def params(self):
+        """The validated variant parameters (``PurifiedParams`` / ``BetaOPSDParams``; None for opsd)."""
+        from recipe.opsd.variants import variant_params
+
+        return variant_params(self.variant, self.variant_params)
+
+    @property
+    def position_kind(self) -> str:
+        """``all | first | uniform | final | he | le | advt``."""
+        from recipe.opsd.positions import parse_position_spec
+
+        return parse_position_spec(str(self.positions)).kind
+
+    @property
     def needs_signals_for_positions(self) -> bool:
         """True when the position spec ranks tokens by entropy (he/le) or by teacher rank (advt)."""
-        return str(self.positions).split(":")[0] in ("he", "le", "advt")
+        return self.position_kind in ("he", "le", "advt")
 
 
 @dataclass
@@ -87,8 +122,10 @@ class OPSDConfig:
     """The ``opsd:`` block.
 
     teacher_context: which privileged context the teacher sees (recipe.common.prompts.TEACHER_CONTEXTS).
-    student_mode / teacher_mode: chat-template reasoning mode of each side (``think`` | ``no_think``);
-        the student's mode also sets ``data.apply_chat_template_kwargs.enable_thinking``.
+    student_mode / teacher_mode: chat-template reasoning mode of each side (``think`` | ``no_think``
+        | None); the student's mode also sets ``data.apply_chat_template_kwargs.enable_thinking``.
+        None = the model's native (only) mode: the template is rendered without the
+        ``enable_thinking`` switch (single-mode models: OLMo-3, DeepSeek-R1-Distill, ...).
     teacher_max_prompt_length: cap on the rendered teacher prompt in tokens (the paper: 1,024;
         8,192 for the CoT + solution context). A longer teacher prompt is an error, never truncated.
     """
@@ -109,14 +146,23 @@ class OPSDConfig:
         for name in ("student_mode", "teacher_mode"):
             if getattr(self, name) not in MODES:
                 raise ValueError(f"opsd.{name} must be one of {list(MODES)}, got {getattr(self, name)!r}")
+        if self.loss.variant == "purified":
+            from recipe.common.prompts import REFERENCE_CONTEXTS
+
+            if self.teacher_context not in REFERENCE_CONTEXTS:
+                raise ValueError(
+                    f"opsd.teacher_context must be one of {list(REFERENCE_CONTEXTS)} with opsd.loss.variant=purified "
+                    f"(its reference-only teacher needs a reference), got {self.teacher_context!r}"
+                )
         tmax = self.teacher_max_prompt_length
         if isinstance(tmax, bool) or int(tmax) != tmax or tmax < 1:
             raise ValueError(f"opsd.teacher_max_prompt_length must be an integer >= 1, got {tmax!r}")
         self.monitor = dict(self.monitor or {})
 
     @property
-    def student_enable_thinking(self) -> bool:
-        return self.student_mode == "think"
+    def student_enable_thinking(self) -> bool | None:
+        """``enable_thinking`` of the student's template; None = do not pass the switch (native mode)."""
+        return None if self.student_mode is None else self.student_mode == "think"
 
     @classmethod
     def from_hydra(cls, opsd_cfg: Any) -> "OPSDConfig":

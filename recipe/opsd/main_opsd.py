@@ -40,14 +40,18 @@ def prepare_config(config) -> OPSDConfig:
             f"actor_rollout_ref.ref.strategy must be fsdp2 for OPSD (it holds the teacher), "
             f"got {config.actor_rollout_ref.ref.strategy!r}"
         )
-    kwargs = config.data.get("apply_chat_template_kwargs") or {}
-    if "enable_thinking" in kwargs and bool(kwargs["enable_thinking"]) != opsd.student_enable_thinking:
+    kwargs = dict(config.data.get("apply_chat_template_kwargs") or {})
+    enable_thinking = opsd.student_enable_thinking
+    if "enable_thinking" in kwargs and (enable_thinking is None or bool(kwargs["enable_thinking"]) != enable_thinking):
         raise ValueError(
             f"data.apply_chat_template_kwargs.enable_thinking={kwargs['enable_thinking']} contradicts "
-            f"opsd.student_mode={opsd.student_mode!r}; set only opsd.student_mode"
+            f"opsd.student_mode={opsd.student_mode!r} (null = the template's native mode, no switch); "
+            "set only opsd.student_mode"
         )
+    if enable_thinking is not None:
+        kwargs["enable_thinking"] = enable_thinking
     with open_dict(config):
-        config.data.apply_chat_template_kwargs = dict(kwargs) | {"enable_thinking": opsd.student_enable_thinking}
+        config.data.apply_chat_template_kwargs = kwargs
     if config.actor_rollout_ref.rollout.get("temperature") != opsd.loss.student_temperature:
         print(
             f"[opsd] note: rollout temperature {config.actor_rollout_ref.rollout.temperature} != "

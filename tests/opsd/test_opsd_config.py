@@ -34,7 +34,9 @@ def test_composes_with_the_paper_defaults():
     opsd = OPSDConfig.from_hydra(cfg.opsd)
     assert (opsd.teacher_context, opsd.student_mode, opsd.teacher_mode) == ("full_solution", "think", "think")
     assert opsd.loss == OPSDLossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=None,
-                                       topk=None, positions="all", chunk_size=1024, variant="opsd")
+                                       topk=None, positions="all", chunk_size=1024, variant="opsd",
+                                       variant_params={})
+    assert opsd.loss.params is None
     assert opsd.loss.effective_teacher_temperature == 1.1
 
 
@@ -63,6 +65,9 @@ def test_student_mode_sets_enable_thinking_and_cannot_disagree():
         ("opsd.loss.variant=ppo", "opsd.loss.variant"),
         ("opsd.teacher_max_prompt_length=0", "opsd.teacher_max_prompt_length"),
         ("+opsd.loss.clip=0.1", "opsd.loss.clip"),
+        ("opsd.loss.positions=he:1.5", "opsd.loss.positions"),
+        ("opsd.loss.positions=advt:0", "opsd.loss.positions"),
+        ("+opsd.loss.variant_params.pmi_strength=1", "opsd.loss.variant_params"),
     ],
 )
 def test_bad_options_fail_naming_the_field(override, field):
@@ -95,6 +100,54 @@ def test_every_opsd_field_is_commented_in_the_yaml():
     lines = (Path(CONFIG_DIR) / "opsd_trainer.yaml").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("opsd:"))
     fields = [(prev, line) for prev, line in zip(lines[start:], lines[start + 1:]) if not line.strip().startswith("#")]
-    assert len(fields) == 15
+    assert len(fields) == 16
     for prev, line in fields:
         assert prev.strip().startswith("#"), f"no comment above {line!r}"
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (["opsd.loss.variant=purified", "+opsd.loss.variant_params.pmi_clip=-1"], "opsd.loss.variant_params.pmi_clip"),
+        (["opsd.loss.variant=purified", "+opsd.loss.variant_params.pmi_strength=0"], "opsd.loss.variant_params.pmi_strength"),
+        (["opsd.loss.variant=purified", "+opsd.loss.variant_params.strength=1"], "opsd.loss.variant_params"),
+        (["opsd.loss.variant=beta_opsd", "+opsd.loss.variant_params.teacher_weight_end=1.2"],
+         "opsd.loss.variant_params.teacher_weight_end"),
+        (["opsd.loss.variant=beta_opsd", "+opsd.loss.variant_params.discount=1.5"], "opsd.loss.variant_params.discount"),
+        (["opsd.loss.variant=beta_opsd", "+opsd.loss.variant_params.pmi_clip=10"], "opsd.loss.variant_params"),
+        (["opsd.loss.variant=purified", "opsd.teacher_context=unrelated"], "opsd.teacher_context"),
+        (["opsd.loss.variant=purified", "opsd.loss.topk=4"], "opsd.loss.topk"),
+    ],
+)
+def test_bad_variant_options_fail_naming_the_field(overrides, field):
+    cfg = _compose(overrides)
+    with pytest.raises(ValueError) as err:
+        prepare_config(cfg)
+    assert field in str(err.value)
+
+
+def test_variant_params_are_validated_and_default_to_the_paper():
+    from recipe.opsd.variants import BetaOPSDParams, PurifiedParams
+
+    loss = OPSDLossConfig(variant="beta_opsd", variant_params={"discount": 0.9})
+    assert loss.params == BetaOPSDParams(teacher_weight_start=0.5, teacher_weight_end=0.8, discount=0.9)
+    assert OPSDLossConfig(variant="purified").params == PurifiedParams(pmi_strength=1.0, pmi_clip=10.0)
+    with pytest.raises(ValueError, match="opsd.loss.variant_params"):
+        OPSDLossConfig(variant="purified", variant_params=[1.0])
+
+
+def test_null_modes_render_without_the_switch():
+    cfg = _compose(["opsd.student_mode=null", "opsd.teacher_mode=null"])
+    opsd = prepare_config(cfg)
+    assert (opsd.student_mode, opsd.teacher_mode, opsd.student_enable_thinking) == (None, None, None)
+    assert "enable_thinking" not in cfg.data.apply_chat_template_kwargs
+    cfg = _compose(["opsd.student_mode=null", "+data.apply_chat_template_kwargs.enable_thinking=true"])
+    with pytest.raises(ValueError, match="opsd.student_mode"):
+        prepare_config(cfg)
+    # a hybrid mode next to a null one is allowed (e.g. a native student, a switched teacher)
+    assert OPSDConfig(student_mode="no_think", teacher_mode=None).student_enable_thinking is False
+
+
+def test_position_kinds():
+    assert [OPSDLossConfig(positions=p).position_kind for p in ("all", "he:0.2", "le:0.8", "advt:4", "uniform:256")] == [
+        "all", "he", "le", "advt", "uniform"]

@@ -8,7 +8,6 @@ Model presets are checked against the paper's tab:training_batch_config written 
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from recipe.common.decoding_presets import PRESETS
-from recipe.opsd.config import MODES, OPSDConfig, OPSDLossConfig
+from recipe.opsd.config import OPSDConfig
 from recipe.opsd.variants import variant_params
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "opsd" / "config"
@@ -37,7 +36,8 @@ STUDENT_TEMP = {
 }
 MODE_KEYS = {"opsd.student_mode", "opsd.teacher_mode", "sweep.eval_mode"}
 
-# preset -> exactly the keys it changes against the default (sweep.label excluded).
+# preset -> exactly the keys it changes against the default (sweep.label excluded). The variant presets
+# fill the default's empty opsd.loss.variant_params mapping, so that (empty) key changes too.
 EXPECTED = {
     "default": set(),
     "mode_th_th_th": {"sweep.eval_mode"},
@@ -90,14 +90,16 @@ EXPECTED = {
     "purified_answer": REPLICATION | {
         "opsd.teacher_context", "opsd.loss.variant", "opsd.loss.beta", "opsd.loss.clip_tau",
         "opsd.loss.variant_params.pmi_strength", "opsd.loss.variant_params.pmi_clip",
+        "opsd.loss.variant_params",
     },
     "purified_solution": REPLICATION | {
         "opsd.loss.variant", "opsd.loss.beta", "opsd.loss.clip_tau",
         "opsd.loss.variant_params.pmi_strength", "opsd.loss.variant_params.pmi_clip",
+        "opsd.loss.variant_params",
     },
     "beta_opsd": REPLICATION | {
         "opsd.loss.variant", "opsd.loss.variant_params.teacher_weight_start",
-        "opsd.loss.variant_params.teacher_weight_end", "opsd.loss.variant_params.discount",
+        "opsd.loss.variant_params.teacher_weight_end", "opsd.loss.variant_params.discount", "opsd.loss.variant_params",
     },
 }
 
@@ -199,9 +201,8 @@ def test_experiment_opsd_block_validates(name, hydra_dir):
     cfg = _compose(f"+experiment={name}")
     loss = OmegaConf.to_container(cfg.opsd.loss, resolve=True)
     variant_params(loss["variant"], loss.get("variant_params"))
-    if "variant_params" in loss and "variant_params" not in {f.name for f in dataclasses.fields(OPSDLossConfig)}:
-        pytest.xfail("recipe.opsd.config.OPSDLossConfig has no `variant_params` field yet (requested from its owner)")
-    OPSDConfig.from_hydra(cfg.opsd)
+    opsd = OPSDConfig.from_hydra(cfg.opsd)
+    assert opsd.loss.params == variant_params(loss["variant"], loss.get("variant_params"))
 
 
 @pytest.mark.parametrize("name", _names("model"))
@@ -234,9 +235,8 @@ def test_model_preset_matches_paper_tables(name, hydra_dir):
     hybrid = set(preset.native_modes) == {"think", "no_think"}
     modes = (cfg.opsd.student_mode, cfg.opsd.teacher_mode)
     assert modes == (("think", "think") if hybrid else (None, None))
-    if not hybrid and None not in MODES:
-        pytest.xfail("recipe.opsd.config accepts only think|no_think modes; single-mode models need null (requested)")
-    OPSDConfig.from_hydra(cfg.opsd)
+    opsd = OPSDConfig.from_hydra(cfg.opsd)
+    assert opsd.student_enable_thinking == (True if hybrid else None)
 
 
 @pytest.mark.parametrize("model", ["qwen3_1p7b", "qwen3_8b", "falcon_h1r_7b"])
