@@ -12,15 +12,21 @@
 #   OPSD_DEVICE   cpu | gpu (default: gpu if nvidia-smi sees a GPU, else cpu)
 #   MODEL_PATH    student = teacher initial checkpoint (CPU default: a tiny Qwen3 built locally)
 #   TRAIN_FILES / VAL_FILES  verl parquet files (CPU default: toy addition problems)
-#   CKPT_DIR      checkpoint directory (default: $OPSD_CACHE/checkpoints/<experiment>)
-#   OPSD_CACHE    where the CPU defaults are built (default: ~/.cache/opsd-verl)
+#   CKPT_DIR      checkpoints + logs (default: $CACHE_DIR/checkpoints/<experiment>)
+#   CACHE_DIR     where the CPU defaults are built (default: $OPSD_CACHE or ~/.cache/opsd-verl)
+#   STEPS         CPU only: training steps (default 4; a checkpoint every 2 steps and at the last)
+#   CPU_NUM_RANKS CPU only: FSDP ranks over gloo (default 1; recipe/common/cpu_env.sh)
+#   NGPUS, NNODES GPU only: GPUs per node (default: all nvidia-smi lists) and nodes (default 1)
 #   ROLLOUT_NAME  GPU rollout engine: vllm (default) | sglang
 #   PYTHON        python interpreter (default: python)
+# Logs: per-step metrics (opsd/*, timing_s/*) in $CKPT_DIR/metrics.jsonl (verl's file logger; a
+# resumed launch writes metrics.1.jsonl, ...; VERL_FILE_LOGGER_PATH overrides); one line per launch (wall time, devices, exit code) in
+# $CKPT_DIR/run_times.jsonl (recipe/common/run_log.sh).
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PYTHON="${PYTHON:-python}"
-OPSD_CACHE="${OPSD_CACHE:-${HOME}/.cache/opsd-verl}"
+OPSD_CACHE="${CACHE_DIR:-${OPSD_CACHE:-${HOME}/.cache/opsd-verl}}"
 EXPERIMENT_NAME="${EXPERIMENT_NAME:-opsd_default}"
 
 if [[ -z "${OPSD_DEVICE:-}" ]]; then
@@ -30,7 +36,7 @@ fi
 # ---- CPU demo defaults (a tiny random Qwen3 and toy addition data; replace to change the demo) ----
 CPU_DEFAULT_MODEL_DIR="${OPSD_CACHE}/tiny_qwen3"
 CPU_DEFAULT_DATA_DIR="${OPSD_CACHE}/tiny_data"
-CPU_DEFAULT_STEPS=4
+CPU_DEFAULT_STEPS="${STEPS:-4}"
 CPU_DEFAULT_SAVE_FREQ=2
 CPU_DEFAULT_BATCH_SIZE=4
 CPU_DEFAULT_MICRO_BATCH=2
@@ -64,6 +70,7 @@ if [[ "${OPSD_DEVICE}" == "cpu" ]]; then
         trainer.total_training_steps="${CPU_DEFAULT_STEPS}"
         trainer.save_freq="${CPU_DEFAULT_SAVE_FREQ}"
     )
+    N_DEVICES="${CPU_NUM_RANKS}"
 else
     : "${MODEL_PATH:?set MODEL_PATH (HF checkpoint of the student = initial teacher)}"
     : "${TRAIN_FILES:?set TRAIN_FILES (verl parquet, see docs/ARCHITECTURE.md)}"
@@ -75,12 +82,18 @@ else
         trainer.n_gpus_per_node="${NGPUS}"
         trainer.nnodes="${NNODES:-1}"
     )
+    N_DEVICES=$((NGPUS * ${NNODES:-1}))
 fi
 
 CKPT_DIR="${CKPT_DIR:-${OPSD_CACHE}/checkpoints/${EXPERIMENT_NAME}}"
+mkdir -p "${CKPT_DIR}"
+# shellcheck source=../common/run_log.sh
+source "${REPO_DIR}/recipe/common/run_log.sh"
+# verl's file logger truncates its file: a resumed launch logs to metrics.1.jsonl, ... instead.
+export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$(next_free_path "${CKPT_DIR}/metrics" jsonl)}"
 echo "[run_opsd] device=${OPSD_DEVICE} model=${MODEL_PATH} train=${TRAIN_FILES} checkpoints=${CKPT_DIR}"
 cd "${REPO_DIR}"
-exec "${PYTHON}" -m recipe.opsd.main_opsd \
+timed_launch opsd "${OPSD_DEVICE}" "${N_DEVICES}" "${CKPT_DIR}" "${PYTHON}" -m recipe.opsd.main_opsd \
     actor_rollout_ref.model.path="${MODEL_PATH}" \
     data.train_files="${TRAIN_FILES}" \
     data.val_files="${VAL_FILES}" \
@@ -88,5 +101,6 @@ exec "${PYTHON}" -m recipe.opsd.main_opsd \
     trainer.experiment_name="${EXPERIMENT_NAME}" \
     reward.custom_reward_function.path="${REPO_DIR}/recipe/common/reward.py" \
     reward.custom_reward_function.name=compute_score \
+    'trainer.logger=[console,file]' \
     "${OVERRIDES[@]}" \
     "$@"

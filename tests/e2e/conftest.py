@@ -8,6 +8,12 @@
   subprocess with ``recipe/common/cpu_env.sh`` sourced and its ``CPU_OVERRIDES`` appended
   (for ``python -m``), a file logger writing the metrics jsonl, and a timeout. Returns a
   ``VerlRun`` with the return code, the combined log and the metrics parsed per step.
+- ``fsdp_state_dict``: ``load(actor_dir) -> {name: float32 tensor}``, the full weights of an
+  FSDP2 checkpoint of any world size (shards concatenated along dim 0).
+- ``check_rollout_weights``: ``check(weights_log, ckpt_dir, *, expected_steps, initial=None)``
+  asserts that after each weight push the rollout server served exactly the trainer's
+  weights: the sha256 of every served tensor (``OPSD_HF_ROLLOUT_WEIGHTS_LOG``) against the
+  FSDP checkpoint of that step (and, for step 0, against ``initial``).
 
 Example::
 
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPU_ENV = REPO_ROOT / "recipe" / "common" / "cpu_env.sh"
@@ -64,6 +71,74 @@ def read_metrics_jsonl(path: Path) -> dict[int, dict]:
     return metrics
 
 
+def load_fsdp_state_dict(actor_dir: Path) -> dict[str, torch.Tensor]:
+    """Full float32 tensors of an FSDP2 checkpoint (``model_world_size_W_rank_r.pt``, any W).
+
+    FSDP2 shards every parameter on dim 0 (``torch.chunk`` sizes, no padding in the saved local
+    tensors), so the full tensor is the rank-ordered concatenation of the local shards.
+    """
+    actor_dir = Path(actor_dir)
+    files = sorted(actor_dir.glob("model_world_size_*_rank_*.pt"))
+    if not files:
+        raise FileNotFoundError(f"no model_world_size_*_rank_*.pt in {actor_dir}")
+    world_size = int(files[0].name.split("_")[3])
+    shards = [
+        torch.load(actor_dir / f"model_world_size_{world_size}_rank_{rank}.pt", map_location="cpu", weights_only=False)
+        for rank in range(world_size)
+    ]
+    local = [{name: getattr(t, "_local_tensor", t) for name, t in shard.items()} for shard in shards]
+    return {name: torch.cat([part[name] for part in local], dim=0) for name in local[0]}
+
+
+def assert_rollout_served_checkpoints(
+    weights_log: Path, ckpt_dir: Path, *, expected_steps: list[int], initial: dict[str, torch.Tensor] | None = None
+) -> dict[int, dict[int, dict[str, str]]]:
+    """Every replica loaded weights at ``expected_steps`` (in order) and served, at each step that
+    has a checkpoint ``ckpt_dir/global_step_<s>/actor``, bit-identical tensors (step 0: ``initial``).
+
+    Returns ``{replica: {step: {name: sha256}}}`` for further checks.
+    """
+    from recipe.common.cpu_rollout import weights_fingerprint
+
+    records = [json.loads(line) for line in Path(weights_log).read_text().splitlines() if line.strip()]
+    steps_seen: dict[int, list[int]] = {}
+    served: dict[int, dict[int, dict[str, str]]] = {}
+    for record in records:
+        steps_seen.setdefault(record["replica"], []).append(record["global_steps"])
+        served.setdefault(record["replica"], {})[record["global_steps"]] = record["sha256"]
+    for replica, steps in steps_seen.items():
+        assert steps == expected_steps, f"replica {replica} loaded weights at steps {steps}, expected {expected_steps}"
+    checked = 0
+    for step in expected_steps:
+        actor_dir = Path(ckpt_dir) / f"global_step_{step}" / "actor"
+        if step == 0 and initial is not None:
+            trainer = weights_fingerprint(initial)
+        elif actor_dir.is_dir():
+            trainer = weights_fingerprint(load_fsdp_state_dict(actor_dir))
+        else:
+            continue
+        for replica, by_step in served.items():
+            assert by_step[step].keys() == trainer.keys(), (replica, step)
+            mismatched = [name for name in trainer if by_step[step][name] != trainer[name]]
+            assert not mismatched, f"step {step}: replica {replica} serves weights != the trainer's: {mismatched[:5]}"
+            checked += 1
+    assert checked > 0, f"no checkpoint of steps {expected_steps} under {ckpt_dir} to compare with"
+    return served
+
+
+@pytest.fixture(scope="session")
+def fsdp_state_dict():
+    """``load(actor_dir) -> {name: tensor}``: full weights of an FSDP2 checkpoint (any world size)."""
+    return load_fsdp_state_dict
+
+
+@pytest.fixture(scope="session")
+def check_rollout_weights():
+    """``check(weights_log, ckpt_dir, *, expected_steps, initial=None)``: the rollout served the
+    trainer's exact weights after every push (see ``assert_rollout_served_checkpoints``)."""
+    return assert_rollout_served_checkpoints
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from recipe.common.tiny_model import build_tiny_model
@@ -79,7 +154,7 @@ def tiny_data(tmp_path_factory) -> dict[str, Path]:
     return {"train": train, "val": val}
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def run_cpu_verl():
     """``run(target, args, *, workdir, env=None, timeout=240, script=False) -> VerlRun``.
 

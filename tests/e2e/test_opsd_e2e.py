@@ -1,0 +1,270 @@
+"""OPSD end to end on the CPU through ``bash recipe/opsd/run_opsd.sh`` (the product path), tiny model.
+
+Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot,
+the fused loss in the actor, checkpoints and resume. Four runs (about 5 minutes on 2 cores):
+
+- 2 FSDP ranks, 2 steps: every logged metric is there and finite; the teacher's float64
+  parameter checksum equals the initial model's at every step while the actor's moves; after
+  every step both rollout replicas serve bit-identical trainer weights (server sha256 log vs the
+  FSDP checkpoint of that step); the data order is verl's seeded sampler order.
+- 1 rank, 2 steps then the same command with 3 steps: the rerun resumes from the step-2
+  checkpoint (no step repeated), its rollout serves the resumed weights, and step 3 trains on the
+  batch an uninterrupted run would see.
+- LoRA, 2 steps: the teacher is the base model with the adapter disabled (step 1 equals the
+  full-parameter run's step 1; the checkpoint's base weights are the initial ones).
+- bad ``opsd.*`` values fail before Ray starts with a message naming the field.
+"""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from recipe.common.cpu_rollout import WEIGHTS_LOG_ENV
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = "recipe/opsd/run_opsd.sh"
+
+# What the paper's diagnostics and the compute tables read, per step.
+LOGGED = (
+    "opsd/loss", "opsd/fwd_kl", "opsd/clip_frac", "opsd/clipped_teacher_mass", "opsd/student_entropy",
+    "opsd/teacher_entropy", "opsd/top1_agree", "opsd/enc_frac", "opsd/disc_frac", "opsd/loss_tokens",
+    "actor/grad_norm", "actor/loss", "actor/lr", "response_length/mean", "opsd/rollout_boxed_rate",
+    "timing_s/step", "timing_s/gen", "timing_s/teacher", "timing_s/update_actor", "timing_s/update_weights",
+    "timing_s/save_checkpoint", "training/global_step",
+    "opsd/actor_param_checksum", "opsd/teacher_param_checksum", "training/data_index_sum",
+)
+BATCH_SIZE = 4  # run_opsd.sh CPU default (data.train_batch_size)
+DATA_SEED = 42  # data.seed of config/opsd_trainer.yaml
+
+
+def _env(tiny_model_dir, tiny_data, ckpt_dir, weights_log, **extra):
+    return {
+        "OPSD_DEVICE": "cpu",
+        "MODEL_PATH": str(tiny_model_dir),
+        "TRAIN_FILES": str(tiny_data["train"]),
+        "VAL_FILES": str(tiny_data["val"]),
+        "CKPT_DIR": str(ckpt_dir),
+        WEIGHTS_LOG_ENV: str(weights_log),
+        **extra,
+    }
+
+
+def _initial_state_dict(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+
+
+def _float64_sums(model_dir):
+    """(sum, sum of squares) over the initial model's parameters, as the trainer's checksum does."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    params = [p.detach().double() for p in model.parameters()]
+    return float(sum(p.sum() for p in params)), float(sum((p * p).sum() for p in params))
+
+
+def _expected_index_sums(train_file, *, steps):
+    """(sum, sum of squares) of extra_info.index per step of an uninterrupted run: verl's train
+    sampler is torchdata's RandomSampler over the rows with a generator seeded data.seed
+    (verl.trainer.ppo.utils.create_rl_sampler); batches are consecutive slices of its order."""
+    from torchdata.stateful_dataloader.sampler import RandomSampler
+
+    frame = pd.read_parquet(train_file)
+    indices = [int(info["index"]) for info in frame["extra_info"]]
+    generator = torch.Generator()
+    generator.manual_seed(DATA_SEED)
+    order = [indices[i] for i in RandomSampler(data_source=range(len(frame)), generator=generator)]
+    batches = [order[i * BATCH_SIZE:(i + 1) * BATCH_SIZE] for i in range(steps)]
+    return [(float(sum(b)), float(sum(x * x for x in b))) for b in batches]
+
+
+def _check_step_metrics(metrics, *, step, vocab_size):
+    missing = [key for key in LOGGED if key not in metrics]
+    assert not missing, f"step {step} misses {missing}"
+    assert all(math.isfinite(metrics[key]) for key in LOGGED), {k: metrics[k] for k in LOGGED}
+    assert metrics["training/global_step"] == step
+    # positions=all: the loss is the per-entry clipped forward KL, never above the unclipped one
+    assert 0.0 <= metrics["opsd/fwd_kl"] and metrics["opsd/loss"] <= metrics["opsd/fwd_kl"] + 1e-6
+    assert metrics["opsd/loss"] == pytest.approx(metrics["actor/loss"], rel=1e-5, abs=1e-8)
+    assert metrics["opsd/loss_tokens"] > 0 and 0.0 <= metrics["opsd/clip_frac"] <= 1.0
+    for key in ("opsd/student_entropy", "opsd/teacher_entropy"):
+        assert 0.0 < metrics[key] <= math.log(vocab_size) + 1e-6, key
+    assert 0.0 <= metrics["opsd/top1_agree"] <= 1.0
+    assert metrics["opsd/enc_frac"] >= 0 and metrics["opsd/disc_frac"] >= 0
+    assert metrics["opsd/enc_frac"] + metrics["opsd/disc_frac"] <= 1.0 + 1e-6
+    assert metrics["actor/grad_norm"] > 0
+    assert 1 <= metrics["response_length/mean"] <= 32 and 0.0 <= metrics["opsd/rollout_boxed_rate"] <= 1.0
+    assert metrics["timing_s/step"] > metrics["timing_s/gen"] > 0
+    assert metrics["timing_s/teacher"] > 0 and metrics["timing_s/update_actor"] > 0
+
+
+def _vocab_size(model_dir):
+    return json.loads((model_dir / "config.json").read_text())["vocab_size"]
+
+
+def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data, tmp_path):
+    ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
+    run = run_cpu_verl(
+        SCRIPT,
+        ["trainer.log_fingerprints=true", "trainer.save_freq=1"],
+        workdir=tmp_path,
+        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2"),
+        script=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.tail()
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    for step in (1, 2):
+        _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
+
+    # The teacher is the frozen initial model at every step; the actor moves at every step.
+    initial_sum, initial_sqsum = _float64_sums(tiny_model_dir)
+    first, second = run.metrics[1], run.metrics[2]
+    for m in (first, second):
+        assert m["opsd/teacher_param_checksum"] == pytest.approx(initial_sum, rel=1e-12)
+        assert m["opsd/teacher_param_sqsum"] == pytest.approx(initial_sqsum, rel=1e-12)
+    assert first["opsd/teacher_param_checksum"] == second["opsd/teacher_param_checksum"]
+    assert first["opsd/teacher_param_sqsum"] == second["opsd/teacher_param_sqsum"]
+    assert first["opsd/actor_param_sqsum"] != pytest.approx(initial_sqsum, rel=1e-9)
+    assert second["opsd/actor_param_sqsum"] != pytest.approx(first["opsd/actor_param_sqsum"], rel=1e-9)
+
+    # After start-up (step 0) and after every step, each of the 2 replicas serves the trainer's weights.
+    served = check_rollout_weights(
+        weights_log, ckpt, expected_steps=[0, 1, 2], initial=_initial_state_dict(tiny_model_dir)
+    )
+    assert sorted(served) == [0, 1]
+    assert sum(served[0][0][n] != served[0][2][n] for n in served[0][0]) >= len(served[0][0]) // 2
+
+    # Data order: verl's seeded sampler (also the reference of the resume test).
+    expected = _expected_index_sums(tiny_data["train"], steps=2)
+    seen = [(run.metrics[s]["training/data_index_sum"], run.metrics[s]["training/data_index_sqsum"]) for s in (1, 2)]
+    assert seen == expected
+
+    launches = [json.loads(line) for line in (ckpt / "run_times.jsonl").read_text().splitlines()]
+    assert [(r["recipe"], r["n_devices"], r["exit_code"]) for r in launches] == [("opsd", 2, 0)]
+    assert launches[0]["wall_time_s"] >= first["timing_s/step"] + second["timing_s/step"]
+
+
+@pytest.fixture(scope="module")
+def one_rank_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path_factory):
+    """1 rank, 2 steps, a checkpoint after every step (the first launch of the resume test and the
+    full-parameter reference of the LoRA test)."""
+    root = tmp_path_factory.mktemp("opsd_one_rank")
+    ckpt, weights_log = root / "ckpt", root / "rollout_weights.jsonl"
+    run = run_cpu_verl(
+        SCRIPT,
+        ["trainer.log_fingerprints=true", "trainer.save_freq=1"],
+        workdir=root / "launch1",
+        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
+        script=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.tail()
+    return run, ckpt, weights_log
+
+
+def test_resume_continues_from_the_last_checkpoint(
+    one_rank_run, run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data
+):
+    first, ckpt, weights_log = one_rank_run
+    assert sorted(first.metrics) == [1, 2], first.tail()
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    # The same command again, with one more step: it must resume at step 3.
+    second = run_cpu_verl(
+        SCRIPT,
+        ["trainer.log_fingerprints=true", "trainer.save_freq=1"],
+        workdir=first.metrics_path.parent.parent / "launch2",
+        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="3"),
+        script=True,
+        timeout=300,
+    )
+    assert second.returncode == 0, second.tail()
+    assert sorted(second.metrics) == [3], "the rerun must continue at step 3 and repeat no step"
+    _check_step_metrics(second.metrics[3], step=3, vocab_size=_vocab_size(tiny_model_dir))
+
+    # Same data order as an uninterrupted run (the dataloader state is restored, not restarted).
+    expected = _expected_index_sums(tiny_data["train"], steps=3)
+    steps = {1: first.metrics[1], 2: first.metrics[2], 3: second.metrics[3]}
+    seen = [(m["training/data_index_sum"], m["training/data_index_sqsum"]) for m in steps.values()]
+    assert seen == expected
+
+    # The resumed trainer starts from the step-2 weights: at start-up the rollout is given exactly
+    # the step-2 checkpoint (not the initial model), then the step-3 weights.
+    check_rollout_weights(
+        weights_log, ckpt, expected_steps=[0, 1, 2, 2, 3], initial=_initial_state_dict(tiny_model_dir)
+    )
+    assert second.metrics[3]["opsd/teacher_param_checksum"] == first.metrics[2]["opsd/teacher_param_checksum"]
+    assert second.metrics[3]["opsd/actor_param_sqsum"] != first.metrics[2]["opsd/actor_param_sqsum"]
+    launches = [json.loads(line) for line in (ckpt / "run_times.jsonl").read_text().splitlines()]
+    assert [(r["recipe"], r["exit_code"]) for r in launches] == [("opsd", 0), ("opsd", 0)]
+
+
+def test_lora_teacher_is_the_base_model(
+    one_rank_run, run_cpu_verl, fsdp_state_dict, tiny_model_dir, tiny_data, tmp_path
+):
+    """LoRA: the student trains adapters (B starts at zero), the teacher is the same model with the
+    adapter disabled. Step 1 (student = base, same seeds, same data) must equal the
+    full-parameter run's step 1; the checkpoint's base weights stay the initial ones."""
+    full, _, _ = one_rank_run
+    ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
+    run = run_cpu_verl(
+        SCRIPT,
+        [
+            "trainer.log_fingerprints=true",
+            "actor_rollout_ref.model.lora_rank=8",
+            "actor_rollout_ref.model.lora_alpha=16",
+            # the HF rollout takes merged weights (no adapter serving)
+            "actor_rollout_ref.model.lora.merge=True",
+        ],
+        workdir=tmp_path,
+        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
+        script=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.tail()
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    lora1, full1 = run.metrics[1], full.metrics[1]
+    assert lora1["training/data_index_sum"] == full1["training/data_index_sum"]
+    assert lora1["response_length/mean"] == full1["response_length/mean"]
+    for key in ("opsd/loss", "opsd/fwd_kl", "opsd/teacher_entropy", "opsd/student_entropy", "opsd/top1_agree"):
+        assert lora1[key] == pytest.approx(full1[key], rel=1e-4, abs=1e-7), key
+    # no second copy of the model: no separate teacher parameters
+    assert "opsd/teacher_param_checksum" not in lora1
+
+    # The base weights (= the teacher) are the initial model's; only adapters trained.
+    state = fsdp_state_dict(ckpt / "global_step_2" / "actor")
+    initial = _initial_state_dict(tiny_model_dir)
+    base = {k: v for k, v in state.items() if "lora_" not in k}
+    lora_b = {k: v for k, v in state.items() if "lora_B" in k}
+    assert lora_b and any(v.abs().max() > 0 for v in lora_b.values())
+    renamed = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in base.items()}
+    assert renamed.keys() == initial.keys(), sorted(renamed.keys() ^ initial.keys())[:5]
+    changed = [k for k, v in renamed.items() if not torch.equal(v, initial[k])]
+    assert not changed, f"base weights moved in LoRA mode: {changed[:5]}"
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("opsd.teacher_context=bogus", "opsd.teacher_context"),
+        ("opsd.loss.beta=2", "opsd.loss.beta"),
+        ("opsd.loss.clip_tau=-1", "opsd.loss.clip_tau"),
+    ],
+)
+def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, override, field):
+    run = run_cpu_verl(
+        SCRIPT,
+        [override],
+        workdir=tmp_path,
+        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl"),
+        script=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert f"{field} must be" in run.log, run.tail()
+    assert "ray init kwargs" not in run.log and "Started a local Ray instance" not in run.log, run.tail()
