@@ -1,0 +1,86 @@
+"""Toy-world files: RL parquet (verl schema), SFT parquet (the SFT mix) and the held-out JSONL.
+
+- ``rl_rows(records)``: verl parquet rows (``data_prep.common.make_row``); the student prompt is
+  ``recipe.common.prompts.student_messages`` and the teacher prompt is built at run time by the
+  OPSD trainer from ``extra_info``.
+- ``sft_rows(records, mix=..., seed=...)``: one SFT conversation per training problem. The user
+  turn is drawn from the SFT mix: the student prompt alone (``problem``), the evaluation prompt
+  alone (``eval``: ``eval_messages``, the prompt the held-out evaluation uses), or a teacher
+  prompt of ``build_prompt_pair`` (``full_solution`` / ``answer_only``), so the student learns
+  to read the privileged context it will later be distilled from. The assistant turn is
+  ``data_prep.sft.sft_messages``'s (the reference solution), rendered without reasoning: in the
+  Qwen3 template an assistant turn with no reasoning carries the empty ``<think>`` block, the
+  same tokens as the no-think generation prompt, so the SFT model answers in no-think mode.
+- ``heldout_jsonl_rows(records)``: ``{id, problem, answer}`` rows for ``recipe.common.evaluation``.
+
+Pure stdlib + the project's prompt builders (no verl import).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+from data_prep.common import make_row
+from data_prep.sft import sft_messages
+from recipe.common.prompts import build_prompt_pair, eval_messages, student_messages
+from recipe.toy.task import DATA_SOURCE
+
+# User-turn kinds of the SFT mix and the prototype's shares (issue 6: 50% problem-only, 35% full
+# solution, 15% answer only); the problem-only half is split between the training and the
+# evaluation wording of the student prompt.
+SFT_KINDS = ("problem", "eval", "full_solution", "answer_only")
+DEFAULT_SFT_MIX = {"problem": 0.25, "eval": 0.25, "full_solution": 0.35, "answer_only": 0.15}
+
+
+def rl_rows(records: Sequence[Mapping]) -> list[dict]:
+    """verl parquet rows (student prompt + extra_info) of toy records."""
+    return [
+        make_row(record, data_source=DATA_SOURCE, split=record["split"], prompt=student_messages(record["problem"]))
+        for record in records
+    ]
+
+
+def check_mix(mix: Mapping[str, float]) -> dict[str, float]:
+    """Validated SFT mix (shares of ``SFT_KINDS`` summing to 1)."""
+    unknown = sorted(set(mix) - set(SFT_KINDS))
+    if unknown:
+        raise ValueError(f"SFT mix: unknown kinds {unknown}; allowed {list(SFT_KINDS)}")
+    if any(share < 0 for share in mix.values()) or abs(sum(mix.values()) - 1.0) > 1e-9:
+        raise ValueError(f"SFT mix: shares must be >= 0 and sum to 1, got {dict(mix)}")
+    return {kind: float(mix.get(kind, 0.0)) for kind in SFT_KINDS}
+
+
+def sft_user_turn(kind: str, record: Mapping) -> list[dict[str, str]]:
+    """The user turn of one SFT conversation of ``kind``."""
+    if kind == "problem":
+        return student_messages(record["problem"])
+    if kind == "eval":
+        return eval_messages(record["problem"])
+    if kind in ("full_solution", "answer_only"):
+        return build_prompt_pair(kind, record)[1]
+    raise ValueError(f"SFT kind {kind!r} is not one of {list(SFT_KINDS)}")
+
+
+def sft_rows(records: Sequence[Mapping], *, mix: Mapping[str, float] = DEFAULT_SFT_MIX, seed: int = 0) -> list[dict]:
+    """One SFT row (``messages`` + ``extra_info`` + ``sft_kind``) per record; kinds drawn with ``seed``."""
+    shares = check_mix(mix)
+    rng = random.Random(seed)
+    kinds, weights = list(shares), list(shares.values())
+    rows = []
+    for record in records:
+        kind = rng.choices(kinds, weights=weights)[0]
+        assistant = sft_messages({**record, "cot": ""}, user_prompt="raw")[1]
+        rows.append(
+            {
+                "messages": sft_user_turn(kind, record) + [{"role": "assistant", "content": assistant["content"]}],
+                "sft_kind": kind,
+                "extra_info": dict(record),
+            }
+        )
+    return rows
+
+
+def heldout_jsonl_rows(records: Sequence[Mapping]) -> list[dict[str, str]]:
+    """Benchmark rows ``{id, problem, answer}`` for ``recipe.common.evaluation``."""
+    return [{"id": record["id"], "problem": record["problem"], "answer": record["answer"]} for record in records]

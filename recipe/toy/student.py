@@ -1,0 +1,227 @@
+"""The toy student: a small Qwen3 model SFT-trained on the toy task by the project's own SFT stage.
+
+``build_student(config)`` is deterministic given ``config`` and cached under
+``${OPSD_CACHE:-~/.cache/opsd-verl}/toy/<config hash>/``:
+
+    data/train.parquet, data/heldout.parquet   verl RL rows (``recipe.toy.data.rl_rows``)
+    data/sft.parquet                           the SFT mix (``recipe.toy.data.sft_rows``)
+    data/heldout.jsonl                         held-out benchmark ``{id, problem, answer}``
+    data/heldout_full_solution.jsonl           the same problems with the reference solution in
+                                               the prompt (see ``context_benchmark_rows``)
+    init/        random Qwen3 + character tokenizer (``recipe.common.tiny_model.build_tiny_model``)
+    sft/         verl SFT checkpoints (``recipe/sft/run_sft.sh`` on CPU) + run_times.jsonl
+    student/     the merged HF student (``scripts/merge_checkpoint.sh``)
+    student_eval/<benchmark>-<decoding>/       ``recipe.common.evaluation`` outputs
+    BUILD.json   the config, its hash and the build's wall times (written last: a build
+                 without it is incomplete and is redone from the first missing piece)
+
+The student answers in no-think mode: the SFT assistant turns carry no reasoning, which the
+Qwen3 template renders as the empty ``<think>`` block, the same tokens as the no-think
+generation prompt. Greedy decoding is sampling with ``top_k=1`` (the evaluation presets
+require a temperature > 0).
+
+CLI: ``python scripts/build_toy_student.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recipe.common.prompts import BOXED_INSTRUCTION, teacher_messages
+from recipe.toy.data import DEFAULT_SFT_MIX, check_mix, heldout_jsonl_rows, rl_rows, sft_rows
+from recipe.toy.task import TaskConfig, make_records
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Bump when the build procedure changes in a way the config does not capture.
+BUILD_VERSION = 1
+STUDENT_MODE = "no_think"
+
+
+@dataclass(frozen=True)
+class StudentConfig:
+    """Everything that determines the toy student (its hash names the cache directory).
+
+    task: the toy task (difficulty, split sizes, seed).
+    num_layers / hidden_size / num_heads / num_kv_heads / intermediate_size: Qwen3 architecture.
+    model_seed: seed of the random initialisation.
+    sft_steps / sft_batch_size / sft_lr: verl SFT run (cosine schedule, 10% warmup: the SFT yaml).
+    sft_mix: shares of the SFT user-turn kinds (``recipe.toy.data.SFT_KINDS``).
+    sft_seed: seed of the SFT mix draw.
+    """
+
+    task: TaskConfig = field(default_factory=lambda: TaskConfig(num_operands=2, digits=2, n_train=3000, n_heldout=256))
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    intermediate_size: int = 512
+    model_seed: int = 0
+    sft_steps: int = 200
+    sft_batch_size: int = 16
+    sft_lr: float = 2e-3
+    sft_mix: tuple[tuple[str, float], ...] = tuple(DEFAULT_SFT_MIX.items())
+    sft_seed: int = 0
+
+    def __post_init__(self):
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
+                     "sft_steps", "sft_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"StudentConfig.{name} must be a positive integer, got {value!r}")
+        if not self.sft_lr > 0:
+            raise ValueError(f"StudentConfig.sft_lr must be > 0, got {self.sft_lr!r}")
+        check_mix(dict(self.sft_mix))
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "sft_mix": dict(self.sft_mix), "build_version": BUILD_VERSION}
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("OPSD_CACHE", Path.home() / ".cache" / "opsd-verl")).expanduser()
+
+
+def student_dir(config: StudentConfig) -> Path:
+    return cache_root() / "toy" / config.digest()
+
+
+def context_benchmark_rows(records, *, context: str = "full_solution") -> list[dict[str, str]]:
+    """Held-out rows whose evaluation prompt is exactly the teacher prompt of ``context``.
+
+    ``eval_messages(x)`` is ``x + "\\n\\n" + BOXED_INSTRUCTION`` and the full-solution teacher
+    message ends with the same paragraph, so ``x`` = the teacher message without it.
+    """
+    rows = []
+    for record in records:
+        content = teacher_messages(context, **{k: record[k] for k in (
+            "problem", "solution", "answer", "cot", "unrelated_problem", "unrelated_solution")})[0]["content"]
+        suffix = "\n\n" + BOXED_INSTRUCTION
+        if not content.endswith(suffix):
+            raise ValueError(f"teacher context {context!r} does not end with the boxed instruction; "
+                             "its prompt cannot be reproduced by the evaluation prompt")
+        rows.append({"id": record["id"], "problem": content[: -len(suffix)], "answer": record["answer"]})
+    return rows
+
+
+def _write_jsonl(path: Path, rows) -> None:
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+def write_data(config: StudentConfig, data_dir: Path) -> dict[str, Path]:
+    """Write the toy data files (idempotent: same config, same bytes); return their paths."""
+    import pandas as pd
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    records = make_records(config.task)
+    paths = {
+        "train": data_dir / "train.parquet",
+        "heldout_parquet": data_dir / "heldout.parquet",
+        "sft": data_dir / "sft.parquet",
+        "heldout": data_dir / "heldout.jsonl",
+        "heldout_full_solution": data_dir / "heldout_full_solution.jsonl",
+    }
+    pd.DataFrame(rl_rows(records["train"])).to_parquet(paths["train"])
+    pd.DataFrame(rl_rows(records["heldout"])).to_parquet(paths["heldout_parquet"])
+    pd.DataFrame(sft_rows(records["train"], mix=dict(config.sft_mix), seed=config.sft_seed)).to_parquet(paths["sft"])
+    _write_jsonl(paths["heldout"], heldout_jsonl_rows(records["heldout"]))
+    _write_jsonl(paths["heldout_full_solution"], context_benchmark_rows(records["heldout"]))
+    return paths
+
+
+def sft_overrides(config: StudentConfig) -> list[str]:
+    """verl SFT overrides of the toy run (appended after run_sft.sh's CPU defaults)."""
+    return [
+        f"data.train_batch_size={config.sft_batch_size}",
+        f"data.micro_batch_size_per_gpu={config.sft_batch_size}",
+        # Longest toy row (full-solution prompt + answer) is ~750 character tokens.
+        "data.max_length=1024",
+        f"data.max_token_len_per_gpu={1024 * config.sft_batch_size}",
+        f"optim.lr={config.sft_lr}",
+        # fp32 compute on CPU (verl's FSDP default is bf16 mixed precision, slow without AMX).
+        "engine.dtype=float32",
+        "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        "model.enable_gradient_checkpointing=False",
+        f"trainer.total_training_steps={config.sft_steps}",
+        f"trainer.save_freq={config.sft_steps}",
+        "trainer.experiment_name=toy_student_sft",
+        f"trainer.seed={config.model_seed}",
+        f"engine.seed={config.model_seed}",
+    ]
+
+
+def _run(command: list[str], *, env: dict | None = None, log: Path) -> None:
+    with open(log, "w") as sink:
+        completed = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    if completed.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{' '.join(command[:3])} ... failed (exit {completed.returncode}); log {log}:\n{tail}")
+
+
+def build_student(config: StudentConfig = StudentConfig(), *, log=print) -> Path:
+    """Build (or reuse) the toy student; return its cache directory (see the module docstring)."""
+    from recipe.common.tiny_model import build_tiny_model
+
+    root = student_dir(config)
+    if (root / "BUILD.json").is_file():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    times = {}
+    start = time.time()
+    write_data(config, root / "data")
+    if not (root / "init" / "config.json").is_file():
+        build_tiny_model(root / "init", seed=config.model_seed, num_layers=config.num_layers,
+                         hidden_size=config.hidden_size, num_heads=config.num_heads,
+                         num_kv_heads=config.num_kv_heads, intermediate_size=config.intermediate_size,
+                         overwrite=True)
+    times["data_and_init_s"] = round(time.time() - start, 1)
+    if not (root / "student" / "config.json").is_file():
+        sft_dir = root / "sft"
+        if sft_dir.exists():
+            subprocess.run(["rm", "-rf", str(sft_dir)], check=True)
+        log(f"[toy student] SFT: {config.sft_steps} steps x {config.sft_batch_size} rows (verl SFT trainer, CPU); "
+            f"log {root / 'sft.log'}")
+        start = time.time()
+        env = {**os.environ, "MODEL_PATH": str(root / "init"), "SFT_FILES": str(root / "data" / "sft.parquet"),
+               "CKPT_DIR": str(sft_dir), "DEVICE": "cpu", "CACHE_DIR": str(cache_root()),
+               "STEPS": str(config.sft_steps), "PYTHON": os.environ.get("PYTHON", "python")}
+        _run(["bash", "recipe/sft/run_sft.sh", *sft_overrides(config)], env=env, log=root / "sft.log")
+        times["sft_s"] = round(time.time() - start, 1)
+        start = time.time()
+        _run(["bash", "scripts/merge_checkpoint.sh", str(sft_dir), str(root / "student.partial")],
+             log=root / "merge.log")
+        (root / "student.partial").rename(root / "student")
+        times["merge_s"] = round(time.time() - start, 1)
+    (root / "BUILD.json").write_text(json.dumps({"config": config.to_dict(), "hash": config.digest(),
+                                                 "times": times}, indent=2) + "\n")
+    log(f"[toy student] built in {root} ({times})")
+    return root
+
+
+def decoding(*, greedy: bool, max_new_tokens: int = 48):
+    """The toy evaluation decoding: no-think mode; greedy = top_k 1, else T 1.0 top-p 1."""
+    from recipe.common.decoding_presets import get_preset
+
+    preset = get_preset("tiny_cpu").with_overrides(mode=STUDENT_MODE, max_new_tokens=max_new_tokens, top_p=1.0,
+                                                   temperature=1.0, top_k=1 if greedy else None)
+    return dataclasses.replace(preset, name="toy_greedy" if greedy else "toy_sampled")
+
+
+def evaluate_model(model: str | os.PathLike, benchmark: str | os.PathLike, out_dir: str | os.PathLike, *,
+                   greedy: bool, n: int = 1, limit: int | None = None, seed: int = 42) -> dict:
+    """``recipe.common.evaluation.evaluate`` of ``model`` on a toy JSONL; returns its macro metrics."""
+    from recipe.common.evaluation import EvalConfig, evaluate
+
+    config = EvalConfig(model=str(model), out_dir=str(out_dir), preset=decoding(greedy=greedy),
+                        benchmarks=[str(benchmark)], n=1 if greedy else n, seed=seed, backend="hf",
+                        limit=limit, problems_per_call=64)
+    results = evaluate(config, progress=False)
+    return results["macro"]

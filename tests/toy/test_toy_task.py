@@ -1,0 +1,67 @@
+"""Toy task generator: determinism, disjoint splits, schema, solutions graded correct by the one grader."""
+
+import pytest
+
+from recipe.common.grader import grade
+from recipe.toy.task import DATA_SOURCE, TaskConfig, make_records, solve
+
+FIELDS = {"id", "index", "split", "problem", "solution", "answer", "cot", "unrelated_problem", "unrelated_solution"}
+
+
+def small(**kwargs):
+    return TaskConfig(**{"n_train": 64, "n_heldout": 16, **kwargs})
+
+
+def test_solve_hand_written_example():
+    assert solve((12, 34, 57)) == {
+        "problem": "Compute 12+34+57.",
+        "cot": "12+34=46\n46+57=103",
+        "solution": "12+34=46\n46+57=103\n\\boxed{103}",
+        "answer": "103",
+    }
+
+
+def test_same_seed_same_records_other_seed_differs():
+    assert make_records(small(seed=3)) == make_records(small(seed=3))
+    assert make_records(small(seed=3))["train"] != make_records(small(seed=4))["train"]
+
+
+def test_splits_sizes_disjoint_and_schema():
+    records = make_records(small())
+    assert len(records["train"]) == 64 and len(records["heldout"]) == 16
+    train_problems = {r["problem"] for r in records["train"]}
+    held_problems = {r["problem"] for r in records["heldout"]}
+    assert len(train_problems) == 64 and len(held_problems) == 16
+    assert not train_problems & held_problems
+    for split, rows in records.items():
+        for index, row in enumerate(rows):
+            assert set(row) == FIELDS
+            assert row["split"] == split and row["index"] == index
+            assert row["id"].startswith(DATA_SOURCE) and split in row["id"]
+            assert row["unrelated_problem"] != row["problem"]
+            assert row["unrelated_problem"] in train_problems
+    assert len({r["id"] for rows in records.values() for r in rows}) == 80
+
+
+@pytest.mark.parametrize("num_operands,digits", [(2, 1), (3, 2), (4, 3)])
+def test_difficulty_knob_and_solutions_graded_correct(num_operands, digits):
+    records = make_records(small(num_operands=num_operands, digits=digits, n_train=20, n_heldout=5))
+    for row in records["train"] + records["heldout"]:
+        operands = [int(v) for v in row["problem"][len("Compute "):-1].split("+")]
+        assert len(operands) == num_operands
+        assert all(len(str(v)) == digits for v in operands)
+        assert row["answer"] == str(sum(operands))
+        assert row["cot"].count("\n") == num_operands - 2
+        assert grade(row["solution"], row["answer"]).acc
+        assert not grade(row["solution"], str(sum(operands) + 1)).acc
+
+
+@pytest.mark.parametrize("field,value", [("num_operands", 1), ("digits", 0), ("n_train", 1), ("n_heldout", 0), ("digits", 2.0)])
+def test_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        TaskConfig(**{field: value})
+
+
+def test_config_rejects_more_problems_than_exist():
+    with pytest.raises(ValueError, match="distinct problems"):
+        TaskConfig(num_operands=2, digits=1, n_train=40, n_heldout=5)
