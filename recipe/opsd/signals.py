@@ -44,6 +44,7 @@ __all__ = [
     "entropy_tail_shares",
     "divergence_mass_by_token",
     "divergence_mass_by_token_from_hidden",
+    "sampled_token_rank_from_hidden",
 ]
 
 SIGNAL_KEYS = (
@@ -165,6 +166,42 @@ def token_signals_from_hidden(
     chunks = _hidden_chunks(*parts, chunk_size)
     cdt = _cdt(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
     return _signals(chunks, sampled_ids_N, student_hidden_NH.shape[0], vocab, o, cdt, student_hidden_NH.device)
+
+
+# --------------------------------------------------------------------------- teacher rank
+@torch.no_grad()
+def sampled_token_rank_from_hidden(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    sampled_ids_N: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """Rank of each sampled token under the logits ``hidden_NH @ weight_VH.T (+ bias)``, int64 [N].
+
+    Rank 0 = argmax; ties share the best rank (the number of strictly larger logits), as the
+    ``teacher_rank`` signal. Temperature does not change a rank, so none is taken. The logits
+    are formed in float32 (float64 inputs: float64), one [chunk_size, V] block at a time. This
+    is what ``positions.teacher_topk`` (AdvT-K) needs from the frozen teacher.
+    """
+    if hidden_NH.dim() != 2 or weight_VH.dim() != 2 or hidden_NH.shape[1] != weight_VH.shape[1]:
+        raise ValueError(f"hidden_NH [N, H] and weight_VH [V, H] must share H; got {tuple(hidden_NH.shape)} and "
+                         f"{tuple(weight_VH.shape)}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1; got {chunk_size!r}")
+    n, vocab = hidden_NH.shape[0], weight_VH.shape[0]
+    _check_ids(sampled_ids_N, n, vocab)
+    cdt = _cdt(hidden_NH, weight_VH)
+    weight = weight_VH.detach().to(cdt)
+    bias = None if bias is None else bias.detach().to(cdt)
+    rank_N = torch.zeros(n, dtype=torch.int64, device=hidden_NH.device)
+    for start in range(0, n, chunk_size):
+        rows = slice(start, min(start + chunk_size, n))
+        logits = F.linear(hidden_NH[rows].detach().to(cdt), weight, bias)
+        picked = logits.gather(1, sampled_ids_N[rows].long()[:, None])
+        rank_N[rows] = (logits > picked).sum(1)
+    return rank_N
 
 
 # --------------------------------------------------------------------------- divergence mass

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from recipe.opsd.losses import entry_terms, log_probs
 
@@ -56,6 +58,9 @@ __all__ = [
     "discounted_returns",
     "BetaOPSDOutput",
     "beta_opsd_token_loss",
+    "beta_opsd_sampled_loss",
+    "purified_token_loss_from_hidden",
+    "sampled_token_log_probs_from_hidden",
 ]
 
 
@@ -286,6 +291,28 @@ def beta_opsd_token_loss(
     logp_s_y = log_probs(student_logits_BTV, temperature=tau_s, dtype=cdt).gather(-1, ids[..., None]).squeeze(-1)
     with torch.no_grad():
         logp_t_y = log_probs(teacher_logits_BTV.detach(), temperature=tau_t, dtype=cdt).gather(-1, ids[..., None]).squeeze(-1)
+    return beta_opsd_sampled_loss(logp_s_y, logp_t_y, keep, teacher_weight=teacher_weight, discount=discount)
+
+
+def beta_opsd_sampled_loss(
+    student_logp_BT: torch.Tensor,
+    teacher_logp_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    *,
+    teacher_weight: float,
+    discount: float = 0.99,
+) -> BetaOPSDOutput:
+    """:func:`beta_opsd_token_loss` from the sampled tokens' log-probabilities log pS(y_t) (with
+    grad) and log pT(y_t) (at their temperatures): all beta-OPSD needs of the [V] distributions,
+    so a caller can form them chunk by chunk (:func:`sampled_token_log_probs_from_hidden`)."""
+    _same_shape(student_logp_BT=student_logp_BT, teacher_logp_BT=teacher_logp_BT, response_mask_BT=response_mask_BT)
+    if isinstance(teacher_weight, bool) or not isinstance(teacher_weight, (int, float)) or not 0.0 < teacher_weight <= 1.0:
+        raise ValueError(f"teacher_weight must be a number in (0, 1]; got {teacher_weight!r}")
+    keep = response_mask_BT.bool()
+    logp_s_y = student_logp_BT
+    cdt = logp_s_y.dtype
+    with torch.no_grad():
+        logp_t_y = teacher_logp_BT.detach().to(cdt)
         s_y = logp_s_y.detach()
         if teacher_weight == 1.0:
             logq_y = logp_t_y
@@ -296,3 +323,92 @@ def beta_opsd_token_loss(
         returns = discounted_returns(reward, keep, discount=discount)
     loss = torch.where(keep, -returns * logp_s_y, torch.zeros((), dtype=cdt, device=logp_s_y.device))
     return BetaOPSDOutput(loss_BT=loss, reward_BT=reward, return_BT=returns)
+
+
+# --------------------------------------------------------------------------- from hidden states
+# The variants' targets need the full [V] distributions of up to three models; these wrappers
+# form the logits from final hidden states one row chunk at a time, each chunk under activation
+# checkpointing (recomputed in backward), so memory is O(chunk_size x V), never O(N x V).
+def _check_chunk(chunk_size) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1; got {chunk_size!r}")
+    return chunk_size
+
+
+def _chunked(fn, chunk_size: int, *, rows: tuple, shared: tuple) -> torch.Tensor:
+    """``cat(fn(*row_chunk, *shared))`` over row chunks of the ``rows`` tensors (all [N, ...])."""
+    n = rows[0].shape[0]
+    outs = []
+    for start in range(0, n, chunk_size):
+        args = [t[start:start + chunk_size] for t in rows] + list(shared)
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
+            outs.append(checkpoint(fn, *args, use_reentrant=False))
+        else:
+            outs.append(fn(*args))
+    return torch.cat(outs) if outs else rows[0].new_zeros(0, dtype=_dtype(rows[0]))
+
+
+def purified_token_loss_from_hidden(
+    student_hidden_NH: torch.Tensor,
+    student_weight_VH: torch.Tensor,
+    teacher_hidden_NH: torch.Tensor,
+    teacher_weight_VH: torch.Tensor,
+    reference_hidden_NH: torch.Tensor,
+    *,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    beta: float = 0.5,
+    clip_tau: float | None = None,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    pmi_strength: float = 1.0,
+    pmi_clip: float = 10.0,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """:func:`purified_token_loss` [N] with logits = hidden @ weight.T (+ bias), chunked.
+
+    The privileged and the reference-only teacher share the frozen ``teacher_weight_VH``.
+    Gradient flows to ``student_hidden_NH``, ``student_weight_VH`` and ``student_bias``.
+    """
+    if teacher_hidden_NH.shape != student_hidden_NH.shape or reference_hidden_NH.shape != student_hidden_NH.shape:
+        raise ValueError(f"student, teacher and reference hidden states must share [N, H]; got "
+                         f"{tuple(student_hidden_NH.shape)}, {tuple(teacher_hidden_NH.shape)}, {tuple(reference_hidden_NH.shape)}")
+    teacher_weight = teacher_weight_VH.detach()
+    teacher_bias = None if teacher_bias is None else teacher_bias.detach()
+    options = dict(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
+                   teacher_temperature=teacher_temperature, pmi_strength=pmi_strength, pmi_clip=pmi_clip)
+
+    def chunk_loss(hs, ht, hr, ws, bs):
+        with torch.no_grad():
+            teacher_logits = F.linear(ht, teacher_weight, teacher_bias)
+            reference_logits = F.linear(hr, teacher_weight, teacher_bias)
+        return purified_token_loss(F.linear(hs, ws, bs), teacher_logits, reference_logits, **options)
+
+    return _chunked(chunk_loss, _check_chunk(chunk_size),
+                    rows=(student_hidden_NH, teacher_hidden_NH.detach(), reference_hidden_NH.detach()),
+                    shared=(student_weight_VH, student_bias))
+
+
+def sampled_token_log_probs_from_hidden(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    sampled_ids_N: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """log softmax(hidden @ weight.T / temperature)[y] per row, [N] in float32 (float64 inputs:
+    float64), chunked; differentiable w.r.t. ``hidden_NH``, ``weight_VH`` and ``bias``."""
+    n, vocab = hidden_NH.shape[0], weight_VH.shape[0]
+    if sampled_ids_N.shape != (n,) or sampled_ids_N.is_floating_point():
+        raise ValueError(f"sampled_ids_N must be an integer tensor of shape [{n}]; got {tuple(sampled_ids_N.shape)}")
+    if n and (int(sampled_ids_N.min()) < 0 or int(sampled_ids_N.max()) >= vocab):
+        raise ValueError(f"sampled_ids_N has ids outside [0, V={vocab})")
+    tau = _positive("temperature", temperature)
+    cdt = _dtype(hidden_NH, weight_VH)
+
+    def chunk_logp(h, ids, w, b):
+        return log_probs(F.linear(h, w, b), temperature=tau, dtype=cdt).gather(-1, ids[:, None]).squeeze(-1)
+
+    return _chunked(chunk_logp, _check_chunk(chunk_size), rows=(hidden_NH, sampled_ids_N.long()), shared=(weight_VH, bias))

@@ -1,0 +1,242 @@
+"""The actor's OPSD loss on a hand-made micro-batch equals the pure functions on full logits.
+
+``actor_loss.opsd_loss`` receives final hidden states and lm_head weights (never [N, V] logits);
+the references below form the full [b, R, V] logits in float64 and apply ``losses.token_divergence``
+/ the ``variants`` functions, then the mini-batch token mean x dp_size that verl expects.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from recipe.opsd.actor_loss import TEACHER_WEIGHT_KEY, opsd_loss
+from recipe.opsd.config import OPSDLossConfig
+from recipe.opsd.losses import token_divergence
+from recipe.opsd.variants import beta_opsd_token_loss, purified_token_loss
+
+B, R, H, V = 3, 6, 8, 13
+RESPONSE_LENS = (6, 4, 1)
+DP = 2
+OTHER_RANK_TOKENS = 5  # loss tokens of the other dp rank's micro-batches (only the normaliser sees them)
+
+EXPECTED_METRICS = {
+    "opsd/fwd_kl", "opsd/clip_frac", "opsd/clipped_teacher_mass", "opsd/student_entropy", "opsd/teacher_entropy",
+    "opsd/top1_agree", "opsd/loss", "opsd/loss_tokens", "opsd/enc_frac", "opsd/disc_frac",
+}
+
+
+def _batch(seed=0, loss_mask=None):
+    gen = torch.Generator().manual_seed(seed)
+    response_mask = torch.zeros(B, R, dtype=torch.bool)
+    for i, n in enumerate(RESPONSE_LENS):
+        response_mask[i, :n] = True
+    if loss_mask is None:
+        loss_mask = response_mask.clone()
+        loss_mask[0, 2] = False  # a hole: a position outside the selection
+    student_hidden = torch.randn(B, R, H, generator=gen, dtype=torch.float64)
+    student_weight = torch.randn(V, H, generator=gen, dtype=torch.float64)
+    teacher_hidden = student_hidden + 0.7 * torch.randn(B, R, H, generator=gen, dtype=torch.float64)
+    teacher_weight = student_weight + 0.3 * torch.randn(V, H, generator=gen, dtype=torch.float64)
+    data = {
+        "teacher_hidden": teacher_hidden,
+        "reference_hidden": teacher_hidden + 0.5 * torch.randn(B, R, H, generator=gen, dtype=torch.float64),
+        "loss_mask": loss_mask,
+        "response_mask": response_mask,
+        "responses": torch.randint(0, V, (B, R), generator=gen),
+        "dp_size": DP,
+        "batch_num_tokens": int(loss_mask.sum()) + OTHER_RANK_TOKENS,
+        "opsd_response_tokens": int(response_mask.sum()) + OTHER_RANK_TOKENS,
+    }
+    return student_hidden, student_weight, teacher_weight, data
+
+
+def _run(loss_config, student_hidden, student_weight, teacher_weight, data):
+    hs = student_hidden.clone().requires_grad_(True)
+    ws = student_weight.clone().requires_grad_(True)
+    loss, metrics = opsd_loss(
+        {"student_hidden": hs, "student_weight": ws, "student_bias": None},
+        data,
+        loss_config=loss_config,
+        teacher_weight_VH=teacher_weight,
+    )
+    grads = torch.autograd.grad(loss, (hs, ws))
+    return loss, {k: m.aggregate() for k, m in metrics.items()}, grads
+
+
+def _reference(per_token_fn, student_hidden, student_weight, teacher_weight, data, mask):
+    """(loss, grads) of sum_mask per_token(logits) / batch_num_tokens * dp_size on full float64 logits."""
+    hs = student_hidden.clone().requires_grad_(True)
+    ws = student_weight.clone().requires_grad_(True)
+    student_logits = hs @ ws.T
+    teacher_logits = data["teacher_hidden"] @ teacher_weight.T
+    per_token_bR = per_token_fn(student_logits, teacher_logits)
+    loss = per_token_bR[mask].sum() / data["batch_num_tokens"] * data["dp_size"]
+    return loss, per_token_bR.detach(), torch.autograd.grad(loss, (hs, ws))
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("beta, clip_tau, topk", [(0.0, 0.05, None), (0.5, None, None), (1.0, 0.02, 4)])
+def test_opsd_loss_equals_token_divergence_on_full_logits(beta, clip_tau, topk):
+    cfg = OPSDLossConfig(beta=beta, clip_tau=clip_tau, student_temperature=1.1, teacher_temperature=0.9,
+                         topk=topk, chunk_size=4)
+    hs, ws, wt, data = _batch()
+    loss, metrics, grads = _run(cfg, hs, ws, wt, data)
+
+    def per_token(s, t):
+        return token_divergence(s, t, beta=beta, clip_tau=clip_tau, student_temperature=1.1,
+                                teacher_temperature=0.9, topk=topk)
+
+    ref_loss, per_token_bR, ref_grads = _reference(per_token, hs, ws, wt, data, data["loss_mask"])
+    _close(loss, ref_loss)
+    _close(grads[0], ref_grads[0])
+    _close(grads[1], ref_grads[1])
+    # no gradient reaches positions outside the loss mask
+    assert torch.all(grads[0][~data["loss_mask"]] == 0)
+    assert set(metrics) == EXPECTED_METRICS
+    # metrics are SUM-aggregated shares of the mini-batch: value x dp_size / mini-batch token count
+    assert metrics["opsd/loss"] == pytest.approx(float(ref_loss))
+    assert metrics["opsd/loss_tokens"] == int(data["loss_mask"].sum()) * DP
+
+
+def test_metrics_against_float64_formulas():
+    cfg = OPSDLossConfig(clip_tau=0.05, student_temperature=1.1, chunk_size=5)
+    hs, ws, wt, data = _batch(seed=3)
+    _, metrics, _ = _run(cfg, hs, ws, wt, data)
+    mask = data["response_mask"]
+    logp_s = torch.log_softmax(hs @ ws.T / 1.1, -1)[mask]
+    logp_t = torch.log_softmax(data["teacher_hidden"] @ wt.T / 1.1, -1)[mask]
+    d = logp_t.exp() * (logp_t - logp_s)
+    scale = DP / data["opsd_response_tokens"]
+    assert metrics["opsd/fwd_kl"] == pytest.approx(float(d.sum()) * scale, rel=1e-10)
+    assert metrics["opsd/student_entropy"] == pytest.approx(float(-(logp_s.exp() * logp_s).sum()) * scale, rel=1e-10)
+    assert metrics["opsd/clip_frac"] == pytest.approx(float((d > 0.05).double().mean(1).sum()) * scale, rel=1e-10)
+    agree = (logp_s.argmax(1) == logp_t.argmax(1)).double().sum()
+    assert metrics["opsd/top1_agree"] == pytest.approx(float(agree) * scale, rel=1e-12)
+    ids = data["responses"][mask]
+    adv = (logp_t - logp_s).gather(1, ids[:, None])[:, 0][data["loss_mask"][mask]]
+    sel_scale = DP / data["batch_num_tokens"]
+    assert metrics["opsd/enc_frac"] == pytest.approx(float((adv > 0).sum()) * sel_scale)
+    assert metrics["opsd/disc_frac"] == pytest.approx(float((adv < 0).sum()) * sel_scale)
+
+
+def test_live_teacher_weight_gets_no_gradient():
+    """LoRA mode: teacher_weight_VH=None uses the live lm_head, detached on the teacher side."""
+    cfg = OPSDLossConfig(clip_tau=None, student_temperature=1.0, chunk_size=3)
+    hs, ws, _, data = _batch(seed=5)
+    hs_, ws_ = hs.clone().requires_grad_(True), ws.clone().requires_grad_(True)
+    loss, _ = opsd_loss({"student_hidden": hs_, "student_weight": ws_, "student_bias": None}, data,
+                        loss_config=cfg, teacher_weight_VH=None)
+    (gw,) = torch.autograd.grad(loss, (ws_,))
+    ref_ws = ws.clone().requires_grad_(True)
+    s = hs @ ref_ws.T
+    t = data["teacher_hidden"] @ ws.T  # constant teacher
+    ref = token_divergence(s, t, student_temperature=1.0)[data["loss_mask"]].sum() / data["batch_num_tokens"] * DP
+    _close(loss, ref)
+    _close(gw, torch.autograd.grad(ref, (ref_ws,))[0])
+
+
+@pytest.mark.parametrize("spec", ["he:0.5", "le:0.3"])
+def test_entropy_positions_are_ranked_by_the_student_entropy(spec):
+    from recipe.opsd.positions import select_positions
+
+    hs, ws, wt, data = _batch(seed=7)
+    response_mask = data["response_mask"]
+    # the trainer's loss_mask: the per-completion count (constant entropy selects that many)
+    count_mask = select_positions(spec, response_mask_BT=response_mask, entropy_BT=torch.zeros(B, R))
+    data |= {"loss_mask": count_mask, "batch_num_tokens": int(count_mask.sum()) + OTHER_RANK_TOKENS}
+    cfg = OPSDLossConfig(positions=spec, clip_tau=0.05, student_temperature=1.1, chunk_size=4)
+    loss, metrics, grads = _run(cfg, hs, ws, wt, data)
+
+    # float64 reference: per completion, the ceil(Q x n) positions of highest (he) / lowest (le) entropy
+    logp = torch.log_softmax(hs @ ws.T / 1.1, -1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    q, highest = float(spec.split(":")[1]), spec.startswith("he")
+    want = torch.zeros(B, R, dtype=torch.bool)
+    for i, n in enumerate(RESPONSE_LENS):
+        keep = math.ceil(q * n)
+        order = torch.argsort(entropy[i, :n], descending=highest)[:keep]
+        want[i, order] = True
+    assert not torch.equal(want, count_mask)  # the selection really is not the first positions
+
+    def per_token(s, t):
+        return token_divergence(s, t, clip_tau=0.05, student_temperature=1.1)
+
+    ref_loss, _, ref_grads = _reference(per_token, hs, ws, wt, data, want)
+    _close(loss, ref_loss)
+    _close(grads[0], ref_grads[0])
+    assert torch.equal(grads[0].abs().sum(-1) > 0, want)
+    assert metrics["opsd/loss_tokens"] == int(want.sum()) * DP
+
+
+def test_entropy_positions_refuse_a_wrong_count():
+    hs, ws, wt, data = _batch()
+    with pytest.raises(ValueError, match="per completion"):
+        _run(OPSDLossConfig(positions="he:0.2"), hs, ws, wt, data)  # loss_mask keeps every position
+
+
+@pytest.mark.parametrize("clip_tau", [None, 0.05])
+def test_purified_variant_equals_purified_token_loss_on_full_logits(clip_tau):
+    cfg = OPSDLossConfig(variant="purified", beta=0.5, clip_tau=clip_tau, student_temperature=1.1,
+                         variant_params={"pmi_strength": 1.0, "pmi_clip": 2.0}, chunk_size=4)
+    hs, ws, wt, data = _batch(seed=11)
+    loss, metrics, grads = _run(cfg, hs, ws, wt, data)
+    reference_logits = data["reference_hidden"] @ wt.T
+
+    def per_token(s, t):
+        return purified_token_loss(s, t, reference_logits, beta=0.5, clip_tau=clip_tau, student_temperature=1.1,
+                                   pmi_strength=1.0, pmi_clip=2.0)
+
+    ref_loss, _, ref_grads = _reference(per_token, hs, ws, wt, data, data["loss_mask"])
+    _close(loss, ref_loss)
+    _close(grads[0], ref_grads[0])
+    _close(grads[1], ref_grads[1])
+    assert metrics["opsd/loss"] == pytest.approx(float(ref_loss))
+    # the reference-only teacher matters: with it equal to the teacher the target is the teacher itself
+    same = dict(data, reference_hidden=data["teacher_hidden"])
+    other, _, _ = _run(cfg, hs, ws, wt, same)
+    assert not torch.allclose(other, loss)
+
+
+def test_beta_opsd_variant_equals_beta_opsd_token_loss_on_full_logits():
+    cfg = OPSDLossConfig(variant="beta_opsd", student_temperature=1.1, teacher_temperature=1.0,
+                         variant_params={"discount": 0.9}, chunk_size=4)
+    hs, ws, wt, data = _batch(seed=13)
+    data[TEACHER_WEIGHT_KEY] = 0.65
+    loss, metrics, grads = _run(cfg, hs, ws, wt, data)
+
+    def per_token(s, t):
+        return beta_opsd_token_loss(s, t, data["responses"], data["response_mask"], teacher_weight=0.65,
+                                    discount=0.9, student_temperature=1.1, teacher_temperature=1.0).loss_BT
+
+    # returns run over every response token; the surrogate is averaged over the loss positions
+    ref_loss, _, ref_grads = _reference(per_token, hs, ws, wt, data, data["loss_mask"])
+    _close(loss, ref_loss)
+    _close(grads[0], ref_grads[0])
+    _close(grads[1], ref_grads[1])
+    assert set(metrics) == EXPECTED_METRICS | {"opsd/beta_reward", "opsd/beta_return"}
+    ref = beta_opsd_token_loss(hs @ ws.T, data["teacher_hidden"] @ wt.T, data["responses"], data["response_mask"],
+                               teacher_weight=0.65, discount=0.9, student_temperature=1.1, teacher_temperature=1.0)
+    scale = DP / data["opsd_response_tokens"]
+    assert metrics["opsd/beta_reward"] == pytest.approx(float(ref.reward_BT.sum()) * scale, rel=1e-10)
+    assert metrics["opsd/beta_return"] == pytest.approx(float(ref.return_BT.sum()) * scale, rel=1e-10)
+    # the teacher weight is used: another weight gives another loss
+    other, _, _ = _run(cfg, hs, ws, wt, dict(data, **{TEACHER_WEIGHT_KEY: 0.8}))
+    assert not torch.allclose(other, loss)
+
+
+def test_micro_batch_split_sums_to_the_mini_batch_loss():
+    """Two micro-batches (rows 0-1 and row 2) sum to the loss of the whole micro-batch."""
+    cfg = OPSDLossConfig(clip_tau=0.05, student_temperature=1.1, chunk_size=2)
+    hs, ws, wt, data = _batch(seed=17)
+    whole, _, _ = _run(cfg, hs, ws, wt, data)
+    parts = []
+    for rows in (slice(0, 2), slice(2, 3)):
+        sub = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
+        parts.append(_run(cfg, hs[rows], ws, wt, sub)[0])
+    _close(parts[0] + parts[1], whole)
