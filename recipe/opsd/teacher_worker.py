@@ -13,7 +13,10 @@ through the driver anyway); what OPSD changes is what the forward returns:
   states (the output of the decoder after its final norm = the lm_head input) with a forward hook,
   asks HF for the logits of one position only (``logits_to_keep=1``, so no [N, V] tensor), and
   gathers the hidden states that predict the response tokens: ``[B, R, H]``.
-  * ``opsd_forward="teacher_hidden"``: returns them (teacher, no grad).
+  * ``opsd_forward="teacher_hidden"``: returns them (teacher, no grad); with
+    ``opsd_teacher_rank_chunk_size`` set it also returns ``teacher_rank`` [B, R], the rank of each
+    sampled token under the teacher's own lm_head (``signals.sampled_token_rank_from_hidden``,
+    computed in place of that lm_head, chunked; for ``positions: advt:K``).
   * ``opsd_forward="student_loss"``: hands them, with the live lm_head weight (an FSDP2 DTensor
     gathered with ``full_tensor()``, which is differentiable), to the loss function
     (``recipe.opsd.actor_loss.opsd_loss``).
@@ -41,6 +44,7 @@ from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from recipe.opsd.actor_loss import opsd_loss, response_rows
+from recipe.opsd.signals import sampled_token_rank_from_hidden
 
 
 def _cpu_unpinned_teacher_offload() -> None:
@@ -64,6 +68,8 @@ _cpu_unpinned_teacher_offload()
 OPSD_FORWARD_KEY = "opsd_forward"
 RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
 RESPONSE_TOKENS_KEY = "opsd_response_tokens"
+# set on a teacher batch (to the chunk size) to also get the teacher rank of each sampled token
+TEACHER_RANK_CHUNK_KEY = "opsd_teacher_rank_chunk_size"
 
 
 def _unwrap_causal_lm(module):
@@ -137,11 +143,45 @@ class OPSDEngineMixin:
         )
         response_hidden = partial(_response_hidden, micro_batch=micro_batch, packed=model_inputs["attention_mask"] is None)
 
+        head = _unwrap_causal_lm(self.module).get_output_embeddings()
+        captured = {}
+
+        def head_params():
+            weight = head.weight.full_tensor() if isinstance(head.weight, DTensor) else head.weight
+            bias = head.bias
+            return weight, bias.full_tensor() if isinstance(bias, DTensor) else bias
+
         if mode == "teacher_hidden":
-            with autocast_ctx, capture_final_hidden(self.module) as store:
-                self.module(**model_inputs, use_cache=False, logits_to_keep=1)
+            rank_chunk = tu.get_non_tensor_data(data=micro_batch, key=TEACHER_RANK_CHUNK_KEY, default=None)
+            if rank_chunk is None:  # hidden states only: HF computes the logits of one position
+                with autocast_ctx, capture_final_hidden(self.module) as store:
+                    self.module(**model_inputs, use_cache=False, logits_to_keep=1)
+            else:
+                # AdvT: the rank of each sampled token under the teacher's own lm_head, computed in
+                # place of that lm_head (inside the forward, where FSDP has its weight gathered)
+                def rank_head(hidden):
+                    with torch.autocast(device_type=get_device_name(), enabled=False):
+                        weight, bias = head_params()
+                        mask_bR = micro_batch["response_mask"].bool()
+                        rank_N = sampled_token_rank_from_hidden(
+                            response_hidden(hidden)[mask_bR], weight, micro_batch["responses"][mask_bR],
+                            bias=bias, chunk_size=int(rank_chunk),
+                        )
+                        captured["rank"] = torch.zeros(mask_bR.shape, dtype=rank_N.dtype, device=rank_N.device)
+                        captured["rank"][mask_bR] = rank_N
+                    return hidden.new_zeros(1, 1, 1)
+
+                head.forward = rank_head
+                try:
+                    with autocast_ctx, capture_final_hidden(self.module) as store:
+                        self.module(**model_inputs, use_cache=False, logits_to_keep=0)
+                finally:
+                    del head.forward
+            model_output = {"teacher_hidden": response_hidden(store["hidden"]).detach()}
+            if "rank" in captured:
+                model_output["teacher_rank"] = captured["rank"]
             return torch.zeros((), device=store["hidden"].device), {
-                "model_output": {"teacher_hidden": response_hidden(store["hidden"]).detach()},
+                "model_output": model_output,
                 "loss": 0.0,
                 "metrics": {},
             }
@@ -149,15 +189,9 @@ class OPSDEngineMixin:
         # Student: the loss is computed INSIDE the model's forward, in place of its lm_head, so that
         # FSDP2 sees it as the forward output (its backward hooks re-gather the lm_head weight).
         # With logits_to_keep=0 the lm_head input is the final hidden state of every position.
-        head = _unwrap_causal_lm(self.module).get_output_embeddings()
-        captured = {}
-
         def loss_head(hidden):
             with torch.autocast(device_type=get_device_name(), enabled=False):
-                weight = head.weight.full_tensor() if isinstance(head.weight, DTensor) else head.weight
-                bias = head.bias
-                if isinstance(bias, DTensor):
-                    bias = bias.full_tensor()
+                weight, bias = head_params()
                 model_output = {"student_hidden": response_hidden(hidden), "student_weight": weight, "student_bias": bias}
                 loss, captured["metrics"] = loss_function(
                     model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group()
@@ -248,7 +282,8 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_teacher_hidden(self, data):
-        """Final hidden states [B, R, H] of the frozen teacher at the positions predicting the response."""
+        """Final hidden states [B, R, H] of the frozen teacher at the positions predicting the response
+        (and ``teacher_rank`` [B, R] when the batch sets ``opsd_teacher_rank_chunk_size``)."""
         tu.assign_non_tensor(data, **{OPSD_FORWARD_KEY: "teacher_hidden", "compute_loss": False})
         if self.ref is not None:
             output = self.ref.infer_batch(data=data)
