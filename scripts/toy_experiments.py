@@ -1,0 +1,42 @@
+"""Initial forward KL of the toy student across teacher contexts and response-position windows.
+
+    python scripts/toy_experiments.py                         # default toy student (built if missing)
+    python scripts/toy_experiments.py --model DIR --data train.parquet --num-prompts 64
+
+Prints the context table and the signal report (recipe.analysis.signal_analysis.markdown_report);
+with --out-dir also writes signals.json / signals.md / figures. Logic: recipe/toy/experiments.py.
+"""
+
+import argparse
+from pathlib import Path
+
+from recipe.analysis.signal_analysis import markdown_report, write_outputs
+from recipe.toy.experiments import context_table, initial_signals, signal_config
+from recipe.toy.student import StudentConfig, build_student
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="HF model dir (default: the toy student)")
+    parser.add_argument("--data", default=None, help="verl parquet (default: the toy training parquet)")
+    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--rollouts-per-prompt", type=int, default=2)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out-dir", default=None)
+    args = parser.parse_args()
+    if args.model is None or args.data is None:
+        root = build_student(StudentConfig())
+        args.model = args.model or str(root / "student")
+        args.data = args.data or str(root / "data" / "train.parquet")
+    config = signal_config(num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt,
+                           temperature=args.temperature, seed=args.seed)
+    result = initial_signals(args.model, args.data, config=config, model_name=Path(args.model).name)
+    print(context_table(result))
+    print(markdown_report(result))
+    if args.out_dir:
+        write_outputs(result, args.out_dir)
+
+
+if __name__ == "__main__":
+    main()
