@@ -36,9 +36,9 @@ from recipe.toy.student import REPO_ROOT, StudentConfig, build_student, evaluate
 
 METHODS = ("opsd", "grpo")
 SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_grpo.sh"}
-# Per-step metrics printed as progress (those present in the method's log).
-PROGRESS_KEYS = ("opsd/loss", "opsd/fwd_kl", "opsd/rollout_score", "critic/score/mean", "response_length/mean",
-                 "timing_s/step")
+# Per-step metrics printed as progress (those present in the method's log) and their short names.
+PROGRESS_KEYS = {"opsd/loss": "loss", "opsd/fwd_kl": "fwd_kl", "opsd/rollout_score": "score",
+                 "critic/score/mean": "score", "response_length/mean": "length", "timing_s/step": "s/step"}
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,7 @@ def _progress(line: str, method: str) -> str | None:
     values = parse_console_line(line)
     if values is None:
         return None
-    shown = [f"{key.split('/')[-1] if key != 'timing_s/step' else 's/step'}={values[key]:.3g}"
-             for key in PROGRESS_KEYS if key in values]
+    shown = [f"{name}={values[key]:.3g}" for key, name in PROGRESS_KEYS.items() if key in values]
     return f"[toy {method}] step {values['step']}: " + " ".join(shown)
 
 
@@ -197,6 +196,10 @@ def run_method(method: str, *, config: ToyRunConfig, root: Path, run_dir: Path, 
     return {"train": trained, "after": after}
 
 
+def _mean(values) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}"
 
@@ -206,26 +209,27 @@ def table(before: dict, results: dict[str, dict], config: ToyRunConfig) -> str:
     n = config.eval_n
     lines = [
         f"| method | greedy acc before -> after (%) | Avg@{n} before -> after (%) | Pass@{n} before -> after (%) "
-        f"| mean length before -> after | steps | wall time (s) | time/step (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| mean length before -> after | steps | wall time (s) | time/step (s) | time/step after step 1 (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for method, result in results.items():
         after, trained = result["after"], result["train"]
         times = trained["step_times_s"]
-        per_step = sum(times) / len(times) if times else float("nan")
+        per_step = _mean(times)
+        steady = _mean(times[1:])
         lines.append(
             f"| {method} | {_pct(before['greedy'])} -> {_pct(after['greedy'])} "
             f"| {_pct(before[f'avg@{n}'])} -> {_pct(after[f'avg@{n}'])} "
             f"| {_pct(before[f'pass@{n}'])} -> {_pct(after[f'pass@{n}'])} "
             f"| {before['mean_length']:.1f} -> {after['mean_length']:.1f} | {trained['steps']} "
-            f"| {trained['wall_time_s']:.0f} | {per_step:.2f} |"
+            f"| {trained['wall_time_s']:.0f} | {per_step:.2f} | {steady:.2f} |"
         )
     if set(results) == set(METHODS):
         opsd, grpo = results["opsd"]["train"], results["grpo"]["train"]
-        step_ratio = (sum(opsd["step_times_s"]) / len(opsd["step_times_s"])) / (
-            sum(grpo["step_times_s"]) / len(grpo["step_times_s"]))
         lines.append("")
-        lines.append(f"OPSD/GRPO compute ratio (1 CPU device each): time per step {step_ratio:.2f}, "
+        lines.append(f"OPSD/GRPO compute ratio (1 CPU device each): time per step "
+                     f"{_mean(opsd['step_times_s']) / _mean(grpo['step_times_s']):.2f} "
+                     f"({_mean(opsd['step_times_s'][1:]) / _mean(grpo['step_times_s'][1:]):.2f} after step 1), "
                      f"launch wall time {opsd['wall_time_s'] / grpo['wall_time_s']:.2f}")
     lines.append(f"(held-out problems: {before['n_problems']}; greedy = top-k 1; Avg@{n}/Pass@{n}: T 1.0, "
                  f"no-think mode, recipe.common.evaluation)")

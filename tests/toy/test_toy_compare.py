@@ -52,6 +52,6 @@ def test_table_values_and_compute_ratio():
                  "train": {"steps": 2, "wall_time_s": 200.0, "step_times_s": [6.0, 6.0]}},
     }
     text = table(before, results, config)
-    assert "| opsd | 25.0 -> 30.0 | 20.0 -> 25.0 | 50.0 -> 55.0 | 20.0 -> 19.0 | 2 | 100 | 3.00 |" in text
+    assert "| opsd | 25.0 -> 30.0 | 20.0 -> 25.0 | 50.0 -> 55.0 | 20.0 -> 19.0 | 2 | 100 | 3.00 | 4.00 |" in text
     assert "| grpo | 25.0 -> 20.0 |" in text
-    assert "time per step 0.50, launch wall time 0.50" in text
+    assert "time per step 0.50 (0.67 after step 1), launch wall time 0.50" in text
