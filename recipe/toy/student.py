@@ -151,6 +151,8 @@ def sft_overrides(config: StudentConfig) -> list[str]:
         "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         "model.enable_gradient_checkpointing=False",
         f"trainer.total_training_steps={config.sft_steps}",
+        # The step count stops the run (verl's default of 4 epochs would cut small data sets short).
+        "trainer.total_epochs=100000",
         f"trainer.save_freq={config.sft_steps}",
         "trainer.experiment_name=toy_student_sft",
         f"trainer.seed={config.model_seed}",
@@ -215,6 +217,38 @@ def decoding(*, greedy: bool, max_new_tokens: int = 48):
     return dataclasses.replace(preset, name="toy_greedy" if greedy else "toy_sampled")
 
 
+def batched_backend(model_path: str | os.PathLike, *, preset, seed: int):
+    """``recipe.common.eval_backends.HFBackend`` that samples all prompts of a call in one batch.
+
+    The toy prompts are short and the model tiny, so one left-padded ``sample_batch`` over every
+    (prompt, sample) of a call replaces one call per prompt (~40x faster here). Seeded by the
+    call's first request key: deterministic for a fixed ``problems_per_call``.
+    """
+    from recipe.common.eval_backends import Generation, HFBackend, request_seed
+    from recipe.common.hf_generate import SampleParams, sample_batch
+
+    class BatchedHFBackend(HFBackend):
+        def generate(self, requests):
+            prompts = [request.prompt_ids for request in requests for _ in range(request.count)]
+            params = SampleParams(
+                max_new_tokens=min(self.preset.effective_max_new_tokens(len(p)) for p in prompts),
+                temperature=self.preset.temperature, top_p=self.preset.top_p,
+                top_k=-1 if self.preset.top_k is None else self.preset.top_k,
+            )
+            batch = sample_batch(self.model, prompts, params=params, eos_token_ids=self.eos_token_ids,
+                                 pad_token_id=self.pad_token_id, seed=request_seed(self.seed, requests[0].key))
+            generations = [Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True), num_tokens=len(ids),
+                                      finish_reason=reason)
+                           for ids, reason in zip(batch.response_ids, batch.finish_reasons, strict=True)]
+            out, start = [], 0
+            for request in requests:
+                out.append(generations[start : start + request.count])
+                start += request.count
+            return out
+
+    return BatchedHFBackend(str(model_path), preset=preset, seed=seed)
+
+
 def evaluate_model(model: str | os.PathLike, benchmark: str | os.PathLike, out_dir: str | os.PathLike, *,
                    greedy: bool, n: int = 1, limit: int | None = None, seed: int = 42) -> dict:
     """``recipe.common.evaluation.evaluate`` of ``model`` on a toy JSONL; returns its macro metrics."""
@@ -222,6 +256,6 @@ def evaluate_model(model: str | os.PathLike, benchmark: str | os.PathLike, out_d
 
     config = EvalConfig(model=str(model), out_dir=str(out_dir), preset=decoding(greedy=greedy),
                         benchmarks=[str(benchmark)], n=1 if greedy else n, seed=seed, backend="hf",
-                        limit=limit, problems_per_call=64)
-    results = evaluate(config, progress=False)
+                        limit=limit, problems_per_call=64 if greedy else max(1, 128 // n))
+    results = evaluate(config, backend=batched_backend(model, preset=config.preset, seed=seed), progress=False)
     return results["macro"]
