@@ -10,8 +10,14 @@ weight sync to the rollout servers, validation, checkpoints, logging -- is verl'
   followed by the student's response ids (``chat.splice_teacher_inputs``: never decoded, no pad in
   between);
 - the frozen teacher returns its final hidden states at the response positions
-  (``compute_teacher_hidden``), the loss positions are selected (``positions.select_positions``),
-  and the actor is updated with ``recipe.opsd.actor_loss.opsd_loss``.
+  (``compute_teacher_hidden``; for ``advt:K`` also the teacher rank of each sampled token), the
+  loss positions are selected (``positions.select_positions``; ``he:Q`` / ``le:Q`` are ranked by
+  the student entropy inside the actor's loss, see ``recipe.opsd.actor_loss``), and the actor is
+  updated with ``recipe.opsd.actor_loss.opsd_loss``;
+- ``variant: purified``: a second teacher forward on the reference-only prompt
+  (``prompts.reference_only_messages``: the teacher prompt without the question) followed by the
+  same response ids gives ``reference_hidden``; ``variant: beta_opsd``: the step's teacher weight
+  (``variants.teacher_weight_schedule`` over ``trainer.total_training_steps``) goes to the actor.
 
 The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
 """
@@ -36,7 +42,8 @@ from verl.utils.tracking import Tracking
 from verl.workers.utils.padding import left_right_2_no_padding
 
 from recipe.opsd.config import OPSDConfig
-from recipe.opsd.teacher_worker import OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY
+from recipe.opsd.actor_loss import TEACHER_WEIGHT_KEY
+from recipe.opsd.teacher_worker import OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY, TEACHER_RANK_CHUNK_KEY
 
 
 class RayOPSDTrainer(RayPPOTrainer):
@@ -47,11 +54,6 @@ class RayOPSDTrainer(RayPPOTrainer):
         self.use_reference_policy = True
         self.use_critic = False
         self.use_rm = False
-        if self.opsd.loss.needs_signals_for_positions:
-            raise NotImplementedError(
-                f"opsd.loss.positions={self.opsd.loss.positions!r} ranks tokens by entropy / teacher rank; "
-                "the trainer supports all | first:N | uniform:N | final:N for now"
-            )
         self._teacher_prompt_cache: dict = {}
         self.monitor = None
         if self.opsd.monitor.get("enabled", True):
@@ -64,17 +66,22 @@ class RayOPSDTrainer(RayPPOTrainer):
                 self.monitor = TrainingDynamicsMonitor(MonitorConfig(**options))
 
     # ------------------------------------------------------------------ teacher inputs
-    def _teacher_prompt_ids(self, extra_info: dict) -> list[int]:
+    def _teacher_prompt_ids(self, extra_info: dict, *, reference_only: bool = False) -> list[int]:
+        """Rendered teacher prompt of one row; ``reference_only``: Purified OPSD's reference-only prompt."""
         from recipe.common.chat import render_ids
-        from recipe.common.prompts import build_prompt_pair
+        from recipe.common.prompts import build_prompt_pair, reference_only_messages
 
-        key = (extra_info.get("id"), extra_info.get("index"), extra_info.get("problem"))
+        key = (reference_only, extra_info.get("id"), extra_info.get("index"), extra_info.get("problem"))
         if key not in self._teacher_prompt_cache:
-            _, teacher_messages = build_prompt_pair(self.opsd.teacher_context, extra_info)
+            if reference_only:
+                teacher_messages = reference_only_messages(self.opsd.teacher_context, extra_info)
+            else:
+                _, teacher_messages = build_prompt_pair(self.opsd.teacher_context, extra_info)
             ids = list(render_ids(teacher_messages, self.tokenizer, self.opsd.teacher_mode))
             if len(ids) > self.opsd.teacher_max_prompt_length:
                 raise ValueError(
-                    f"teacher prompt of row id={extra_info.get('id')!r} has {len(ids)} tokens > "
+                    f"{'reference-only ' if reference_only else ''}teacher prompt of row id={extra_info.get('id')!r} "
+                    f"has {len(ids)} tokens > "
                     f"opsd.teacher_max_prompt_length={self.opsd.teacher_max_prompt_length} "
                     f"(context {self.opsd.teacher_context!r}, mode {self.opsd.teacher_mode!r}); filter the data "
                     "with data_prep's length filter or raise the cap"
@@ -82,14 +89,17 @@ class RayOPSDTrainer(RayPPOTrainer):
             self._teacher_prompt_cache[key] = ids
         return self._teacher_prompt_cache[key]
 
-    def _teacher_batch(self, batch: DataProto) -> DataProto:
+    def _teacher_batch(self, batch: DataProto, *, reference_only: bool = False) -> DataProto:
         """Teacher prompt + the student's response ids, in verl's left/right padded layout."""
         from recipe.common.chat import splice_teacher_inputs
 
         responses_BR = batch.batch["responses"]
         response_len = responses_BR.shape[1]
         response_attention_BR = batch.batch["attention_mask"][:, -response_len:]
-        teacher_prompts = [self._teacher_prompt_ids(dict(info)) for info in batch.non_tensor_batch["extra_info"]]
+        teacher_prompts = [
+            self._teacher_prompt_ids(dict(info), reference_only=reference_only)
+            for info in batch.non_tensor_batch["extra_info"]
+        ]
         spliced = splice_teacher_inputs(
             teacher_prompts, responses_BR, response_attention_BR, pad_token_id=self.tokenizer.pad_token_id
         )
@@ -105,23 +115,47 @@ class RayOPSDTrainer(RayPPOTrainer):
             meta_info={"temperature": self.opsd.loss.effective_teacher_temperature},
         )
 
-    def _compute_teacher_hidden(self, batch: DataProto) -> torch.Tensor:
-        teacher_td = left_right_2_no_padding(self._teacher_batch(batch).to_tensordict())
+    def _compute_teacher_hidden(self, batch: DataProto, *, reference_only: bool = False, rank: bool = False) -> dict:
+        """``teacher_hidden`` [B, R, H] (and ``teacher_rank`` [B, R] if ``rank``) of the frozen teacher."""
+        teacher_td = left_right_2_no_padding(self._teacher_batch(batch, reference_only=reference_only).to_tensordict())
+        if rank:
+            tu.assign_non_tensor(teacher_td, **{TEACHER_RANK_CHUNK_KEY: self.opsd.loss.chunk_size})
         output = self.actor_rollout_wg.compute_teacher_hidden(teacher_td)
-        hidden = tu.get(output, "teacher_hidden")
-        return torch.stack(list(hidden.unbind()))  # [B, R, H]
+        keys = ("teacher_hidden", "teacher_rank") if rank else ("teacher_hidden",)
+        return {key: torch.stack(list(tu.get(output, key).unbind())) for key in keys}
 
     # ------------------------------------------------------------------ actor update
-    def _loss_positions(self, batch: DataProto) -> torch.Tensor:
+    def _loss_positions(self, batch: DataProto, *, teacher_rank_BT: torch.Tensor | None = None) -> torch.Tensor:
         from recipe.opsd.positions import select_positions
 
+        response_mask_BT = batch.batch["response_mask"].bool()
+        entropy_BT = None
+        if self.opsd.loss.position_kind in ("he", "le"):
+            # ranked by the student entropy inside the actor's loss (recipe.opsd.actor_loss); here only
+            # the per-completion count matters (ceil(Q x length), independent of the entropy values),
+            # so that verl's mini-batch token count is right: a constant entropy selects that many
+            entropy_BT = torch.zeros(response_mask_BT.shape, dtype=torch.float32)
         return select_positions(
             self.opsd.loss.positions,
-            response_mask_BT=batch.batch["response_mask"].bool(),
+            response_mask_BT=response_mask_BT,
+            entropy_BT=entropy_BT,
+            teacher_rank_BT=teacher_rank_BT,
             seed=int(self.config.data.get("seed", 0) or 0) * 100003 + self.global_steps,
         )
 
-    def _update_opsd_actor(self, batch: DataProto) -> dict:
+    def _teacher_weight(self) -> float:
+        """beta-OPSD's teacher weight at this step (0-based step = global_steps - 1)."""
+        from recipe.opsd.variants import teacher_weight_schedule
+
+        params = self.opsd.loss.params
+        return teacher_weight_schedule(
+            self.global_steps - 1,
+            total_steps=int(self.total_training_steps),
+            start=params.teacher_weight_start,
+            end=params.teacher_weight_end,
+        )
+
+    def _update_opsd_actor(self, batch: DataProto, **non_tensors) -> dict:
         batch.meta_info["temperature"] = self.opsd.loss.student_temperature
         batch_td = left_right_2_no_padding(batch.to_tensordict())
         batch_td["loss_mask"] = batch.batch["opsd_loss_mask"]
@@ -137,6 +171,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             seed=actor_cfg.data_loader_seed,
             dataloader_kwargs={"shuffle": actor_cfg.shuffle},
             compute_loss=True,
+            **non_tensors,
         )
         output = tu.get(self.actor_rollout_wg.update_actor(batch_td), "metrics")
         metrics = {}
@@ -231,12 +266,22 @@ class RayOPSDTrainer(RayPPOTrainer):
                     batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
 
                     with marked_timer("teacher", timing_raw, color="olive"):
-                        batch.batch["teacher_hidden"] = self._compute_teacher_hidden(batch)
-                    batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
+                        teacher = self._compute_teacher_hidden(batch, rank=self.opsd.loss.position_kind == "advt")
+                        if self.opsd.loss.variant == "purified":
+                            reference = self._compute_teacher_hidden(batch, reference_only=True)
+                            teacher["reference_hidden"] = reference["teacher_hidden"]
+                    teacher_rank_BT = teacher.pop("teacher_rank", None)
+                    batch.batch.update(teacher)
+                    batch.batch["opsd_loss_mask"] = self._loss_positions(batch, teacher_rank_BT=teacher_rank_BT)
+                    variant_inputs = {}
+                    if self.opsd.loss.variant == "beta_opsd":
+                        variant_inputs[TEACHER_WEIGHT_KEY] = self._teacher_weight()
+                        metrics["opsd/teacher_weight"] = variant_inputs[TEACHER_WEIGHT_KEY]
 
                     with marked_timer("update_actor", timing_raw, color="red"):
-                        metrics.update(self._update_opsd_actor(batch))
-                    batch.batch.pop("teacher_hidden")
+                        metrics.update(self._update_opsd_actor(batch, **variant_inputs))
+                    for key in teacher:
+                        batch.batch.pop(key)
 
                     if self.config.trainer.save_freq > 0 and (
                         is_last_step or self.global_steps % self.config.trainer.save_freq == 0

@@ -288,6 +288,7 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         if self.ref is not None:
             output = self.ref.infer_batch(data=data)
         else:
+            _fsdp2_lazy_init(self.actor.engine.module)
             tu.assign_non_tensor(data, no_lora_adapter=True)
             output = self.actor.infer_batch(data)
         return output.cpu() if output is not None else None
@@ -307,6 +308,21 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
                     total += torch.stack([full.sum(), (full * full).sum()])
             out[name] = total.tolist()
         return out
+
+
+def _fsdp2_lazy_init(module) -> None:
+    """Run FSDP2's lazy initialisation now, with the LoRA adapters trainable (idempotent).
+
+    FSDP2 fixes each parameter group's gradient reduce dtype at its lazy init (the module's first
+    forward) from the parameters that require grad at that moment. With LoRA the actor's first
+    forward is the teacher's, under peft's ``disable_adapter`` (adapters' requires_grad False), which
+    would leave the adapters' bf16 gradients un-cast at the first backward ("attempting to assign a
+    gradient with dtype BFloat16 to a tensor with grad_dtype Float"). ``_lazy_init`` is FSDP2's own
+    (private) entry point for this; re-check it on a torch upgrade.
+    """
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is not None:
+        get_state()._lazy_init()
 
 
 def worker_class_for(opsd_config: dict) -> type:
