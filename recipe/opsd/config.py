@@ -111,11 +111,6 @@ class OPSDLossConfig:
 
         return parse_position_spec(str(self.positions)).kind
 
-    @property
-    def needs_signals_for_positions(self) -> bool:
-        """True when the position spec ranks tokens by entropy (he/le) or by teacher rank (advt)."""
-        return self.position_kind in ("he", "le", "advt")
-
 
 @dataclass
 class OPSDConfig:

@@ -339,13 +339,14 @@ def _chunked(fn, chunk_size: int, *, rows: tuple, shared: tuple) -> torch.Tensor
     """``cat(fn(*row_chunk, *shared))`` over row chunks of the ``rows`` tensors (all [N, ...])."""
     n = rows[0].shape[0]
     outs = []
-    for start in range(0, n, chunk_size):
+    # no rows: one empty chunk, so the (empty) result is still connected to the weights' graph
+    for start in range(0, max(n, 1), chunk_size):
         args = [t[start:start + chunk_size] for t in rows] + list(shared)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
             outs.append(checkpoint(fn, *args, use_reentrant=False))
         else:
             outs.append(fn(*args))
-    return torch.cat(outs) if outs else rows[0].new_zeros(0, dtype=_dtype(rows[0]))
+    return torch.cat(outs)
 
 
 def purified_token_loss_from_hidden(

@@ -240,3 +240,14 @@ def test_micro_batch_split_sums_to_the_mini_batch_loss():
         sub = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
         parts.append(_run(cfg, hs[rows], ws, wt, sub)[0])
     _close(parts[0] + parts[1], whole)
+
+
+@pytest.mark.parametrize("variant", ["opsd", "purified", "beta_opsd"])
+def test_a_micro_batch_without_selected_positions_gives_zero_and_backpropagates(variant):
+    """AdvT can reject every position of a micro-batch: loss 0, a graph to backpropagate, zero grads."""
+    hs, ws, wt, data = _batch(seed=19, loss_mask=torch.zeros(B, R, dtype=torch.bool))
+    data |= {"batch_num_tokens": OTHER_RANK_TOKENS, TEACHER_WEIGHT_KEY: 0.5}
+    cfg = OPSDLossConfig(variant=variant, beta=0.5 if variant == "purified" else 0.0, chunk_size=4)
+    loss, metrics, grads = _run(cfg, hs, ws, wt, data)
+    assert float(loss) == 0.0 and metrics["opsd/loss"] == 0.0 and metrics["opsd/loss_tokens"] == 0
+    assert all(torch.all(g == 0) for g in grads)

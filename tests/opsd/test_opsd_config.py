@@ -86,8 +86,6 @@ def test_unknown_context_lists_the_allowed_values():
 def test_clip_off_and_teacher_temperature():
     loss = OPSDLossConfig(clip_tau=None, teacher_temperature=1.0)
     assert loss.clip_tau is None and loss.effective_teacher_temperature == 1.0
-    assert OPSDLossConfig(positions="he:0.2").needs_signals_for_positions
-    assert not OPSDLossConfig(positions="first:256").needs_signals_for_positions
 
 
 def test_non_fsdp2_strategy_is_rejected_before_ray():
