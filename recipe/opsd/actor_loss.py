@@ -14,12 +14,15 @@ where d_t is, by ``opsd.loss.variant``:
   paper: per-vocabulary-entry clipped divergence summed over the vocabulary; fused, O(chunk x V));
 - ``purified``: ``variants.purified_token_loss_from_hidden`` against the PMI target built from the
   privileged teacher and the reference-only teacher (``reference_hidden``, a second teacher
-  forward); logits formed per row chunk under activation checkpointing: three [chunk, V] blocks
-  live at a time (student with grad, teacher, reference), recomputed in backward;
+  forward); logits formed per row chunk under activation checkpointing (recomputed in backward),
+  so memory is O(chunk x V) but larger than the fused path: ~13 float32 [chunk, V] blocks at peak
+  against ~3.5 (measured on CPU, V = 151,936: 1.1 GB at chunk_size 128, independent of N; lower
+  opsd.loss.chunk_size for this variant on GPU);
 - ``beta_opsd``: ``variants.beta_opsd_sampled_loss`` with the sampled tokens' student log-probs
-  (``variants.sampled_token_log_probs_from_hidden``, chunked and checkpointed the same way), the
-  teacher's from the diagnostics pass, the step's teacher weight (``opsd_teacher_weight``, set by
-  the trainer from ``variants.teacher_weight_schedule``) and return-to-go over each response.
+  (``variants.sampled_token_log_probs_from_hidden``, chunked and checkpointed the same way, ~2
+  [chunk, V] blocks at peak), the teacher's from the diagnostics pass, the step's teacher weight
+  (``opsd_teacher_weight``, set by the trainer from ``variants.teacher_weight_schedule``) and the
+  return-to-go over every response token (the surrogate is then averaged over the loss positions).
 
 FSDP averages gradients over dp ranks, so the update is the global token mean over the mini-batch
 and does not depend on how it is split into micro-batches or ranks. Token-level diagnostics
