@@ -57,6 +57,15 @@ def prepare_config(config) -> OPSDConfig:
             f"[opsd] note: rollout temperature {config.actor_rollout_ref.rollout.temperature} != "
             f"opsd.loss.student_temperature {opsd.loss.student_temperature}"
         )
+    actor = config.actor_rollout_ref.actor
+    if opsd.loss.position_kind in ("he", "le") and (
+        actor.ppo_mini_batch_size != config.data.train_batch_size or actor.get("ppo_epochs", 1) != 1
+    ):
+        print(
+            f"[opsd] note: opsd.loss.positions={opsd.loss.positions!r} ranks positions by the student entropy of "
+            "each update's own forward; with several updates per batch (ppo_mini_batch_size < train_batch_size "
+            "or ppo_epochs > 1) later updates rank by the partly updated student, not the rollout policy"
+        )
     return opsd
 
 
