@@ -112,6 +112,37 @@ def load_initial_lm_head(model_path: str, *, tie_word_embeddings: bool) -> torch
     raise KeyError(f"{model_path}: no tensor named *{' or *'.join(wanted)} in {files}")
 
 
+# Model configs whose causal-LM head is ``scale * (h @ W.T)`` instead of ``h @ W.T`` (transformers
+# 5.x): attribute -> how it turns into the scale. The OPSD losses work on hidden states and the
+# lm_head weight, so the scale is folded into the weight (logits are linear in it).
+_LINEAR_LOGIT_SCALES = {
+    "lm_head_multiplier": lambda v: float(v),  # Falcon-H1 (Falcon-H1R-7B)
+    "logit_scale": lambda v: float(v),  # Cohere
+    "logits_scaling": lambda v: 1.0 / float(v),  # Granite divides
+}
+
+
+def output_logit_scale(hf_config) -> float:
+    """The factor the model's head multiplies ``h @ W.T`` by (1.0 for Qwen3, Llama, OLMo, ...).
+
+    A non-linear head (Gemma's ``final_logit_softcapping``) cannot be folded into the weight and is
+    refused: the fused loss would otherwise train on logits the model never produces.
+    """
+    configs = [hf_config] + [getattr(hf_config, "text_config", None)]
+    scale = 1.0
+    for cfg in filter(None, configs):
+        if getattr(cfg, "final_logit_softcapping", None) is not None:
+            raise ValueError(
+                f"{type(cfg).__name__}.final_logit_softcapping={cfg.final_logit_softcapping}: the OPSD fused loss "
+                "needs logits linear in the lm_head weight (soft-capped heads are not supported)"
+            )
+        for name, to_scale in _LINEAR_LOGIT_SCALES.items():
+            value = getattr(cfg, name, None)
+            if value is not None:
+                scale *= to_scale(value)
+    return scale
+
+
 class OPSDEngineMixin:
     """Mixed into verl's FSDP LM engine class: an OPSD forward that works on final hidden states."""
 
@@ -146,10 +177,17 @@ class OPSDEngineMixin:
         head = _unwrap_causal_lm(self.module).get_output_embeddings()
         captured = {}
 
+        scale = output_logit_scale(self.model_config.hf_config)
+
         def head_params():
+            """The head as the model applies it: logits = h @ weight.T + bias (scale folded in)."""
             weight = head.weight.full_tensor() if isinstance(head.weight, DTensor) else head.weight
             bias = head.bias
-            return weight, bias.full_tensor() if isinstance(bias, DTensor) else bias
+            bias = bias.full_tensor() if isinstance(bias, DTensor) else bias
+            if scale != 1.0:
+                weight = weight * scale
+                bias = None if bias is None else bias * scale
+            return weight, bias
 
         if mode == "teacher_hidden":
             rank_chunk = tu.get_non_tensor_data(data=micro_batch, key=TEACHER_RANK_CHUNK_KEY, default=None)
@@ -270,6 +308,7 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
             raise ValueError("OPSDActorRolloutRefWorker needs the opsd config: build it with worker_class_for(opsd)")
         opsd_cfg = OPSDConfig.from_hydra(self.opsd_config)
         model_config = self.actor.model_config
+        output_logit_scale(model_config.hf_config)  # refuses a soft-capped head before training starts
         if self.ref is None:
             # LoRA: the teacher is the actor with adapters disabled; the lm_head is not adapted
             teacher_weight = None
@@ -277,7 +316,7 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
             teacher_weight = load_initial_lm_head(
                 model_config.local_path,
                 tie_word_embeddings=bool(getattr(model_config.hf_config, "tie_word_embeddings", False)),
-            ).to(get_device_id())
+            ).to(get_device_id()) * output_logit_scale(model_config.hf_config)
         self.actor.set_loss_fn(partial(opsd_loss, loss_config=opsd_cfg.loss, teacher_weight_VH=teacher_weight))
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))

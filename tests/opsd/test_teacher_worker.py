@@ -132,3 +132,37 @@ def test_teacher_rank_from_hidden_matches_the_model_logits(model, sequences):
     w = torch.eye(4, dtype=torch.float64)
     h = torch.tensor([[2.0, 5.0, 5.0, -1.0]], dtype=torch.float64).repeat(2, 1)
     assert sampled_token_rank_from_hidden(h, w, torch.tensor([1, 3])).tolist() == [0, 3]
+
+
+# ---------------------------------------------------------------- heads that scale h @ W.T
+def test_output_logit_scale_of_the_paper_heads():
+    from transformers import FalconH1Config, Gemma2Config, GraniteConfig
+
+    from recipe.opsd.teacher_worker import output_logit_scale
+
+    assert output_logit_scale(tiny_qwen3_config(vocab_size=VOCAB)) == 1.0
+    assert output_logit_scale(FalconH1Config(lm_head_multiplier=0.25)) == 0.25
+    assert output_logit_scale(GraniteConfig(logits_scaling=8.0)) == 0.125
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        output_logit_scale(Gemma2Config(final_logit_softcapping=30.0))
+
+
+def test_falcon_h1_logits_are_hidden_times_the_scaled_head():
+    """Falcon-H1 (Falcon-H1R-7B preset) multiplies its lm_head output: the folded weight reproduces it."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    from recipe.opsd.teacher_worker import output_logit_scale
+
+    config = FalconH1Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+        mamba_d_state=8, mamba_chunk_size=8, lm_head_multiplier=0.37, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = FalconH1ForCausalLM(config).double().eval()
+    ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), capture_final_hidden(model) as store:
+        logits = model(input_ids=ids, use_cache=False, logits_to_keep=0).logits
+    weight = model.get_output_embeddings().weight * output_logit_scale(config)
+    assert output_logit_scale(config) == pytest.approx(0.37)
+    torch.testing.assert_close(store["hidden"] @ weight.T, logits, rtol=0, atol=1e-12)
