@@ -93,36 +93,37 @@ def load_fsdp_state_dict(actor_dir: Path) -> dict[str, torch.Tensor]:
 def assert_rollout_served_checkpoints(
     weights_log: Path, ckpt_dir: Path, *, expected_steps: list[int], initial: dict[str, torch.Tensor] | None = None
 ) -> dict[int, dict[int, dict[str, str]]]:
-    """Every replica loaded weights at ``expected_steps`` (in order) and served, at each step that
-    has a checkpoint ``ckpt_dir/global_step_<s>/actor``, bit-identical tensors (step 0: ``initial``).
+    """Every replica loaded weights at ``expected_steps`` (in order, over all launches that appended
+    to ``weights_log``), and every load of a step that has a checkpoint
+    ``ckpt_dir/global_step_<s>/actor`` (step 0: ``initial``) served bit-identical tensors.
 
-    Returns ``{replica: {step: {name: sha256}}}`` for further checks.
+    Returns ``{replica: {step: {name: sha256}}}`` (the last load of each step) for further checks.
     """
     from recipe.common.cpu_rollout import weights_fingerprint
 
     records = [json.loads(line) for line in Path(weights_log).read_text().splitlines() if line.strip()]
     steps_seen: dict[int, list[int]] = {}
-    served: dict[int, dict[int, dict[str, str]]] = {}
     for record in records:
         steps_seen.setdefault(record["replica"], []).append(record["global_steps"])
-        served.setdefault(record["replica"], {})[record["global_steps"]] = record["sha256"]
     for replica, steps in steps_seen.items():
         assert steps == expected_steps, f"replica {replica} loaded weights at steps {steps}, expected {expected_steps}"
-    checked = 0
-    for step in expected_steps:
+    trainer: dict[int, dict[str, str]] = {}
+    for step in sorted(set(expected_steps)):
         actor_dir = Path(ckpt_dir) / f"global_step_{step}" / "actor"
         if step == 0 and initial is not None:
-            trainer = weights_fingerprint(initial)
+            trainer[step] = weights_fingerprint(initial)
         elif actor_dir.is_dir():
-            trainer = weights_fingerprint(load_fsdp_state_dict(actor_dir))
-        else:
+            trainer[step] = weights_fingerprint(load_fsdp_state_dict(actor_dir))
+    assert trainer, f"no checkpoint of steps {expected_steps} under {ckpt_dir} to compare with"
+    served: dict[int, dict[int, dict[str, str]]] = {}
+    for record in records:
+        replica, step, digests = record["replica"], record["global_steps"], record["sha256"]
+        served.setdefault(replica, {})[step] = digests
+        if step not in trainer:
             continue
-        for replica, by_step in served.items():
-            assert by_step[step].keys() == trainer.keys(), (replica, step)
-            mismatched = [name for name in trainer if by_step[step][name] != trainer[name]]
-            assert not mismatched, f"step {step}: replica {replica} serves weights != the trainer's: {mismatched[:5]}"
-            checked += 1
-    assert checked > 0, f"no checkpoint of steps {expected_steps} under {ckpt_dir} to compare with"
+        assert digests.keys() == trainer[step].keys(), (replica, step)
+        mismatched = [name for name in digests if digests[name] != trainer[step][name]]
+        assert not mismatched, f"step {step}: replica {replica} serves weights != the trainer's: {mismatched[:5]}"
     return served
 
 

@@ -1,7 +1,8 @@
 """OPSD end to end on the CPU through ``bash recipe/opsd/run_opsd.sh`` (the product path), tiny model.
 
 Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot,
-the fused loss in the actor, checkpoints and resume. Four runs (about 5 minutes on 2 cores):
+the fused loss in the actor, checkpoints and resume. Four training launches and three failing
+ones (4 min 44 s on 2 loaded cores: 69 s, 65 s + 55 s, 52 s, 3 x 10-13 s):
 
 - 2 FSDP ranks, 2 steps: every logged metric is there and finite; the teacher's float64
   parameter checksum equals the initial model's at every step while the actor's moves; after
@@ -10,8 +11,9 @@ the fused loss in the actor, checkpoints and resume. Four runs (about 5 minutes 
 - 1 rank, 2 steps then the same command with 3 steps: the rerun resumes from the step-2
   checkpoint (no step repeated), its rollout serves the resumed weights, and step 3 trains on the
   batch an uninterrupted run would see.
-- LoRA, 2 steps: the teacher is the base model with the adapter disabled (step 1 equals the
-  full-parameter run's step 1; the checkpoint's base weights are the initial ones).
+- LoRA, 2 steps: the teacher is the base model with the adapter disabled (step 1 matches the
+  full-parameter run's step 1; the checkpoint's base weights are bit-identical to the initial
+  ones; the rollout serves bf16 of the merged adapters).
 - bad ``opsd.*`` values fail before Ray starts with a message naming the field.
 """
 
