@@ -2,7 +2,7 @@
 
 Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot,
 the fused loss in the actor, checkpoints and resume. Four training launches and three failing
-ones (4 min 44 s on 2 loaded cores: 69 s, 65 s + 55 s, 52 s, 3 x 10-13 s):
+ones (3 min 47 s - 4 min 44 s on 2 shared cores: 46-69 s, 47-65 s + 53-55 s, 52-57 s, 3 x 6-13 s):
 
 - 2 FSDP ranks, 2 steps: every logged metric is there and finite; the teacher's float64
   parameter checksum equals the initial model's at every step while the actor's moves; after
