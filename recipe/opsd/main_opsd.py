@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 import hydra
 import ray
@@ -124,7 +125,11 @@ class OPSDTaskRunner(BaseTaskRunner):
 
 @hydra.main(config_path="config", config_name="opsd_trainer", version_base=None)
 def main(config):
-    prepare_config(config)  # fail on a bad opsd block before Ray starts
+    try:
+        prepare_config(config)  # fail on a bad opsd block before Ray starts
+    except ValueError as err:  # a config mistake: the message names the field, no traceback
+        print(f"[opsd] invalid config: {err}", file=sys.stderr)
+        sys.exit(2)
     run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(OPSDTaskRunner))
 
 

@@ -323,5 +323,6 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, t
         timeout=120,
     )
     assert run.returncode != 0
-    assert f"{field} must be" in run.log, run.tail()
+    assert f"[opsd] invalid config: {field} must be" in run.log, run.tail()
+    assert "Traceback" not in run.log, run.tail()  # one line naming the field, no stack trace
     assert "ray init kwargs" not in run.log and "Started a local Ray instance" not in run.log, run.tail()
