@@ -9,6 +9,10 @@ honest. All three include the student and teacher lm_head matmuls (hidden [N, H]
 * chunked - the same logits, then ``recipe.opsd.losses.token_divergence(chunk_size=C)``.
 * fused   - ``recipe.opsd.losses.fused_linear_token_divergence(chunk_size=C)``: the lm_head
             matmul runs inside the row chunk, no [N, V] tensor exists.
+* fused_sum - ``recipe.opsd.losses.fused_linear_weighted_divergence`` with unit row weights: the
+            same sum(values) every implementation differentiates, with the gradients formed in
+            the forward pass (one pass over the vocabulary, 4 lm_head-sized matmuls instead of
+            6). This is what the OPSD actor calls (with token-mean weights).
 
 Loss settings are the paper defaults: beta=0, clip_tau=0.05, both temperatures 1.1.
 Peak extra RSS = ru_maxrss at the end minus the RSS right after the inputs were
@@ -31,7 +35,7 @@ import subprocess
 import sys
 import time
 
-IMPLS = ("naive", "chunked", "fused")
+IMPLS = ("naive", "chunked", "fused", "fused_sum")
 BETA, CLIP_TAU, TEMPERATURE = 0.0, 0.05, 1.1
 
 
@@ -44,7 +48,7 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
     import torch
     import torch.nn.functional as F
 
-    from recipe.opsd.losses import fused_linear_token_divergence, token_divergence
+    from recipe.opsd.losses import fused_linear_token_divergence, fused_linear_weighted_divergence, token_divergence
 
     if threads:
         torch.set_num_threads(threads)
@@ -77,14 +81,20 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
     def fused():
         return fused_linear_token_divergence(hs, ws, ht, wt, chunk_size=chunk, **opts)
 
-    fn = {"naive": naive, "chunked": chunked, "fused": fused}[impl]
+    ones = torch.ones(n)
+
+    def fused_sum():
+        return fused_linear_weighted_divergence(hs, ws, ht, wt, row_weights_N=ones, chunk_size=chunk, **opts)
+
+    fn = {"naive": naive, "chunked": chunked, "fused": fused, "fused_sum": fused_sum}[impl]
     base_rss = _rss_bytes()
     times, values, grad_h = [], None, None
     for _ in range(repeats):
         hs.grad = ws.grad = None
         t0 = time.perf_counter()
-        values = fn()
-        values.sum().backward()
+        out = fn()
+        loss, values = out if isinstance(out, tuple) else (out.sum(), out)
+        loss.backward()
         times.append(time.perf_counter() - t0)
         values, grad_h = values.detach()[:ref_rows].clone(), hs.grad[:ref_rows].clone()
     peak_extra = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss
@@ -125,7 +135,7 @@ def main() -> None:
 
     print(f"V={args.vocab} H={args.hidden} chunk={args.chunk_size} repeats={args.repeats} "
           f"beta={BETA} clip_tau={CLIP_TAU} T={TEMPERATURE}; float32 inputs, fwd+bwd incl. lm_head matmuls", flush=True)
-    header = f"{'N':>6} {'impl':>8} {'time s':>8} {'x naive':>8} {'peak extra GB':>14} {'x naive':>8} {'err values':>11} {'err grad_h':>11}"
+    header = f"{'N':>6} {'impl':>9} {'time s':>8} {'x naive':>8} {'peak extra GB':>14} {'x naive':>8} {'err values':>11} {'err grad_h':>11}"
     rows = []
     for n in args.n:
         naive = None
@@ -136,17 +146,17 @@ def main() -> None:
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
-                rows.append(f"{n:>6} {impl:>8}  timed out after {args.timeout:.0f} s")
+                rows.append(f"{n:>6} {impl:>9}  timed out after {args.timeout:.0f} s")
                 continue
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["killed (out of memory?)"])[-1]
-                rows.append(f"{n:>6} {impl:>8}  failed (exit {proc.returncode}): {tail}")
+                rows.append(f"{n:>6} {impl:>9}  failed (exit {proc.returncode}): {tail}")
                 continue
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             naive = r if impl == "naive" else naive
             t_ratio = f"{r['time_s'] / naive['time_s']:.2f}" if naive else "-"
             m_ratio = f"{r['peak_extra_gb'] / naive['peak_extra_gb']:.3f}" if naive else "-"
-            rows.append(f"{n:>6} {impl:>8} {r['time_s']:>8.2f} {t_ratio:>8} {r['peak_extra_gb']:>14.2f} {m_ratio:>8} "
+            rows.append(f"{n:>6} {impl:>9} {r['time_s']:>8.2f} {t_ratio:>8} {r['peak_extra_gb']:>14.2f} {m_ratio:>8} "
                         f"{r['err_values']:>11.1e} {r['err_grad_h']:>11.1e}")
             print(rows[-1], file=sys.stderr, flush=True)
     print(header)

@@ -10,7 +10,7 @@ forward), the frozen teacher's hidden states with the frozen initial lm_head, an
 
 where d_t is, by ``opsd.loss.variant``:
 
-- ``opsd``: ``losses.fused_linear_token_divergence`` (the one formula, eq. "opsd_clipped" of the
+- ``opsd``: ``losses.fused_linear_weighted_divergence`` with the token-mean weights (the one formula, eq. "opsd_clipped" of the
   paper: per-vocabulary-entry clipped divergence summed over the vocabulary; fused, O(chunk x V));
 - ``purified``: ``variants.purified_token_loss_from_hidden`` against the PMI target built from the
   privileged teacher and the reference-only teacher (``reference_hidden``, a second teacher
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from recipe.opsd.losses import fused_linear_token_divergence, global_token_sum_mean
+from recipe.opsd.losses import fused_linear_weighted_divergence, global_token_row_weights, global_token_sum_mean
 from recipe.opsd.positions import parse_position_spec, select_positions
 from recipe.opsd.signals import token_signals_from_hidden
 from recipe.opsd.variants import (
@@ -165,12 +165,19 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
     loss_mask_bR = _loss_mask(loss_config, data, response_mask_bR, signals["student_entropy"])
 
     extra = {}
+    loss = None
     if loss_config.variant == "opsd":
-        per_token_N = fused_linear_token_divergence(
+        # global token mean over the mini-batch, x dp_size because FSDP averages gradients over
+        # ranks; the weights are known now, so the fused loss forms its gradients in one pass
+        weights_N = global_token_row_weights(
+            int(loss_mask_bR.sum()), global_token_count=batch_num_tokens, dtype=torch.float64, device=device
+        ).mul_(dp_size)
+        loss, per_token_N = fused_linear_weighted_divergence(
             student_hidden_bRH[loss_mask_bR],
             student_weight_VH,
             teacher_hidden_bRH[loss_mask_bR],
             teacher_weight,
+            row_weights_N=weights_N,
             student_bias=student_bias_V,
             teacher_bias=teacher_bias,
             beta=loss_config.beta,
@@ -180,7 +187,6 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
             topk=loss_config.topk,
             chunk_size=loss_config.chunk_size,
         )
-        values_bR = _scatter(loss_mask_bR, per_token_N)
     elif loss_config.variant == "purified":
         params = variant_params("purified", loss_config.variant_params)
         reference_hidden_bRH = data["reference_hidden"].to(device=device, dtype=dtype)
@@ -225,8 +231,8 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
     else:  # guarded by OPSDLossConfig
         raise ValueError(f"opsd.loss.variant must be one of opsd | purified | beta_opsd, got {loss_config.variant!r}")
 
-    # global token mean over the mini-batch; x dp_size because FSDP averages gradients over ranks
-    loss = global_token_sum_mean(values_bR, loss_mask_bR, global_token_count=max(batch_num_tokens, 1)) * dp_size
+    if loss is None:  # global token mean over the mini-batch; x dp_size because FSDP averages gradients over ranks
+        loss = global_token_sum_mean(values_bR, loss_mask_bR, global_token_count=max(batch_num_tokens, 1)) * dp_size
 
     with torch.no_grad():
         scale = dp_size / max(response_tokens, 1)

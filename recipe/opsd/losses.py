@@ -57,8 +57,10 @@ import torch.nn.functional as F
 __all__ = [
     "token_divergence",
     "fused_linear_token_divergence",
+    "fused_linear_weighted_divergence",
     "masked_token_mean",
     "global_token_sum_mean",
+    "global_token_row_weights",
     "log_probs",
     "entry_terms",
     "forward_kl_terms",
@@ -181,8 +183,11 @@ class _Workspace:
         return buf[:rows]
 
 
-def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bool, ws: _Workspace, owned: bool = False):
+def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bool, ws: _Workspace,
+                         owned: bool = False, need_values: bool = False):
     """Per-row values [rows] or, if ``want_grad``, (values or None, d value / d s_raw [rows, V]).
+
+    With ``want_grad`` the values are computed only if there is a clip or ``need_values``.
 
     Works on raw logits of one chunk; everything inside is in ``cdt``. ``owned`` means
     the raw logits are scratch buffers of the caller that may be overwritten. The
@@ -204,7 +209,7 @@ def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bo
                        scratch=t_raw if owned and t_raw.dtype == cdt else buf("a"))
     del s_raw, t_raw
     values, over = None, None
-    if not want_grad or o.clip_tau is not None:  # backward needs the terms only for the clip mask
+    if not want_grad or o.clip_tau is not None or need_values:  # backward needs the terms only for the clip mask
         d = entry_terms(logp_s, logp_t, beta=o.beta, out=buf("d"), scratch=buf("a"), scratch2=buf("b"))
         if o.clip_tau is not None:
             if want_grad:  # min(d, tau) passes gradient where d <= tau (as torch.clamp does)
@@ -277,14 +282,25 @@ def _chunk_logits(h_NH, w_VH, b_V, rows: slice, out: torch.Tensor) -> torch.Tens
     return torch.addmm(b_V, h_NH[rows], w_VH.T, out=out)
 
 
-def _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, want_grad, ws: _Workspace):
+def _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, want_grad, ws: _Workspace, need_values=False):
     n_rows, vocab = rows.stop - rows.start, ws_VH.shape[0]
     # raw logits go straight into the kernel's scratch buffers when they already have the compute dtype
     s_name = "a" if ws_VH.dtype == cdt else "raw_s"
     t_name = "b" if wt_VH.dtype == cdt else "raw_t"
     s_raw = _chunk_logits(hs_NH, ws_VH, bs_V, rows, ws(s_name, n_rows, vocab, ws_VH.dtype))
     t_raw = _chunk_logits(ht_NH, wt_VH, bt_V, rows, ws(t_name, n_rows, vocab, wt_VH.dtype))
-    return _rows_value_and_grad(s_raw, t_raw, o, cdt, want_grad, ws, owned=True)
+    return _rows_value_and_grad(s_raw, t_raw, o, cdt, want_grad, ws, owned=True, need_values=need_values)
+
+
+def _accumulate_input_grads(g, hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws: _Workspace) -> None:
+    """Chain one chunk's logit gradient g [rows, V] through logits = hs @ ws.T + bs."""
+    if grad_h is not None:
+        g_in = g if ws_VH.dtype == g.dtype else ws("g_in", g.shape[0], g.shape[1], ws_VH.dtype).copy_(g)
+        torch.mm(g_in, ws_VH, out=grad_h[rows])
+    if grad_w is not None:
+        grad_w.addmm_(g.T, hs_NH[rows].to(g.dtype))
+    if grad_b is not None:
+        grad_b += g.sum(0)
 
 
 class _FusedLinearDivergence(torch.autograd.Function):
@@ -312,20 +328,48 @@ class _FusedLinearDivergence(torch.autograd.Function):
         ws = _Workspace(hs_NH.device)
         for rows in _row_chunks(hs_NH.shape[0], ctx.chunk_size):
             _, g = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, ctx.o, cdt, True, ws)
-            g.mul_(grad_N[rows, None].to(cdt))
-            if need_h:
-                g_in = g if ws_VH.dtype == cdt else ws("g_in", g.shape[0], g.shape[1], ws_VH.dtype).copy_(g)
-                torch.mm(g_in, ws_VH, out=grad_h[rows])
-            if need_w:
-                grad_w.addmm_(g.T, hs_NH[rows].to(cdt))
-            if grad_b is not None:
-                grad_b += g.sum(0)
+            _accumulate_input_grads(g.mul_(grad_N[rows, None].to(cdt)), hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws)
         return (
             grad_h,
             None if grad_w is None else grad_w.to(ws_VH.dtype),
             None if grad_b is None else grad_b.to(bs_V.dtype),
             None, None, None, None, None, None,
         )
+
+
+class _FusedLinearWeightedDivergence(torch.autograd.Function):
+    """sum_n w_n d_n with the lm_head inside the chunk; every gradient is formed in forward.
+
+    The weights are known in forward, so each chunk is visited once (values and gradient
+    together) and the lm_head-sized matmuls are 4 (two logits, two gradients) instead of the
+    6 of ``_FusedLinearDivergence`` (which recomputes both logits in backward). Backward only
+    scales the stored [N, H] / [V, H] gradients by the incoming scalar.
+    """
+
+    @staticmethod
+    def forward(ctx, hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, w_N, o: _Opts, chunk_size: int, cdt: torch.dtype):
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        values_N = torch.empty(hs_NH.shape[0], dtype=cdt, device=hs_NH.device)
+        grad_h = torch.empty_like(hs_NH) if need_h else None
+        grad_w = torch.zeros(ws_VH.shape, dtype=cdt, device=ws_VH.device) if need_w else None
+        grad_b = torch.zeros(bs_V.shape, dtype=cdt, device=bs_V.device) if need_b and bs_V is not None else None
+        w_N = w_N.to(cdt)
+        ws = _Workspace(hs_NH.device)
+        want_grad = need_h or need_w or grad_b is not None
+        for rows in _row_chunks(hs_NH.shape[0], chunk_size):
+            values_N[rows], g = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, want_grad, ws,
+                                             need_values=True)
+            if want_grad:
+                _accumulate_input_grads(g.mul_(w_N[rows, None]), hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws)
+        ctx.grads = (grad_h, grad_w, grad_b)
+        ctx.dtypes = (hs_NH.dtype, ws_VH.dtype, None if bs_V is None else bs_V.dtype)
+        ctx.mark_non_differentiable(values_N)
+        return (values_N * w_N).sum(), values_N
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_values):
+        scaled = [None if g is None else (g * grad_loss.to(g.dtype)).to(dt) for g, dt in zip(ctx.grads, ctx.dtypes)]
+        return (*scaled, None, None, None, None, None, None, None)
 
 
 # --------------------------------------------------------------------------- public API
@@ -372,28 +416,9 @@ def token_divergence(
     return values_N.reshape(lead)
 
 
-def fused_linear_token_divergence(
-    student_hidden_NH: torch.Tensor,
-    student_weight_VH: torch.Tensor,
-    teacher_hidden_NH: torch.Tensor,
-    teacher_weight_VH: torch.Tensor,
-    *,
-    student_bias: torch.Tensor | None = None,
-    teacher_bias: torch.Tensor | None = None,
-    beta: float = 0.0,
-    clip_tau: float | None = None,
-    student_temperature: float = 1.0,
-    teacher_temperature: float | None = None,
-    topk: int | None = None,
-    chunk_size: int = 1024,
-) -> torch.Tensor:
-    """``token_divergence(hs @ Ws.T + bs, ht @ Wt.T + bt)`` without materialising [N, V].
-
-    The lm_head matmul runs per row chunk in the input dtype (as the model's lm_head
-    would), the divergence in float32 (float64 for float64 inputs); backward recomputes
-    each chunk. Gradients go to ``student_hidden_NH``, ``student_weight_VH`` and
-    ``student_bias``; the teacher side is a constant. Returns ``Tensor[N]``.
-    """
+def _check_fused_inputs(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias,
+                        teacher_bias, *, beta, clip_tau, student_temperature, teacher_temperature, topk, chunk_size):
+    """Validate the fused functions' inputs; returns (options, compute dtype)."""
     names = ("student_hidden_NH", "student_weight_VH", "teacher_hidden_NH", "teacher_weight_VH")
     tensors = (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
     for name, t in zip(names, tensors):
@@ -418,11 +443,81 @@ def fused_linear_token_divergence(
     if chunk_size is None:
         raise ValueError("chunk_size must be an int >= 1 for the fused path; got None")
     cdt = _compute_dtype(*tensors)
+    return o, cdt
+
+
+def fused_linear_token_divergence(
+    student_hidden_NH: torch.Tensor,
+    student_weight_VH: torch.Tensor,
+    teacher_hidden_NH: torch.Tensor,
+    teacher_weight_VH: torch.Tensor,
+    *,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    beta: float = 0.0,
+    clip_tau: float | None = None,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    topk: int | None = None,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """``token_divergence(hs @ Ws.T + bs, ht @ Wt.T + bt)`` without materialising [N, V].
+
+    The lm_head matmul runs per row chunk in the input dtype (as the model's lm_head
+    would), the divergence in float32 (float64 for float64 inputs); backward recomputes
+    each chunk. Gradients go to ``student_hidden_NH``, ``student_weight_VH`` and
+    ``student_bias``; the teacher side is a constant. Returns ``Tensor[N]``.
+    """
+    o, cdt = _check_fused_inputs(
+        student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias,
+        beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
+        teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
+    )
     return _FusedLinearDivergence.apply(
         student_hidden_NH, student_weight_VH, student_bias,
         teacher_hidden_NH.detach(), teacher_weight_VH.detach(),
         None if teacher_bias is None else teacher_bias.detach(),
         o, chunk_size, cdt,
+    )
+
+
+def fused_linear_weighted_divergence(
+    student_hidden_NH: torch.Tensor,
+    student_weight_VH: torch.Tensor,
+    teacher_hidden_NH: torch.Tensor,
+    teacher_weight_VH: torch.Tensor,
+    *,
+    row_weights_N: torch.Tensor,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    beta: float = 0.0,
+    clip_tau: float | None = None,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    topk: int | None = None,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum_n row_weights_N[n] * d_n, d_N.detach())`` with d_N = ``fused_linear_token_divergence(...)``.
+
+    Same values and gradients as weighting the per-position output of
+    :func:`fused_linear_token_divergence`, but cheaper when the weighting is known up front
+    (a token mean: ``row_weights_N = 1 / number of loss tokens``): every gradient is formed in
+    the forward pass, so the vocabulary is visited once and the lm_head-sized matmuls drop
+    from 6 to 4. The stored gradients ([N, H], [V, H]) live until backward.
+    """
+    o, cdt = _check_fused_inputs(
+        student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias,
+        beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
+        teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
+    )
+    n = student_hidden_NH.shape[0]
+    if not isinstance(row_weights_N, torch.Tensor) or row_weights_N.shape != (n,):
+        raise ValueError(f"row_weights_N must be a tensor of shape [N={n}]; got {getattr(row_weights_N, 'shape', type(row_weights_N))}")
+    return _FusedLinearWeightedDivergence.apply(
+        student_hidden_NH, student_weight_VH, student_bias,
+        teacher_hidden_NH.detach(), teacher_weight_VH.detach(),
+        None if teacher_bias is None else teacher_bias.detach(),
+        row_weights_N.detach().to(student_hidden_NH.device), o, chunk_size, cdt,
     )
 
 
@@ -450,10 +545,22 @@ def global_token_sum_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor, *, glo
     0-d tensor) must be >= the number of selected tokens here; 0 gives 0 (no NaN).
     """
     total, count = _masked_sum(values_BT, mask_BT)
+    return total / _global_count(global_token_count, local_count=int(count))
+
+
+def global_token_row_weights(num_tokens: int, *, global_token_count, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Weights w_N (all 1 / global_token_count) of this micro-batch's ``num_tokens`` loss tokens:
+    ``sum_n w_n d_n`` equals :func:`global_token_sum_mean` over the same tokens (the row weights
+    of :func:`fused_linear_weighted_divergence`)."""
+    count = _global_count(global_token_count, local_count=int(num_tokens))
+    return torch.full((int(num_tokens),), 1.0 / count, dtype=dtype, device=device)
+
+
+def _global_count(global_token_count, *, local_count: int) -> int:
     global_count = int(global_token_count.item() if isinstance(global_token_count, torch.Tensor) else global_token_count)
-    if global_count < int(count):
+    if global_count < local_count:
         raise ValueError(
-            f"global_token_count={global_count} is smaller than the {int(count)} loss tokens of this micro-batch; "
+            f"global_token_count={global_count} is smaller than the {local_count} loss tokens of this micro-batch; "
             "pass the number of loss tokens in the whole mini-batch"
         )
-    return total / max(global_count, 1)
+    return max(global_count, 1)

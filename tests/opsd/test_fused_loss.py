@@ -8,7 +8,7 @@ Run: python -m pytest tests/opsd/test_fused_loss.py
 import pytest
 import torch
 
-from recipe.opsd.losses import fused_linear_token_divergence, token_divergence
+from recipe.opsd.losses import fused_linear_token_divergence, fused_linear_weighted_divergence, token_divergence
 
 BRANCHES = [
     dict(beta=0.0), dict(beta=0.0, clip_tau=0.02), dict(beta=1.0), dict(beta=1.0, clip_tau=0.02),
@@ -151,3 +151,38 @@ def test_fused_mixed_dtypes_student_fp32_teacher_bf16():
         torch.testing.assert_close(v, ref, rtol=1e-5, atol=1e-6)
         for a, b in zip(grads, ref_grads):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opts", BRANCHES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_weighted_fused_equals_weighted_unfused(opts, dtype):
+    """Gradients formed in forward == autograd through sum_n w_n d_n on full logits, any chunking."""
+    hs, ws, bs, ht, wt, bt = _linear_case(dtype)
+    w = torch.randn(hs.shape[0], dtype=dtype)
+    ref = token_divergence(hs @ ws.T + bs, ht @ wt.T + bt, **opts)
+    ref_loss = (ref * w).sum()
+    ref_grads = torch.autograd.grad(3.0 * ref_loss, (hs, ws, bs))  # a non-unit upstream gradient
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    for cs in (1, 4, 11, 32):
+        loss, values = fused_linear_weighted_divergence(
+            hs, ws, ht, wt, row_weights_N=w, student_bias=bs, teacher_bias=bt, chunk_size=cs, **opts
+        )
+        assert loss.shape == () and not values.requires_grad
+        torch.testing.assert_close(values, ref.detach(), **tol)
+        torch.testing.assert_close(loss, ref_loss.detach(), **tol)
+        for a, b in zip(torch.autograd.grad(3.0 * loss, (hs, ws, bs)), ref_grads):
+            torch.testing.assert_close(a, b, **tol)
+
+
+def test_weighted_fused_gradcheck_and_bad_weights():
+    hs, ws, _, ht, wt, _ = _linear_case(n=4, h=3, v=6, bias=False)
+    w = torch.tensor([0.5, 0.0, 2.0, -1.0], dtype=torch.float64)
+    for opts in (dict(beta=0.0, clip_tau=0.02), dict(beta=0.4, topk=3), dict(beta=1.0)):
+        assert torch.autograd.gradcheck(
+            lambda a, b: fused_linear_weighted_divergence(a, b, ht, wt, row_weights_N=w, chunk_size=3, **opts)[0],
+            (hs, ws),
+        )
+    with pytest.raises(ValueError, match="row_weights_N"):
+        fused_linear_weighted_divergence(hs, ws, ht, wt, row_weights_N=w[:3])
+    with pytest.raises(ValueError, match="clip_tau"):
+        fused_linear_weighted_divergence(hs, ws, ht, wt, row_weights_N=w, clip_tau=-1.0)

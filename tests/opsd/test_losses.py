@@ -240,3 +240,18 @@ def test_global_token_sum_mean_makes_accumulation_equal_to_full_batch_mean():
     assert abs(naive.item() - full.item()) > 1e-3
     with pytest.raises(ValueError, match="global_token_count"):
         global_token_sum_mean(values, mask, global_token_count=5)
+
+
+def test_global_token_row_weights_reproduce_the_global_token_mean():
+    from recipe.opsd.losses import global_token_row_weights
+
+    values_BT = torch.tensor([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]], dtype=torch.float64)
+    mask_BT = torch.tensor([[True, False, True], [False, True, False]])
+    w_N = global_token_row_weights(3, global_token_count=10, dtype=torch.float64)
+    assert w_N.tolist() == [0.1, 0.1, 0.1]
+    # (1 + 4 + 16) / 10
+    assert float((w_N * values_BT[mask_BT]).sum()) == pytest.approx(2.1)
+    assert float(global_token_sum_mean(values_BT, mask_BT, global_token_count=10)) == pytest.approx(2.1)
+    with pytest.raises(ValueError, match="global_token_count=2 is smaller than the 3"):
+        global_token_row_weights(3, global_token_count=2)
+    assert global_token_row_weights(0, global_token_count=0).shape == (0,)
