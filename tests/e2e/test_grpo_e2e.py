@@ -13,9 +13,8 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
-from recipe.common.cpu_rollout import WEIGHTS_LOG_ENV, weights_fingerprint
+from recipe.common.cpu_rollout import WEIGHTS_LOG_ENV
 
 pytestmark = pytest.mark.e2e
 
@@ -30,13 +29,7 @@ LOGGED = (
 )
 
 
-def fsdp_checkpoint_state_dict(actor_dir: Path) -> dict[str, torch.Tensor]:
-    """Full float32 tensors of a 1-rank FSDP2 checkpoint (``model_world_size_1_rank_0.pt``)."""
-    shard = torch.load(actor_dir / "model_world_size_1_rank_0.pt", map_location="cpu", weights_only=False)
-    return {name: getattr(t, "_local_tensor", t) for name, t in shard.items()}
-
-
-def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data, tmp_path):
     ckpt_dir = tmp_path / "ckpt"
     weights_log = tmp_path / "rollout_weights.jsonl"
     run = run_cpu_verl(
@@ -74,14 +67,7 @@ def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, tiny_model_dir, tin
     assert Path(wall[-1]["metrics"]) == run.metrics_path
 
     # Weight sync: the server loaded the trainer's weights at start-up (step 0) and after each step.
-    updates = [json.loads(line) for line in weights_log.read_text().splitlines()]
-    assert [u["global_steps"] for u in updates] == [0, 1, 2], updates
-    checkpoint = fsdp_checkpoint_state_dict(ckpt_dir / "global_step_2" / "actor")
-    trainer_fingerprint = weights_fingerprint(checkpoint)
-    served = updates[-1]["sha256"]
-    assert served.keys() == trainer_fingerprint.keys()
-    mismatched = [name for name in served if served[name] != trainer_fingerprint[name]]
-    assert not mismatched, f"rollout serves weights that differ from the trainer's: {mismatched[:5]}"
-    # ...and the trainer really moved them (else the comparison above could not fail).
-    initial = updates[0]["sha256"]
+    served = check_rollout_weights(weights_log, ckpt_dir, expected_steps=[0, 1, 2])[0]
+    # ...and the trainer really moved them (else the comparison could not fail).
+    initial, served = served[0], served[2]
     assert sum(initial[name] != served[name] for name in served) >= len(served) // 2
