@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if run_root.exists() and any(run_root.iterdir()):
         raise FileExistsError(f"{run_root} is not empty; pass another --run-root")
     print(f"[toy] student {root / 'student'}; runs in {run_root}", flush=True)
-    before = evaluate_all(root / "student", root, root / "student_eval", config)
+    before = evaluate_all(root / "student", root, root / "student_eval" / "none", config)
     print(f"[toy] before: {before}", flush=True)
     results = {}
     for method in args.methods:

@@ -11,7 +11,8 @@
     init/        random Qwen3 + character tokenizer (``recipe.common.tiny_model.build_tiny_model``)
     sft/         verl SFT checkpoints (``recipe/sft/run_sft.sh`` on CPU) + run_times.jsonl
     student/     the merged HF student (``scripts/merge_checkpoint.sh``)
-    student_eval/<benchmark>-<decoding>/       ``recipe.common.evaluation`` outputs
+    student_eval/<none|full_solution>/<greedy|sampled_nN>/   ``recipe.common.evaluation`` outputs
+    runs/        OPSD / GRPO runs of ``recipe.toy.compare`` (one directory per launch time)
     BUILD.json   the config, its hash and the build's wall times (written last: a build
                  without it is incomplete and is redone from the first missing piece)
 
