@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -188,8 +189,8 @@ def build_student(config: StudentConfig = StudentConfig(), *, log=print) -> Path
     times["data_and_init_s"] = round(time.time() - start, 1)
     if not (root / "student" / "config.json").is_file():
         sft_dir = root / "sft"
-        if sft_dir.exists():
-            subprocess.run(["rm", "-rf", str(sft_dir)], check=True)
+        if sft_dir.exists():  # an interrupted SFT run of this same config: start it again
+            shutil.rmtree(sft_dir)
         log(f"[toy student] SFT: {config.sft_steps} steps x {config.sft_batch_size} rows (verl SFT trainer, CPU); "
             f"log {root / 'sft.log'}")
         start = time.time()
