@@ -241,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", 30)))
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--data-seed", type=int, default=42, help="verl data.seed (problem order), both methods")
     parser.add_argument("--eval-n", type=int, default=4)
     parser.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N held-out problems")
     parser.add_argument("--run-root", default=None, help="default: <student cache dir>/runs/<UTC time>")
@@ -252,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    config = ToyRunConfig(steps=args.steps, batch_size=args.batch_size, eval_n=args.eval_n,
+    config = ToyRunConfig(steps=args.steps, batch_size=args.batch_size, data_seed=args.data_seed, eval_n=args.eval_n,
                           eval_limit=args.eval_limit)
     root = build_student(config.student)
     run_root = Path(args.run_root) if args.run_root else root / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
