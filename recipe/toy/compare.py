@@ -172,8 +172,9 @@ def train(method: str, *, root: Path, run_dir: Path, config: ToyRunConfig, extra
 def merge_last(run_dir: Path) -> Path:
     target = run_dir / "merged"
     if not (target / "config.json").is_file():
+        env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
         subprocess.run(["bash", "scripts/merge_checkpoint.sh", str(run_dir / "ckpt"), str(target)], cwd=REPO_ROOT,
-                       check=True, stdout=subprocess.DEVNULL)
+                       env=env, check=True, stdout=subprocess.DEVNULL)
     return target
 
 

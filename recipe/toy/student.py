@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,12 +197,12 @@ def build_student(config: StudentConfig = StudentConfig(), *, log=print) -> Path
         start = time.time()
         env = {**os.environ, "MODEL_PATH": str(root / "init"), "SFT_FILES": str(root / "data" / "sft.parquet"),
                "CKPT_DIR": str(sft_dir), "DEVICE": "cpu", "CACHE_DIR": str(cache_root()),
-               "STEPS": str(config.sft_steps), "PYTHON": os.environ.get("PYTHON", "python")}
+               "STEPS": str(config.sft_steps), "PYTHON": os.environ.get("PYTHON", sys.executable)}
         _run(["bash", "recipe/sft/run_sft.sh", *sft_overrides(config)], env=env, log=root / "sft.log")
         times["sft_s"] = round(time.time() - start, 1)
         start = time.time()
         _run(["bash", "scripts/merge_checkpoint.sh", str(sft_dir), str(root / "student.partial")],
-             log=root / "merge.log")
+             env=env, log=root / "merge.log")
         (root / "student.partial").rename(root / "student")
         times["merge_s"] = round(time.time() - start, 1)
     (root / "BUILD.json").write_text(json.dumps({"config": config.to_dict(), "hash": config.digest(),
