@@ -368,8 +368,21 @@ class _FusedLinearWeightedDivergence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_values):
-        scaled = [None if g is None else (g * grad_loss.to(g.dtype)).to(dt) for g, dt in zip(ctx.grads, ctx.dtypes)]
-        return (*scaled, None, None, None, None, None, None, None)
+        # hand the stored gradients over (no second [V, H] copy): scaled in place, cast if needed
+        grads, ctx.grads = ctx.grads, None
+        if grads is None:
+            raise RuntimeError(
+                "fused_linear_weighted_divergence: backward through the same graph twice (retain_graph) is not "
+                "supported (its gradients are formed once, in forward); use fused_linear_token_divergence"
+            )
+        out = []
+        for g, dt in zip(grads, ctx.dtypes):
+            if g is not None:
+                if float(grad_loss) != 1.0:
+                    g.mul_(grad_loss.to(g.dtype))
+                g = g.to(dt)
+            out.append(g)
+        return (*out, None, None, None, None, None, None, None)
 
 
 # --------------------------------------------------------------------------- public API
@@ -503,7 +516,8 @@ def fused_linear_weighted_divergence(
     :func:`fused_linear_token_divergence`, but cheaper when the weighting is known up front
     (a token mean: ``row_weights_N = 1 / number of loss tokens``): every gradient is formed in
     the forward pass, so the vocabulary is visited once and the lm_head-sized matmuls drop
-    from 6 to 4. The stored gradients ([N, H], [V, H]) live until backward.
+    from 6 to 4. The stored gradients ([N, H], [V, H]) live until backward, which hands them
+    over without a copy; a second backward through the same graph raises.
     """
     o, cdt = _check_fused_inputs(
         student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias,
