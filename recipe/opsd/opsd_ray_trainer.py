@@ -55,6 +55,7 @@ class RayOPSDTrainer(RayPPOTrainer):
         self.use_critic = False
         self.use_rm = False
         self._teacher_prompt_cache: dict = {}
+        self._checked_student_prompts: set = set()
         self.monitor = None
         if self.opsd.monitor.get("enabled", True):
             try:
@@ -88,6 +89,38 @@ class RayOPSDTrainer(RayPPOTrainer):
                 )
             self._teacher_prompt_cache[key] = ids
         return self._teacher_prompt_cache[key]
+
+    def _check_student_prompts(self, batch: DataProto) -> None:
+        """The student generated from exactly the prompt the teacher context pairs it with.
+
+        The rollout's prompt ids come from the parquet ``prompt`` column; the teacher's from
+        ``extra_info`` at run time. A parquet built for another context (e.g. a default student
+        prompt under an instruction-only context, whose student message differs) would silently
+        run another experiment, so each row is checked once against
+        ``build_prompt_pair(opsd.teacher_context, extra_info)`` rendered in ``opsd.student_mode``.
+        """
+        from recipe.common.chat import render_ids
+        from recipe.common.prompts import build_prompt_pair
+
+        prompts_BP = batch.batch["prompts"]
+        mask_BP = batch.batch["attention_mask"][:, : prompts_BP.shape[1]].bool()
+        for i, info in enumerate(batch.non_tensor_batch["extra_info"]):
+            key = (info.get("id"), info.get("index"), info.get("problem"))
+            if key in self._checked_student_prompts:
+                continue
+            student_messages, _ = build_prompt_pair(self.opsd.teacher_context, dict(info))
+            expected = list(render_ids(student_messages, self.tokenizer, self.opsd.student_mode))
+            actual = prompts_BP[i][mask_BP[i]].tolist()
+            if actual != expected:
+                raise ValueError(
+                    f"row id={info.get('id')!r}: the parquet `prompt` the student generated from is not the student "
+                    f"message of opsd.teacher_context={self.opsd.teacher_context!r} rendered in "
+                    f"opsd.student_mode={self.opsd.student_mode!r} ({len(actual)} vs {len(expected)} tokens; "
+                    f"rollout prompt starts {self.tokenizer.decode(actual[:48])!r}, expected "
+                    f"{self.tokenizer.decode(expected[:48])!r}); rebuild the parquet for this context with "
+                    "python -m data_prep.length_filter --teacher-context ..."
+                )
+            self._checked_student_prompts.add(key)
 
     def _teacher_batch(self, batch: DataProto, *, reference_only: bool = False) -> DataProto:
         """Teacher prompt + the student's response ids, in verl's left/right padded layout."""
@@ -265,6 +298,7 @@ class RayOPSDTrainer(RayPPOTrainer):
                         self._balance_batch(batch, metrics=metrics)
                     batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
 
+                    self._check_student_prompts(batch)
                     with marked_timer("teacher", timing_raw, color="olive"):
                         teacher = self._compute_teacher_hidden(batch, rank=self.opsd.loss.position_kind == "advt")
                         if self.opsd.loss.variant == "purified":
