@@ -4,7 +4,8 @@ Used by the tests, the CPU defaults of the run scripts and the toy-world experim
 
 - ``build_char_tokenizer()`` returns a ``PreTrainedTokenizerFast`` whose vocabulary is one
   token per character (printable ASCII, newline, tab and a few math/LaTeX symbols), so
-  every digit is a single token, plus the Qwen3 chat specials. The chat template is the
+  every digit is a single token, plus the Qwen3 chat specials; optional ``phrases`` (fixed
+  prompt texts) become single added tokens, so boilerplate does not cost hundreds of positions. The chat template is the
   project's Qwen3-style template (``recipe/common/chat_templates/qwen3.jinja``), which
   supports ``enable_thinking``.
 - ``build_tiny_model(out_dir, ...)`` saves a randomly initialised ``Qwen3ForCausalLM``
@@ -17,10 +18,11 @@ CLI: ``python scripts/build_tiny_model.py --out-dir /tmp/tiny``.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 CHAT_TEMPLATE_PATH = Path(__file__).resolve().parent / "chat_templates" / "qwen3.jinja"
@@ -59,7 +61,9 @@ def load_chat_template(path: str | os.PathLike | None = None) -> str:
     return template_path.read_text()
 
 
-def build_char_tokenizer(*, chat_template: str | None = None, model_max_length: int = 4096) -> PreTrainedTokenizerFast:
+def build_char_tokenizer(
+    *, chat_template: str | None = None, model_max_length: int = 4096, phrases: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
     """A character-level fast tokenizer with Qwen3 chat specials, built without any download.
 
     Ids: the special tokens first (``<|endoftext|>`` = 0, ``<|im_start|>`` = 1,
@@ -70,7 +74,12 @@ def build_char_tokenizer(*, chat_template: str | None = None, model_max_length: 
     Args:
         chat_template: jinja chat template; ``None`` loads ``chat_templates/qwen3.jinja``.
         model_max_length: stored as the tokenizer's ``model_max_length``.
+        phrases: texts that each become one (non-special) added token after ``</think>``, in
+            order; the tokenizer matches them before splitting the rest into characters
+            (leftmost-longest). Each must be at least 2 characters and unique.
     """
+    if len(set(phrases)) != len(phrases) or any(len(phrase) < 2 for phrase in phrases):
+        raise ValueError("build_char_tokenizer: phrases must be unique texts of at least 2 characters")
     added = list(SPECIAL_TOKENS) + list(THINK_TOKENS)
     vocab = {token: idx for idx, token in enumerate(added)}
     for char in char_vocabulary():
@@ -91,6 +100,8 @@ def build_char_tokenizer(*, chat_template: str | None = None, model_max_length: 
         clean_up_tokenization_spaces=False,
     )
     tokenizer.add_tokens(list(THINK_TOKENS), special_tokens=False)
+    if phrases:
+        tokenizer.add_tokens([AddedToken(phrase, normalized=False, special=False) for phrase in phrases])
     tokenizer.chat_template = chat_template if chat_template is not None else load_chat_template()
     return tokenizer
 
@@ -142,6 +153,7 @@ def build_tiny_model(
     num_kv_heads: int = 1,
     intermediate_size: int = 128,
     chat_template: str | None = None,
+    phrases: Sequence[str] = (),
     overwrite: bool = False,
 ) -> Path:
     """Save a random tiny Qwen3ForCausalLM + character tokenizer to ``out_dir``; return the path.
@@ -152,7 +164,7 @@ def build_tiny_model(
     out_path = Path(out_dir)
     if out_path.exists() and any(out_path.iterdir()) and not overwrite:
         raise FileExistsError(f"{out_path} is not empty; pass overwrite=True to replace the tiny model there")
-    tokenizer = build_char_tokenizer(chat_template=chat_template)
+    tokenizer = build_char_tokenizer(chat_template=chat_template, phrases=phrases)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(PAD)
     endoftext_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)

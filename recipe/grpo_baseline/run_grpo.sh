@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # GRPO control (paper appendix "GRPO Control Configuration") on verl 0.9.1's own trainer.
 #
-#   bash recipe/grpo_baseline/run_grpo.sh                       # CPU smoke run: tiny model, toy data
+#   bash recipe/grpo_baseline/run_grpo.sh                       # CPU: the toy world (recipe/toy/run_toy.sh grpo)
+#   CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh         # CPU smoke run: tiny model, toy data
 #   MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo_train.parquet VAL_FILES=/data/val.parquet \
 #   CKPT_DIR=/ckpt/grpo NGPUS=8 bash recipe/grpo_baseline/run_grpo.sh [verl overrides...]
 #
-# Without MODEL_PATH the run is the CPU path (recipe/common/cpu_env.sh): the tiny model and
-# toy data are built into $CACHE_DIR if missing, 4 short steps, ~2 minutes on 2 cores.
+# Without MODEL_PATH the run is the CPU path (recipe/common/cpu_env.sh). Without TRAIN_FILES either,
+# CPU_DEMO=toy (default) runs GRPO on the toy student with a held-out table before/after
+# (docs/toy_world.md); CPU_DEMO=tiny builds a random tiny model and toy data into $CACHE_DIR,
+# 4 short steps, ~2 minutes on 2 cores.
 # With MODEL_PATH it is the paper's configuration (config/grpo_trainer.yaml) with vLLM
 # rollouts (ROLLOUT=sglang to switch). Extra arguments are verl/hydra overrides, appended last.
 #
 # Environment (stable names; docs/cpu_path.md):
-#   MODEL_PATH   HF model directory (unset: CPU path with the tiny model)
+#   MODEL_PATH   HF model directory (unset: CPU path, CPU_DEMO=toy | tiny)
 #   TRAIN_FILES, VAL_FILES  verl parquet files (CPU default: toy addition data in $CACHE_DIR)
 #   CKPT_DIR     checkpoints + logs (default: <repo>/checkpoints/grpo_<device>)
 #   DEVICE       cpu | gpu (default: gpu iff MODEL_PATH is set)
@@ -30,6 +33,13 @@ cd "$REPO_ROOT"
 PYTHON="${PYTHON:-python}"
 DEVICE="${DEVICE:-$([[ -n "${MODEL_PATH:-}" ]] && echo gpu || echo cpu)}"
 CACHE_DIR="${CACHE_DIR:-${OPSD_CACHE:-$HOME/.cache/opsd-verl}}"
+if [[ "$DEVICE" == cpu && -z "${MODEL_PATH:-}" && -z "${TRAIN_FILES:-}" ]]; then
+    case "${CPU_DEMO:-toy}" in
+        toy) exec bash "$REPO_ROOT/recipe/toy/run_toy.sh" grpo "$@" ;;
+        tiny) ;;
+        *) echo "[run_grpo] CPU_DEMO=${CPU_DEMO} is not one of: toy, tiny" >&2; exit 2 ;;
+    esac
+fi
 CKPT_DIR="${CKPT_DIR:-$REPO_ROOT/checkpoints/grpo_${DEVICE}}"
 mkdir -p "$CKPT_DIR"
 source "$REPO_ROOT/recipe/common/run_log.sh"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run OPSD (On-Policy Self-Distillation) with verl.
 #
-#   bash recipe/opsd/run_opsd.sh                       # CPU demo: tiny model + toy data, a few steps
+#   bash recipe/opsd/run_opsd.sh                       # CPU: the toy world (recipe/toy/run_toy.sh opsd)
+#   CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh         # CPU smoke run: random tiny model, 4 steps
 #   MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet VAL_FILES=val.parquet \
 #       CKPT_DIR=ckpt/opsd bash recipe/opsd/run_opsd.sh trainer.n_gpus_per_node=2   # the paper's recipe on GPUs
 #
@@ -10,6 +11,9 @@
 #
 # Environment:
 #   OPSD_DEVICE   cpu | gpu (default: gpu if nvidia-smi sees a GPU, else cpu)
+#   CPU_DEMO      CPU without MODEL_PATH / TRAIN_FILES: toy (default: build or reuse the SFT-trained
+#                 toy student, OPSD on it, held-out accuracy before/after; docs/toy_world.md) |
+#                 tiny (a random tiny Qwen3 on toy addition data, STEPS=4: seconds, no learning)
 #   MODEL_PATH    student = teacher initial checkpoint (CPU default: a tiny Qwen3 built locally)
 #   TRAIN_FILES / VAL_FILES  verl parquet files (CPU default: toy addition problems)
 #   CKPT_DIR      checkpoints + logs (default: $CACHE_DIR/checkpoints/<experiment>)
@@ -33,7 +37,15 @@ if [[ -z "${OPSD_DEVICE:-}" ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then OPSD_DEVICE=gpu; else OPSD_DEVICE=cpu; fi
 fi
 
-# ---- CPU demo defaults (a tiny random Qwen3 and toy addition data; replace to change the demo) ----
+if [[ "${OPSD_DEVICE}" == cpu && -z "${MODEL_PATH:-}" && -z "${TRAIN_FILES:-}" ]]; then
+    case "${CPU_DEMO:-toy}" in
+        toy) exec bash "${REPO_DIR}/recipe/toy/run_toy.sh" opsd "$@" ;;
+        tiny) ;;
+        *) echo "[run_opsd] CPU_DEMO=${CPU_DEMO} is not one of: toy, tiny" >&2; exit 2 ;;
+    esac
+fi
+
+# ---- CPU smoke defaults (a tiny random Qwen3 and toy addition data; replace to change the demo) ----
 CPU_DEFAULT_MODEL_DIR="${OPSD_CACHE}/tiny_qwen3"
 CPU_DEFAULT_DATA_DIR="${OPSD_CACHE}/tiny_data"
 CPU_DEFAULT_STEPS="${STEPS:-4}"

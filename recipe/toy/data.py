@@ -12,6 +12,8 @@
   Qwen3 template an assistant turn with no reasoning carries the empty ``<think>`` block, the
   same tokens as the no-think generation prompt, so the SFT model answers in no-think mode.
 - ``heldout_jsonl_rows(records)``: ``{id, problem, answer}`` rows for ``recipe.common.evaluation``.
+- ``prompt_phrases()``: the fixed texts of every toy prompt (the paper's wording between the
+  record fields), which the toy tokenizer holds as single tokens.
 
 Pure stdlib + the project's prompt builders (no verl import).
 """
@@ -23,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 from data_prep.common import make_row
 from data_prep.sft import sft_messages
-from recipe.common.prompts import build_prompt_pair, eval_messages, student_messages
+from recipe.common.prompts import build_prompt_pair, eval_messages, student_messages, teacher_messages
 from recipe.toy.task import DATA_SOURCE
 
 # User-turn kinds of the SFT mix and the prototype's shares (issue 6: 50% problem-only, 35% full
@@ -84,3 +86,23 @@ def sft_rows(records: Sequence[Mapping], *, mix: Mapping[str, float] = DEFAULT_S
 def heldout_jsonl_rows(records: Sequence[Mapping]) -> list[dict[str, str]]:
     """Benchmark rows ``{id, problem, answer}`` for ``recipe.common.evaluation``."""
     return [{"id": record["id"], "problem": record["problem"], "answer": record["answer"]} for record in records]
+
+
+# Teacher contexts whose prompts the toy world uses (training, SFT mix, signal experiments).
+PHRASE_CONTEXTS = ("full_solution", "answer_only", "unrelated", "none")
+_FIELD = "\x00"
+
+
+def prompt_phrases(contexts: Sequence[str] = PHRASE_CONTEXTS) -> list[str]:
+    """The literal texts between the record fields of the student, evaluation and teacher prompts.
+
+    Rendered with a sentinel in every field and split at the sentinels, so the texts are the prompt
+    builders' own, character for character (e.g. ``"Problem: "`` and ``"\\n\\n" +`` the boxed
+    instruction). Pieces without a letter (bare newlines) stay characters. Longest first, unique.
+    """
+    fields = dict.fromkeys(("problem", "solution", "answer", "cot", "unrelated_problem", "unrelated_solution"),
+                           _FIELD)
+    contents = [student_messages(_FIELD)[0]["content"], eval_messages(_FIELD)[0]["content"]]
+    contents += [teacher_messages(context, **fields)[0]["content"] for context in contexts]
+    pieces = {piece for content in contents for piece in content.split(_FIELD) if any(c.isalpha() for c in piece)}
+    return sorted(pieces, key=lambda piece: (-len(piece), piece))

@@ -8,7 +8,8 @@
     data/heldout.jsonl                         held-out benchmark ``{id, problem, answer}``
     data/heldout_full_solution.jsonl           the same problems with the reference solution in
                                                the prompt (see ``context_benchmark_rows``)
-    init/        random Qwen3 + character tokenizer (``recipe.common.tiny_model.build_tiny_model``)
+    init/        random Qwen3 + character tokenizer (``recipe.common.tiny_model.build_tiny_model``),
+                 the fixed prompt texts as single tokens (``recipe.toy.data.prompt_phrases``)
     sft/         verl SFT checkpoints (``recipe/sft/run_sft.sh`` on CPU) + run_times.jsonl
     student/     the merged HF student (``scripts/merge_checkpoint.sh``)
     student_eval/<none|full_solution>/<greedy|sampled_nN>/   ``recipe.common.evaluation`` outputs
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipe.common.prompts import BOXED_INSTRUCTION, teacher_messages
-from recipe.toy.data import DEFAULT_SFT_MIX, check_mix, heldout_jsonl_rows, rl_rows, sft_rows
+from recipe.toy.data import DEFAULT_SFT_MIX, check_mix, heldout_jsonl_rows, prompt_phrases, rl_rows, sft_rows
 from recipe.toy.task import TaskConfig, make_records
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,9 @@ class StudentConfig:
     sft_steps / sft_batch_size / sft_lr: verl SFT run (cosine schedule, 10% warmup: the SFT yaml).
     sft_mix: shares of the SFT user-turn kinds (``recipe.toy.data.SFT_KINDS``).
     sft_seed: seed of the SFT mix draw.
+    phrase_tokens: the tokenizer holds each fixed prompt text (``recipe.toy.data.prompt_phrases``)
+        as one token; prompts shrink from 200-720 character tokens to ~20-60 positions, which is
+        what makes the verl SFT stage affordable on a CPU. Field values stay single characters.
     """
 
     task: TaskConfig = field(default_factory=lambda: TaskConfig(num_operands=2, digits=2, n_train=3000, n_heldout=256))
@@ -66,11 +70,12 @@ class StudentConfig:
     num_kv_heads: int = 4
     intermediate_size: int = 512
     model_seed: int = 0
-    sft_steps: int = 200
-    sft_batch_size: int = 16
+    sft_steps: int = 600
+    sft_batch_size: int = 32
     sft_lr: float = 2e-3
     sft_mix: tuple[tuple[str, float], ...] = tuple(DEFAULT_SFT_MIX.items())
     sft_seed: int = 0
+    phrase_tokens: bool = True
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
@@ -186,7 +191,7 @@ def build_student(config: StudentConfig = StudentConfig(), *, log=print) -> Path
         build_tiny_model(root / "init", seed=config.model_seed, num_layers=config.num_layers,
                          hidden_size=config.hidden_size, num_heads=config.num_heads,
                          num_kv_heads=config.num_kv_heads, intermediate_size=config.intermediate_size,
-                         overwrite=True)
+                         phrases=prompt_phrases() if config.phrase_tokens else (), overwrite=True)
     times["data_and_init_s"] = round(time.time() - start, 1)
     if not (root / "student" / "config.json").is_file():
         sft_dir = root / "sft"

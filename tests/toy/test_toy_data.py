@@ -2,9 +2,9 @@
 
 import pytest
 
-from recipe.common.prompts import build_prompt_pair, eval_messages, student_messages
+from recipe.common.prompts import BOXED_INSTRUCTION, build_prompt_pair, eval_messages, student_messages
 from recipe.common.tiny_model import build_char_tokenizer
-from recipe.toy.data import DEFAULT_SFT_MIX, check_mix, heldout_jsonl_rows, rl_rows, sft_rows
+from recipe.toy.data import DEFAULT_SFT_MIX, check_mix, heldout_jsonl_rows, prompt_phrases, rl_rows, sft_rows
 from recipe.toy.student import StudentConfig, context_benchmark_rows
 from recipe.toy.task import DATA_SOURCE, TaskConfig, make_records
 
@@ -84,3 +84,40 @@ def test_student_config_hash_is_stable_and_sensitive():
     assert StudentConfig(sft_steps=7).digest() != StudentConfig().digest()
     with pytest.raises(ValueError, match="sft_steps"):
         StudentConfig(sft_steps=0)
+
+
+def test_prompt_phrases_are_the_builders_literal_texts(records):
+    phrases = prompt_phrases()
+    assert "Problem: " in phrases
+    assert "\n\n" + BOXED_INSTRUCTION in phrases
+    assert all(any(c.isalpha() for c in p) for p in phrases) and len(set(phrases)) == len(phrases)
+    # Every literal text of a real full-solution prompt is covered; the fields are not.
+    record = records["train"][0]
+    content = build_prompt_pair("full_solution", record)[1][0]["content"]
+    rest = content
+    for phrase in phrases:
+        rest = rest.replace(phrase, "")
+    assert rest == record["problem"] + record["solution"]
+
+
+def test_phrase_tokenizer_shortens_prompts_and_keeps_text_and_fields(records):
+    plain, phrased = build_char_tokenizer(), build_char_tokenizer(phrases=prompt_phrases())
+    record = records["train"][0]
+    for context in ("full_solution", "answer_only", "unrelated", "none"):
+        for messages in build_prompt_pair(context, record):
+            text = plain.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=False)
+            ids = phrased.encode(text, add_special_tokens=False)
+            assert phrased.decode(ids) == text
+            assert len(ids) < len(plain.encode(text, add_special_tokens=False))
+    full = plain.apply_chat_template(build_prompt_pair("full_solution", record)[1], tokenize=False)
+    tokens = phrased.tokenize(full)
+    assert len(tokens) < 80  # 622 characters at the time of writing
+    # Field values (the problem, the reference's digits) stay one token per character.
+    assert "".join(tokens).count(record["answer"]) >= 2
+    assert all(len(t) == 1 for t in phrased.tokenize(record["solution"]))
+    # The response side is unchanged: the solution tokenizes like the plain tokenizer.
+    assert phrased.encode(record["solution"], add_special_tokens=False) == plain.encode(
+        record["solution"], add_special_tokens=False)
+    with pytest.raises(ValueError, match="phrases"):
+        build_char_tokenizer(phrases=["ab", "ab"])

@@ -1,0 +1,99 @@
+"""The toy acceptance study: OPSD arms x data seeds on one toy student, gains as mean +- sd.
+
+``seed_study`` launches ``recipe.toy.compare.run_method("opsd", ...)`` once per (arm, seed) (same
+student, same steps; the seed is verl's ``data.seed``, i.e. the order of the training problems)
+and reads, per run, the held-out accuracy after training and the training signal of the metrics
+jsonl. ``study_table`` prints one row per arm: greedy / Avg@n gain in points (mean +- sample sd
+over seeds, and each seed), and the training divergence of the first vs last 10 steps.
+
+Arms (verl overrides on top of the toy preset of ``recipe.toy.compare``):
+- ``full_solution``: the toy preset (teacher = frozen student with the reference solution);
+- ``control``: ``opsd.teacher_context=none``, the no-privilege control (teacher prompt = student
+  prompt, so the loss is 0 at the first step);
+- ``paper_clip``: the toy preset with the paper's per-entry clip ``tau_clip = 0.05``;
+- ``answer_only``: the answer-only teacher context.
+
+CLI: ``python scripts/toy_seed_study.py --seeds 1 2 3``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+from recipe.toy.compare import ToyRunConfig, run_method
+
+ARMS = {
+    "full_solution": (),
+    "control": ("opsd.teacher_context=none",),
+    "paper_clip": ("opsd.loss.clip_tau=0.05",),
+    "answer_only": ("opsd.teacher_context=answer_only",),
+}
+WINDOW = 10  # steps averaged at the start and at the end of a run
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def signal_windows(metrics: list[dict], *, window: int = WINDOW) -> dict[str, float]:
+    """Mean ``opsd/fwd_kl``, ``opsd/loss`` and ``opsd/top1_agree`` over the first and last ``window`` steps."""
+    out = {}
+    for key, name in (("opsd/fwd_kl", "fwd_kl"), ("opsd/loss", "loss"), ("opsd/top1_agree", "top1_agree")):
+        values = [row[key] for row in metrics if key in row]
+        out[f"{name}_first"] = _mean(values[:window])
+        out[f"{name}_last"] = _mean(values[-window:])
+    out["step1_loss"] = metrics[0].get("opsd/loss", float("nan")) if metrics else float("nan")
+    return out
+
+
+def seed_study(*, config: ToyRunConfig, root: Path, run_root: Path, before: dict, arms: dict[str, tuple[str, ...]],
+               seeds: list[int], extra: tuple[str, ...] = (), timeout_s: float = 3600, log=print) -> dict:
+    """Run every (arm, seed); return ``{arm: {seed: {"after": ..., "signal": ..., "wall_time_s": ...}}}``."""
+    results: dict[str, dict[int, dict]] = {}
+    for arm, overrides in arms.items():
+        for seed in seeds:
+            run_config = dataclasses.replace(config, data_seed=seed)
+            result = run_method("opsd", config=run_config, root=root, run_dir=run_root / f"{arm}_seed{seed}",
+                                extra=[*overrides, *extra], timeout_s=timeout_s)
+            entry = {"after": result["after"], "signal": signal_windows(result["train"]["metrics"]),
+                     "wall_time_s": result["train"]["wall_time_s"]}
+            results.setdefault(arm, {})[seed] = entry
+            gain = 100 * (entry["after"]["greedy"] - before["greedy"])
+            log(f"[toy seeds] {arm} seed {seed}: greedy {100 * before['greedy']:.1f} -> "
+                f"{100 * entry['after']['greedy']:.1f} ({gain:+.1f}), fwd_kl {entry['signal']['fwd_kl_first']:.4f} -> "
+                f"{entry['signal']['fwd_kl_last']:.4f}")
+    return results
+
+
+def gain_stats(results_by_seed: dict[int, dict], before: dict, metric: str) -> tuple[float, float, list[float]]:
+    """(mean, sample sd, per-seed) gain in points of ``metric`` after vs before."""
+    gains = [100 * (run["after"][metric] - before[metric]) for _, run in sorted(results_by_seed.items())]
+    sd = statistics.stdev(gains) if len(gains) > 1 else float("nan")
+    return _mean(gains), sd, gains
+
+
+def study_table(results: dict[str, dict[int, dict]], before: dict, *, eval_n: int) -> str:
+    """Markdown: per arm, greedy and Avg@n gains (mean +- sd, per seed) and the training signal windows."""
+    avg = f"avg@{eval_n}"
+    lines = [
+        f"| arm | greedy gain (pts), mean +- sd | per seed | Avg@{eval_n} gain (pts), mean +- sd "
+        f"| fwd_kl first {WINDOW} -> last {WINDOW} steps (change) | step-1 loss | top-1 agree first -> last |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm, by_seed in results.items():
+        mean, sd, gains = gain_stats(by_seed, before, "greedy")
+        avg_mean, avg_sd, _ = gain_stats(by_seed, before, avg)
+        signals = [run["signal"] for run in by_seed.values()]
+        first, last = _mean([s["fwd_kl_first"] for s in signals]), _mean([s["fwd_kl_last"] for s in signals])
+        change = f"{100 * (last - first) / first:+.0f}%" if first > 0 else "-"
+        lines.append(
+            f"| {arm} | {mean:+.1f} +- {sd:.1f} | {', '.join(f'{g:+.1f}' for g in gains)} "
+            f"| {avg_mean:+.1f} +- {avg_sd:.1f} | {first:.4f} -> {last:.4f} ({change}) "
+            f"| {_mean([s['step1_loss'] for s in signals]):.2g} "
+            f"| {_mean([s['top1_agree_first'] for s in signals]):.3f} -> {_mean([s['top1_agree_last'] for s in signals]):.3f} |"
+        )
+    lines.append(f"(before training: greedy {100 * before['greedy']:.1f}%, Avg@{eval_n} {100 * before[avg]:.1f}% "
+                 f"on {before['n_problems']} held-out problems; seeds = verl data.seed)")
+    return "\n".join(lines) + "\n"

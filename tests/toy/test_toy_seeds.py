@@ -1,0 +1,41 @@
+"""recipe.toy.seeds without launching anything: signal windows, gains over seeds, the table."""
+
+import math
+
+from recipe.toy.seeds import ARMS, gain_stats, signal_windows, study_table
+
+
+def _metrics(kls):
+    return [{"opsd/fwd_kl": kl, "opsd/loss": kl, "opsd/top1_agree": 1 - kl} for kl in kls]
+
+
+def test_signal_windows_first_and_last_steps():
+    out = signal_windows(_metrics([0.0] + [0.4] * 9 + [0.1] * 10 + [0.2] * 10), window=10)
+    assert math.isclose(out["fwd_kl_first"], 0.36) and math.isclose(out["fwd_kl_last"], 0.2)
+    assert out["step1_loss"] == 0.0 and math.isclose(out["top1_agree_last"], 0.8)
+    assert math.isnan(signal_windows([])["step1_loss"])
+
+
+def test_gain_stats_mean_and_sample_sd_in_points():
+    before = {"greedy": 0.10}
+    runs = {2: {"after": {"greedy": 0.18}}, 1: {"after": {"greedy": 0.14}}, 3: {"after": {"greedy": 0.16}}}
+    mean, sd, gains = gain_stats(runs, before, "greedy")
+    assert [round(g, 6) for g in gains] == [4.0, 8.0, 6.0]  # seed order
+    assert math.isclose(mean, 6.0) and math.isclose(sd, 2.0)
+    assert math.isnan(gain_stats({1: runs[1]}, before, "greedy")[1])
+
+
+def test_study_table_rows():
+    before = {"greedy": 0.1, "avg@4": 0.05, "n_problems": 256}
+    signal = {"fwd_kl_first": 0.2, "fwd_kl_last": 0.1, "top1_agree_first": 0.9, "top1_agree_last": 0.95,
+              "step1_loss": 0.2, "loss_first": 0.2, "loss_last": 0.1}
+    results = {"full_solution": {1: {"after": {"greedy": 0.2, "avg@4": 0.1}, "signal": signal}}}
+    text = study_table(results, before, eval_n=4)
+    row = text.splitlines()[2]
+    assert row.startswith("| full_solution | +10.0 +- nan | +10.0 | +5.0 +- nan | 0.2000 -> 0.1000 (-50%)")
+    assert "greedy 10.0%" in text and "256 held-out" in text
+
+
+def test_arms_are_overrides_of_the_toy_preset():
+    assert ARMS["full_solution"] == () and ARMS["control"] == ("opsd.teacher_context=none",)
+    assert ARMS["paper_clip"] == ("opsd.loss.clip_tau=0.05",)
