@@ -24,13 +24,14 @@ def main(argv=None) -> int:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=["full_solution", "control"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="verl data.seed of each run")
     parser.add_argument("--steps", type=int, default=ToyRunConfig.steps)
+    parser.add_argument("--opsd-lr", type=float, default=ToyRunConfig.opsd_lr, help="actor learning rate")
     parser.add_argument("--eval-n", type=int, default=4)
     parser.add_argument("--eval-limit", type=int, default=None)
     parser.add_argument("--run-root", default=None, help="default: <student cache dir>/runs/seeds_<UTC time>")
     parser.add_argument("--out", default=None, help="also write the markdown table here (results.json beside it)")
     parser.add_argument("overrides", nargs="*", help="verl overrides appended to every launch (after --)")
     args = parser.parse_args(argv)
-    config = ToyRunConfig(steps=args.steps, eval_n=args.eval_n, eval_limit=args.eval_limit)
+    config = ToyRunConfig(steps=args.steps, opsd_lr=args.opsd_lr, eval_n=args.eval_n, eval_limit=args.eval_limit)
     root = build_student(config.student)
     run_root = Path(args.run_root) if args.run_root else root / "runs" / time.strftime("seeds_%Y%m%dT%H%M%SZ",
                                                                                         time.gmtime())
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
                          arms={arm: ARMS[arm] for arm in args.arms}, seeds=args.seeds, extra=tuple(args.overrides))
     text = study_table(results, before, eval_n=args.eval_n)
     print(text, end="")
-    payload = {"before": before, "steps": args.steps, "overrides": args.overrides, "results": results}
+    payload = {"before": before, "steps": args.steps, "opsd_lr": args.opsd_lr, "overrides": args.overrides, "results": results}
     (run_root / "study.json").write_text(json.dumps(payload, indent=2) + "\n")
     if args.out:
         Path(args.out).write_text(text)
