@@ -14,11 +14,12 @@
 #   CPU_DEMO      CPU without MODEL_PATH / TRAIN_FILES: toy (default: build or reuse the SFT-trained
 #                 toy student, OPSD on it, held-out accuracy before/after; docs/toy_world.md) |
 #                 tiny (a random tiny Qwen3 on toy addition data, STEPS=4: seconds, no learning)
-#   MODEL_PATH    student = teacher initial checkpoint (CPU default: a tiny Qwen3 built locally)
+#   MODEL_PATH    student = teacher initial checkpoint (CPU default: the toy student; CPU_DEMO=tiny: a random tiny Qwen3)
 #   TRAIN_FILES / VAL_FILES  verl parquet files (CPU default: toy addition problems)
 #   CKPT_DIR      checkpoints + logs (default: $CACHE_DIR/checkpoints/<experiment>)
 #   CACHE_DIR     where the CPU defaults are built (default: $OPSD_CACHE or ~/.cache/opsd-verl)
-#   STEPS         CPU only: training steps (default 4; a checkpoint every 2 steps and at the last)
+#   STEPS         CPU only: training steps (toy world default 100, recipe/toy/run_toy.sh; CPU_DEMO=tiny
+#                 default 4 with a checkpoint every 2 steps and at the last)
 #   CPU_NUM_RANKS CPU only: FSDP ranks over gloo (default 1; recipe/common/cpu_env.sh)
 #   NGPUS, NNODES GPU only: GPUs per node (default: all nvidia-smi lists) and nodes (default 1)
 #   ROLLOUT_NAME  GPU rollout engine: vllm (default) | sglang

@@ -5,7 +5,7 @@
 #   STEPS=10 bash recipe/toy/run_toy.sh grpo actor_rollout_ref.actor.optim.lr=1e-4
 #
 # Builds (or reuses) the toy student and its data in ${OPSD_CACHE:-~/.cache/opsd-verl}/toy/<hash>
-# (recipe/toy/student.py: verl SFT on CPU, ~4 min on 2 cores the first time), evaluates it
+# (recipe/toy/student.py: verl SFT on CPU, ~2.6 min on 2 cores the first time), evaluates it
 # on the held-out problems, trains with recipe/opsd/run_opsd.sh (teacher = frozen copy of the
 # student with the full-solution context) or recipe/grpo_baseline/run_grpo.sh, merges the last
 # checkpoint, evaluates it, and prints Avg@n / Pass@n / greedy accuracy / mean length before and

@@ -1,7 +1,7 @@
 """Toy world end to end on the CPU: the default toy student, OPSD vs the no-privilege control.
 
 The CI-sized version of the toy acceptance study (docs/toy_world.md): the default toy student is
-built by the verl SFT stage into a temporary cache (~4 min), then two OPSD launches through
+built by the verl SFT stage into a temporary cache (~2.6 min), then two OPSD launches through
 ``run_opsd.sh`` (``recipe.toy.compare.run_method``, the path of ``bash recipe/opsd/run_opsd.sh``
 on a CPU) with the toy preset, ``CI_STEPS`` steps each: the full-solution teacher and the control
 (teacher context ``none``). Fails when the teacher signal is wired wrong:
