@@ -19,6 +19,7 @@ CLI: ``python scripts/toy_seed_study.py --seeds 1 2 3``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from pathlib import Path
 
@@ -74,6 +75,11 @@ def gain_stats(results_by_seed: dict[int, dict], before: dict, metric: str) -> t
     return _mean(gains), sd, gains
 
 
+def _mean_sd(mean: float, sd: float) -> str:
+    """``+x.x +- y.y``; one seed has no sample sd, so it says so instead of printing nan."""
+    return f"{mean:+.1f} (1 seed)" if math.isnan(sd) else f"{mean:+.1f} +- {sd:.1f}"
+
+
 def study_table(results: dict[str, dict[int, dict]], before: dict, *, eval_n: int) -> str:
     """Markdown: per arm, greedy and Avg@n gains (mean +- sd, per seed) and the training signal windows."""
     avg = f"avg@{eval_n}"
@@ -89,8 +95,8 @@ def study_table(results: dict[str, dict[int, dict]], before: dict, *, eval_n: in
         first, last = _mean([s["fwd_kl_first"] for s in signals]), _mean([s["fwd_kl_last"] for s in signals])
         change = f"{100 * (last - first) / first:+.0f}%" if first > 0 else "-"
         lines.append(
-            f"| {arm} | {mean:+.1f} +- {sd:.1f} | {', '.join(f'{g:+.1f}' for g in gains)} "
-            f"| {avg_mean:+.1f} +- {avg_sd:.1f} | {first:.4f} -> {last:.4f} ({change}) "
+            f"| {arm} | {_mean_sd(mean, sd)} | {', '.join(f'{g:+.1f}' for g in gains)} "
+            f"| {_mean_sd(avg_mean, avg_sd)} | {first:.4f} -> {last:.4f} ({change}) "
             f"| {_mean([s['step1_loss'] for s in signals]):.2g} "
             f"| {_mean([s['top1_agree_first'] for s in signals]):.3f} -> {_mean([s['top1_agree_last'] for s in signals]):.3f} |"
         )

@@ -32,8 +32,11 @@ def test_study_table_rows():
     results = {"full_solution": {1: {"after": {"greedy": 0.2, "avg@4": 0.1}, "signal": signal}}}
     text = study_table(results, before, eval_n=4)
     row = text.splitlines()[2]
-    assert row.startswith("| full_solution | +10.0 +- nan | +10.0 | +5.0 +- nan | 0.2000 -> 0.1000 (-50%)")
+    assert row.startswith("| full_solution | +10.0 (1 seed) | +10.0 | +5.0 (1 seed) | 0.2000 -> 0.1000 (-50%)")
     assert "greedy 10.0%" in text and "256 held-out" in text
+    results["full_solution"][2] = {"after": {"greedy": 0.3, "avg@4": 0.1}, "signal": signal}
+    row = study_table(results, before, eval_n=4).splitlines()[2]
+    assert row.startswith("| full_solution | +15.0 +- 7.1 | +10.0, +20.0 | +5.0 +- 0.0 |")
 
 
 def test_arms_are_overrides_of_the_toy_preset():
