@@ -20,7 +20,7 @@
 #   DEVICE       cpu | gpu (default: gpu iff MODEL_PATH is set)
 #   NGPUS, NNODES  GPUs per node and nodes (GPU path); CPU_NUM_RANKS FSDP ranks (CPU path)
 #   ROLLOUT      vllm (default) | sglang;  ROLLOUT_TP  rollout tensor-parallel size
-#   STEPS        CPU only: training steps (toy world default 100 (recipe/toy/run_toy.sh); CPU_DEMO=tiny default 4; checkpoint at the last step)
+#   STEPS        CPU only: training steps (toy world default 150 (recipe/toy/run_toy.sh); CPU_DEMO=tiny default 4; checkpoint at the last step)
 #   CACHE_DIR    where the CPU tiny model / data are built (default ~/.cache/opsd-verl)
 #   PYTHON       interpreter (default python)
 # Logs: console; per-step metrics incl. timing_s/step in $CKPT_DIR/metrics.jsonl (verl file

@@ -18,7 +18,7 @@
 #   TRAIN_FILES / VAL_FILES  verl parquet files (CPU default: toy addition problems)
 #   CKPT_DIR      checkpoints + logs (default: $CACHE_DIR/checkpoints/<experiment>)
 #   CACHE_DIR     where the CPU defaults are built (default: $OPSD_CACHE or ~/.cache/opsd-verl)
-#   STEPS         CPU only: training steps (toy world default 100, recipe/toy/run_toy.sh; CPU_DEMO=tiny
+#   STEPS         CPU only: training steps (toy world default 150, recipe/toy/run_toy.sh; CPU_DEMO=tiny
 #                 default 4 with a checkpoint every 2 steps and at the last)
 #   CPU_NUM_RANKS CPU only: FSDP ranks over gloo (default 1; recipe/common/cpu_env.sh)
 #   NGPUS, NNODES GPU only: GPUs per node (default: all nvidia-smi lists) and nodes (default 1)
