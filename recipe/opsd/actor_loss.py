@@ -67,29 +67,6 @@ SIGNAL_METRICS = {
 }
 
 
-def response_rows(*, starts_b, seq_lens_b, response_lens_b, max_response_len: int):
-    """Flat row indices of the hidden states that predict each response token.
-
-    Sequence i occupies rows ``starts_b[i] .. starts_b[i] + seq_lens_b[i] - 1`` (prompt then
-    response, no pad in between); its response is the last ``response_lens_b[i]`` tokens, and
-    response token j is predicted by the hidden state one row before it. Returns
-    ``(rows_bR, valid_bR)``; invalid entries point at row ``starts_b[i]`` and must be masked.
-    """
-    starts_b = starts_b.long()
-    seq_lens_b = seq_lens_b.long().to(starts_b.device)
-    response_lens_b = response_lens_b.long().to(starts_b.device)
-    if bool((response_lens_b > seq_lens_b - 1).any()):
-        raise ValueError(
-            f"response longer than the sequence minus one prompt token: responses {response_lens_b.tolist()}, "
-            f"sequences {seq_lens_b.tolist()}"
-        )
-    j_R = torch.arange(max_response_len, device=starts_b.device)
-    first_b = starts_b + seq_lens_b - response_lens_b - 1
-    valid_bR = j_R.unsqueeze(0) < response_lens_b.unsqueeze(1)
-    rows_bR = torch.where(valid_bR, first_b.unsqueeze(1) + j_R.unsqueeze(0), starts_b.unsqueeze(1))
-    return rows_bR, valid_bR
-
-
 def _scatter(mask_bR: torch.Tensor, values_N: torch.Tensor) -> torch.Tensor:
     """[b, R] tensor with ``values_N`` at the true entries of ``mask_bR`` (row-major), 0 elsewhere."""
     out = torch.zeros(mask_bR.shape, dtype=values_N.dtype, device=values_N.device)

@@ -43,7 +43,8 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
-from recipe.opsd.actor_loss import opsd_loss, response_rows
+from recipe.common.heads import output_logit_scale, response_rows
+from recipe.opsd.actor_loss import opsd_loss
 from recipe.opsd.signals import sampled_token_rank_from_hidden
 
 
@@ -110,37 +111,6 @@ def load_initial_lm_head(model_path: str, *, tie_word_embeddings: bool) -> torch
                     if key.endswith(suffix):
                         return handle.get_tensor(key)
     raise KeyError(f"{model_path}: no tensor named *{' or *'.join(wanted)} in {files}")
-
-
-# Model configs whose causal-LM head is ``scale * (h @ W.T)`` instead of ``h @ W.T`` (transformers
-# 5.x): attribute -> how it turns into the scale. The OPSD losses work on hidden states and the
-# lm_head weight, so the scale is folded into the weight (logits are linear in it).
-_LINEAR_LOGIT_SCALES = {
-    "lm_head_multiplier": lambda v: float(v),  # Falcon-H1 (Falcon-H1R-7B)
-    "logit_scale": lambda v: float(v),  # Cohere
-    "logits_scaling": lambda v: 1.0 / float(v),  # Granite divides
-}
-
-
-def output_logit_scale(hf_config) -> float:
-    """The factor the model's head multiplies ``h @ W.T`` by (1.0 for Qwen3, Llama, OLMo, ...).
-
-    A non-linear head (Gemma's ``final_logit_softcapping``) cannot be folded into the weight and is
-    refused: the fused loss would otherwise train on logits the model never produces.
-    """
-    configs = [hf_config] + [getattr(hf_config, "text_config", None)]
-    scale = 1.0
-    for cfg in filter(None, configs):
-        if getattr(cfg, "final_logit_softcapping", None) is not None:
-            raise ValueError(
-                f"{type(cfg).__name__}.final_logit_softcapping={cfg.final_logit_softcapping}: the OPSD fused loss "
-                "needs logits linear in the lm_head weight (soft-capped heads are not supported)"
-            )
-        for name, to_scale in _LINEAR_LOGIT_SCALES.items():
-            value = getattr(cfg, name, None)
-            if value is not None:
-                scale *= to_scale(value)
-    return scale
 
 
 class OPSDEngineMixin:

@@ -138,7 +138,7 @@ def test_teacher_rank_from_hidden_matches_the_model_logits(model, sequences):
 def test_output_logit_scale_of_the_paper_heads():
     from transformers import FalconH1Config, Gemma2Config, GraniteConfig
 
-    from recipe.opsd.teacher_worker import output_logit_scale
+    from recipe.common.heads import output_logit_scale
 
     assert output_logit_scale(tiny_qwen3_config(vocab_size=VOCAB)) == 1.0
     assert output_logit_scale(FalconH1Config(lm_head_multiplier=0.25)) == 0.25
@@ -151,7 +151,7 @@ def test_falcon_h1_logits_are_hidden_times_the_scaled_head():
     """Falcon-H1 (Falcon-H1R-7B preset) multiplies its lm_head output: the folded weight reproduces it."""
     from transformers import FalconH1Config, FalconH1ForCausalLM
 
-    from recipe.opsd.teacher_worker import output_logit_scale
+    from recipe.common.heads import output_logit_scale
 
     config = FalconH1Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
