@@ -4,13 +4,13 @@
     python scripts/build_tiny_model.py --out-dir /tmp/tiny --data-dir /tmp/tiny_data
     python scripts/build_tiny_model.py --if-missing --out-dir DIR --data-dir DIR   # run scripts
 
-No download: everything is built locally (recipe.common.tiny_model).
+No download: everything is built locally (recipe.models.tiny).
 """
 
 import argparse
 from pathlib import Path
 
-from recipe.common.tiny_model import build_tiny_model, build_tiny_parquet
+from recipe.models.tiny import build_tiny_model, build_tiny_parquet
 
 
 def main() -> None:

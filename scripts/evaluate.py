@@ -1,6 +1,6 @@
 """Evaluate a model / checkpoint on AIME 2024-2026 and HMMT Feb 2025, and compare two runs.
 
-Thin CLI over ``recipe.common.evaluation`` (see docs/evaluation.md).
+Thin CLI over ``recipe.evaluation.harness`` (see docs/evaluation.md).
 
     # Qwen3-1.7B in thinking mode, the paper's protocol (vLLM, n=8, seed 42)
     python scripts/evaluate.py run --model Qwen/Qwen3-1.7B --preset qwen3_think --out-dir evals/base
@@ -17,9 +17,9 @@ import argparse
 import json
 import sys
 
-from recipe.common.decoding_presets import PRESETS, get_preset
-from recipe.common.eval_report import compare_table, results_table
-from recipe.common.evaluation import DEFAULT_BENCHMARKS, DEFAULT_MERGE_CACHE, EvalConfig, evaluate
+from recipe.evaluation.decoding_presets import PRESETS, get_preset
+from recipe.evaluation.report import compare_table, results_table
+from recipe.evaluation.harness import DEFAULT_BENCHMARKS, DEFAULT_MERGE_CACHE, EvalConfig, evaluate
 
 
 _OFF = "off"

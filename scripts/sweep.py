@@ -1,6 +1,6 @@
 """Run a sweep of experiment presets for one model preset and tabulate it like the paper.
 
-Thin CLI over ``recipe.common.sweep`` (docs/presets.md).
+Thin CLI over ``recipe.experiments.sweep`` (docs/presets.md).
 
     # the rollout-cap study of Qwen3-1.7B, sequentially on this machine
     python scripts/sweep.py run --model qwen3_1p7b --out sweeps/caps \\
@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from recipe.common import sweep
+from recipe.experiments import sweep
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", required=True, help=f"model preset: {', '.join(sweep.available('model'))}")
         p.add_argument("--presets", nargs="+", required=True, help="experiment presets; a+b combines presets in one run")
         p.add_argument("--out", required=True, help="sweep directory")
-        p.add_argument("--device", choices=sweep.DEVICES, default="gpu", help="cpu: the CPU path (recipe/common/cpu_env.sh)")
+        p.add_argument("--device", choices=sweep.DEVICES, default="gpu", help="cpu: the CPU path (recipe/cpu/env.sh)")
         p.add_argument("--eval-n", type=int, default=8, help="samples per problem")
         p.add_argument("--eval-seed", type=int, default=42)
         p.add_argument("--eval-limit", type=int, default=None, help="first N problems per benchmark (smoke runs)")

@@ -4,14 +4,14 @@
     python scripts/toy_experiments.py --model DIR --data train.parquet --num-prompts 64
 
 Prints the context table and the signal report (recipe.analysis.signal_analysis.markdown_report);
-with --out-dir also writes signals.json / signals.md / figures. Logic: recipe/toy/experiments.py.
+with --out-dir also writes signals.json / signals.md / figures. Logic: recipe/experiments/toy_signals.py.
 """
 
 import argparse
 from pathlib import Path
 
 from recipe.analysis.signal_analysis import markdown_report, write_outputs
-from recipe.toy.experiments import context_table, initial_signals, signal_config
+from recipe.experiments.toy_signals import context_table, initial_signals, signal_config
 from recipe.toy.student import StudentConfig, build_student
 
 

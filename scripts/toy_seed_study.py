@@ -5,7 +5,7 @@
 
 Builds (or reuses) the default toy student, evaluates it once, trains one OPSD run per (arm, seed)
 through run_opsd.sh, evaluates each, and prints gains in points as mean +- sd over seeds with the
-training divergence of the first and last 10 steps. Logic: recipe/toy/seeds.py (docs/toy_world.md).
+training divergence of the first and last 10 steps. Logic: recipe/experiments/toy_seeds.py (docs/toy_world.md).
 """
 
 import argparse
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from recipe.toy.compare import ToyRunConfig, evaluate_all
-from recipe.toy.seeds import ARMS, seed_study, study_table
+from recipe.experiments.toy_seeds import ARMS, seed_study, study_table
 from recipe.toy.student import build_student
 
 

@@ -281,7 +281,7 @@ def sample_rollouts(model, tokenizer, items: Sequence[PromptItem], *, config: Si
             generation_config = None
         return _sample_vllm(model, items, eos_ids=_eos_ids(generation_config, tokenizer), config=config)
     eos_ids = _eos_ids(model.generation_config, tokenizer)
-    from recipe.common.hf_generate import SampleParams, sample_batch
+    from recipe.cpu.hf_generate import SampleParams, sample_batch
 
     params = SampleParams(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k

@@ -6,7 +6,7 @@
 #   MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo_train.parquet VAL_FILES=/data/val.parquet \
 #   CKPT_DIR=/ckpt/grpo NGPUS=8 bash recipe/grpo_baseline/run_grpo.sh [verl overrides...]
 #
-# Without MODEL_PATH the run is the CPU path (recipe/common/cpu_env.sh). Without TRAIN_FILES either,
+# Without MODEL_PATH the run is the CPU path (recipe/cpu/env.sh). Without TRAIN_FILES either,
 # CPU_DEMO=toy (default) runs GRPO on the toy student with a held-out table before/after
 # (docs/toy_world.md); CPU_DEMO=tiny builds a random tiny model and toy data into $CACHE_DIR,
 # 4 short steps, ~2 minutes on 2 cores.
@@ -42,7 +42,7 @@ if [[ "$DEVICE" == cpu && -z "${MODEL_PATH:-}" && -z "${TRAIN_FILES:-}" ]]; then
 fi
 CKPT_DIR="${CKPT_DIR:-$REPO_ROOT/checkpoints/grpo_${DEVICE}}"
 mkdir -p "$CKPT_DIR"
-source "$REPO_ROOT/recipe/common/run_log.sh"
+source "$REPO_ROOT/recipe/launch/run_log.sh"
 # verl's file logger truncates its file: a resumed launch logs to metrics.1.jsonl, ... instead.
 export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$(next_free_path "$CKPT_DIR/metrics" jsonl)}"
 
@@ -54,7 +54,7 @@ ARGS=(
 )
 
 if [[ "$DEVICE" == cpu ]]; then
-    source "$REPO_ROOT/recipe/common/cpu_env.sh"
+    source "$REPO_ROOT/recipe/cpu/env.sh"
     MODEL_PATH="${MODEL_PATH:-$CACHE_DIR/tiny_qwen3}"
     TRAIN_FILES="${TRAIN_FILES:-$CACHE_DIR/tiny_data/train.parquet}"
     VAL_FILES="${VAL_FILES:-$CACHE_DIR/tiny_data/val.parquet}"

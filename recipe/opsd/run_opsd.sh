@@ -20,13 +20,13 @@
 #   CACHE_DIR     where the CPU defaults are built (default: $OPSD_CACHE or ~/.cache/opsd-verl)
 #   STEPS         CPU only: training steps (toy world default 150, recipe/toy/run_toy.sh; CPU_DEMO=tiny
 #                 default 4 with a checkpoint every 2 steps and at the last)
-#   CPU_NUM_RANKS CPU only: FSDP ranks over gloo (default 1; recipe/common/cpu_env.sh)
+#   CPU_NUM_RANKS CPU only: FSDP ranks over gloo (default 1; recipe/cpu/env.sh)
 #   NGPUS, NNODES GPU only: GPUs per node (default: all nvidia-smi lists) and nodes (default 1)
 #   ROLLOUT_NAME  GPU rollout engine: vllm (default) | sglang
 #   PYTHON        python interpreter (default: python)
 # Logs: per-step metrics (opsd/*, timing_s/*) in $CKPT_DIR/metrics.jsonl (verl's file logger; a
 # resumed launch writes metrics.1.jsonl, ...; VERL_FILE_LOGGER_PATH overrides); one line per launch (wall time, devices, exit code) in
-# $CKPT_DIR/run_times.jsonl (recipe/common/run_log.sh).
+# $CKPT_DIR/run_times.jsonl (recipe/launch/run_log.sh).
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -63,15 +63,15 @@ if [[ "${OPSD_DEVICE}" == "cpu" ]]; then
     VAL_FILES="${VAL_FILES:-${CPU_DEFAULT_DATA_DIR}/val.parquet}"
     if [[ "${MODEL_PATH}" == "${CPU_DEFAULT_MODEL_DIR}" && ! -f "${MODEL_PATH}/config.json" ]]; then
         echo "[run_opsd] building the tiny CPU model in ${MODEL_PATH}"
-        (cd "${REPO_DIR}" && "${PYTHON}" -c "from recipe.common.tiny_model import build_tiny_model; build_tiny_model('${MODEL_PATH}', seed=0, overwrite=True)")
+        (cd "${REPO_DIR}" && "${PYTHON}" -c "from recipe.models.tiny import build_tiny_model; build_tiny_model('${MODEL_PATH}', seed=0, overwrite=True)")
     fi
     if [[ "${TRAIN_FILES}" == "${CPU_DEFAULT_DATA_DIR}/train.parquet" && ! -f "${TRAIN_FILES}" ]]; then
         echo "[run_opsd] building toy data in ${CPU_DEFAULT_DATA_DIR}"
         rm -f "${CPU_DEFAULT_DATA_DIR}/val.parquet"
-        (cd "${REPO_DIR}" && "${PYTHON}" -c "from recipe.common.tiny_model import build_tiny_parquet; build_tiny_parquet('${CPU_DEFAULT_DATA_DIR}', num_train=64, num_val=16, seed=0)")
+        (cd "${REPO_DIR}" && "${PYTHON}" -c "from recipe.models.tiny import build_tiny_parquet; build_tiny_parquet('${CPU_DEFAULT_DATA_DIR}', num_train=64, num_val=16, seed=0)")
     fi
-    # shellcheck source=../common/cpu_env.sh
-    source "${REPO_DIR}/recipe/common/cpu_env.sh"
+    # shellcheck source=../cpu/env.sh
+    source "${REPO_DIR}/recipe/cpu/env.sh"
     OVERRIDES+=(
         "${CPU_OVERRIDES[@]}"
         data.train_batch_size="${CPU_DEFAULT_BATCH_SIZE}"
@@ -100,8 +100,8 @@ fi
 
 CKPT_DIR="${CKPT_DIR:-${OPSD_CACHE}/checkpoints/${EXPERIMENT_NAME}}"
 mkdir -p "${CKPT_DIR}"
-# shellcheck source=../common/run_log.sh
-source "${REPO_DIR}/recipe/common/run_log.sh"
+# shellcheck source=../launch/run_log.sh
+source "${REPO_DIR}/recipe/launch/run_log.sh"
 # verl's file logger truncates its file: a resumed launch logs to metrics.1.jsonl, ... instead.
 export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$(next_free_path "${CKPT_DIR}/metrics" jsonl)}"
 echo "[run_opsd] device=${OPSD_DEVICE} model=${MODEL_PATH} train=${TRAIN_FILES} checkpoints=${CKPT_DIR}"

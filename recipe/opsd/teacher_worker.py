@@ -51,7 +51,7 @@ from recipe.opsd.signals import sampled_token_rank_from_hidden
 def _cpu_unpinned_teacher_offload() -> None:
     """CPU path only: verl's FSDP2 forward-only engine (the ref = our teacher) always uses
     ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an accelerator. Belongs in
-    recipe.common.cpu_plugin (requested); kept here until it moves there."""
+    recipe.cpu.plugin (requested); kept here until it moves there."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     from verl.workers.engine.fsdp import transformer_impl

@@ -20,7 +20,7 @@ DEVICE="${DEVICE:-$([[ -n "${MODEL_PATH:-}" ]] && echo gpu || echo cpu)}"
 CACHE_DIR="${CACHE_DIR:-${OPSD_CACHE:-$HOME/.cache/opsd-verl}}"
 CKPT_DIR="${CKPT_DIR:-$REPO_ROOT/checkpoints/sft_${DEVICE}}"
 mkdir -p "$CKPT_DIR"
-source "$REPO_ROOT/recipe/common/run_log.sh"
+source "$REPO_ROOT/recipe/launch/run_log.sh"
 # verl's file logger truncates its file: a resumed launch logs to metrics.1.jsonl, ... instead.
 export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$(next_free_path "$CKPT_DIR/metrics" jsonl)}"
 
@@ -31,7 +31,7 @@ ARGS=(
 )
 
 if [[ "$DEVICE" == cpu ]]; then
-    source "$REPO_ROOT/recipe/common/cpu_env.sh"
+    source "$REPO_ROOT/recipe/cpu/env.sh"
     NPROC="$CPU_NUM_RANKS"
     MODEL_PATH="${MODEL_PATH:-$CACHE_DIR/tiny_qwen3}"
     "$PYTHON" scripts/build_tiny_model.py --if-missing --out-dir "$MODEL_PATH" --data-dir "$CACHE_DIR/tiny_data"

@@ -4,7 +4,7 @@
 on the CPU with ``MODEL_PATH`` = the toy student (``recipe.toy.student``), the toy RL parquet, a fresh
 checkpoint directory and the toy preset below; merges the last checkpoint
 (``scripts/merge_checkpoint.sh``) and evaluates it on the held-out problems with
-``recipe.common.evaluation`` (greedy accuracy, sampled Avg@n / Pass@n, mean length). Both
+``recipe.evaluation.harness`` (greedy accuracy, sampled Avg@n / Pass@n, mean length). Both
 methods see the same parquet, ``data.seed`` and batch size, so the same problems in the same
 order. Compute: the launch's wall time and verl's per-step ``timing_s/step`` (metrics jsonl).
 
@@ -235,7 +235,7 @@ def table(before: dict, results: dict[str, dict], config: ToyRunConfig) -> str:
                      f"({_mean(opsd['step_times_s'][1:]) / _mean(grpo['step_times_s'][1:]):.2f} after step 1), "
                      f"launch wall time {opsd['wall_time_s'] / grpo['wall_time_s']:.2f}")
     lines.append(f"(held-out problems: {before['n_problems']}; greedy = top-k 1; Avg@{n}/Pass@{n}: T 1.0, "
-                 f"no-think mode, recipe.common.evaluation)")
+                 f"no-think mode, recipe.evaluation.harness)")
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,7 @@
   ``data_prep.sft.sft_messages``'s (the reference solution), rendered without reasoning: in the
   Qwen3 template an assistant turn with no reasoning carries the empty ``<think>`` block, the
   same tokens as the no-think generation prompt, so the SFT model answers in no-think mode.
-- ``heldout_jsonl_rows(records)``: ``{id, problem, answer}`` rows for ``recipe.common.evaluation``.
+- ``heldout_jsonl_rows(records)``: ``{id, problem, answer}`` rows for ``recipe.evaluation.harness``.
 - ``prompt_phrases()``: the fixed texts of every toy prompt (the paper's wording between the
   record fields), which the toy tokenizer holds as single tokens.
 
@@ -84,7 +84,7 @@ def sft_rows(records: Sequence[Mapping], *, mix: Mapping[str, float] = DEFAULT_S
 
 
 def heldout_jsonl_rows(records: Sequence[Mapping]) -> list[dict[str, str]]:
-    """Benchmark rows ``{id, problem, answer}`` for ``recipe.common.evaluation``."""
+    """Benchmark rows ``{id, problem, answer}`` for ``recipe.evaluation.harness``."""
     return [{"id": record["id"], "problem": record["problem"], "answer": record["answer"]} for record in records]
 
 

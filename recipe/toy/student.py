@@ -8,11 +8,11 @@
     data/heldout.jsonl                         held-out benchmark ``{id, problem, answer}``
     data/heldout_full_solution.jsonl           the same problems with the reference solution in
                                                the prompt (see ``context_benchmark_rows``)
-    init/        random Qwen3 + character tokenizer (``recipe.common.tiny_model.build_tiny_model``),
+    init/        random Qwen3 + character tokenizer (``recipe.models.tiny.build_tiny_model``),
                  the fixed prompt texts as single tokens (``recipe.toy.data.prompt_phrases``)
     sft/         verl SFT checkpoints (``recipe/sft/run_sft.sh`` on CPU) + run_times.jsonl
     student/     the merged HF student (``scripts/merge_checkpoint.sh``)
-    student_eval/<none|full_solution>/<greedy|sampled_nN>/   ``recipe.common.evaluation`` outputs
+    student_eval/<none|full_solution>/<greedy|sampled_nN>/   ``recipe.evaluation.harness`` outputs
     runs/        OPSD / GRPO runs of ``recipe.toy.compare`` (one directory per launch time)
     BUILD.json   the config, its hash and the build's wall times (written last: a build
                  without it is incomplete and is redone from the first missing piece)
@@ -178,7 +178,7 @@ def _run(command: list[str], *, env: dict | None = None, log: Path) -> None:
 
 def build_student(config: StudentConfig = StudentConfig(), *, log=print) -> Path:
     """Build (or reuse) the toy student; return its cache directory (see the module docstring)."""
-    from recipe.common.tiny_model import build_tiny_model
+    from recipe.models.tiny import build_tiny_model
 
     root = student_dir(config)
     if (root / "BUILD.json").is_file():
@@ -218,7 +218,7 @@ def build_student(config: StudentConfig = StudentConfig(), *, log=print) -> Path
 
 def decoding(*, greedy: bool, max_new_tokens: int = 48):
     """The toy evaluation decoding: no-think mode; greedy = top_k 1, else T 1.0 top-p 1."""
-    from recipe.common.decoding_presets import get_preset
+    from recipe.evaluation.decoding_presets import get_preset
 
     preset = get_preset("tiny_cpu").with_overrides(mode=STUDENT_MODE, max_new_tokens=max_new_tokens, top_p=1.0,
                                                    temperature=1.0, top_k=1 if greedy else None)
@@ -226,14 +226,14 @@ def decoding(*, greedy: bool, max_new_tokens: int = 48):
 
 
 def batched_backend(model_path: str | os.PathLike, *, preset, seed: int):
-    """``recipe.common.eval_backends.HFBackend`` that samples all prompts of a call in one batch.
+    """``recipe.evaluation.backends.HFBackend`` that samples all prompts of a call in one batch.
 
     The toy prompts are short and the model tiny, so one left-padded ``sample_batch`` over every
     (prompt, sample) of a call replaces one call per prompt (~40x faster here). Seeded by the
     call's first request key: deterministic for a fixed ``problems_per_call``.
     """
-    from recipe.common.eval_backends import Generation, HFBackend, request_seed
-    from recipe.common.hf_generate import SampleParams, sample_batch
+    from recipe.evaluation.backends import Generation, HFBackend, request_seed
+    from recipe.cpu.hf_generate import SampleParams, sample_batch
 
     class BatchedHFBackend(HFBackend):
         def generate(self, requests):
@@ -259,8 +259,8 @@ def batched_backend(model_path: str | os.PathLike, *, preset, seed: int):
 
 def evaluate_model(model: str | os.PathLike, benchmark: str | os.PathLike, out_dir: str | os.PathLike, *,
                    greedy: bool, n: int = 1, limit: int | None = None, seed: int = 42) -> dict:
-    """``recipe.common.evaluation.evaluate`` of ``model`` on a toy JSONL; returns its macro metrics."""
-    from recipe.common.evaluation import EvalConfig, evaluate
+    """``recipe.evaluation.harness.evaluate`` of ``model`` on a toy JSONL; returns its macro metrics."""
+    from recipe.evaluation.harness import EvalConfig, evaluate
 
     config = EvalConfig(model=str(model), out_dir=str(out_dir), preset=decoding(greedy=greedy),
                         benchmarks=[str(benchmark)], n=1 if greedy else n, seed=seed, backend="hf",

@@ -15,7 +15,7 @@ from recipe.opsd import signals
 def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from recipe.common.tiny_model import build_tiny_model, build_tiny_parquet
+    from recipe.models.tiny import build_tiny_model, build_tiny_parquet
 
     root = tmp_path_factory.mktemp("signal_analysis")
     model_dir = build_tiny_model(root / "model", seed=0)

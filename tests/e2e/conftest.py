@@ -1,11 +1,11 @@
 """Shared fixtures of the end-to-end (Ray + verl on CPU) tests.
 
 - ``tiny_model_dir``: a tiny Qwen3 model + character tokenizer, built once per session
-  (``recipe.common.tiny_model.build_tiny_model``, seed 0).
+  (``recipe.models.tiny.build_tiny_model``, seed 0).
 - ``tiny_data``: ``{"train": path, "val": path}`` toy addition parquet files in the
   project's verl schema (``build_tiny_parquet``: 64 train / 16 val rows).
 - ``run_cpu_verl``: runs a verl entry point (``python -m <module>``) or a bash script in a
-  subprocess with ``recipe/common/cpu_env.sh`` sourced and its ``CPU_OVERRIDES`` appended
+  subprocess with ``recipe/cpu/env.sh`` sourced and its ``CPU_OVERRIDES`` appended
   (for ``python -m``), a file logger writing the metrics jsonl, and a timeout. Returns a
   ``VerlRun`` with the return code, the combined log and the metrics parsed per step.
 - ``fsdp_state_dict``: ``load(actor_dir) -> {name: float32 tensor}``, the full weights of an
@@ -42,7 +42,7 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CPU_ENV = REPO_ROOT / "recipe" / "common" / "cpu_env.sh"
+CPU_ENV = REPO_ROOT / "recipe" / "cpu" / "env.sh"
 
 
 @dataclass
@@ -99,7 +99,7 @@ def assert_rollout_served_checkpoints(
 
     Returns ``{replica: {step: {name: sha256}}}`` (the last load of each step) for further checks.
     """
-    from recipe.common.cpu_rollout import weights_fingerprint
+    from recipe.cpu.rollout import weights_fingerprint
 
     records = [json.loads(line) for line in Path(weights_log).read_text().splitlines() if line.strip()]
     steps_seen: dict[int, list[int]] = {}
@@ -142,14 +142,14 @@ def check_rollout_weights():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from recipe.common.tiny_model import build_tiny_model
+    from recipe.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> dict[str, Path]:
-    from recipe.common.tiny_model import build_tiny_parquet
+    from recipe.models.tiny import build_tiny_parquet
 
     train, val = build_tiny_parquet(tmp_path_factory.mktemp("tiny_data"), num_train=64, num_val=16, seed=0)
     return {"train": train, "val": val}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.common.cpu_rollout import WEIGHTS_LOG_ENV
+from recipe.cpu.rollout import WEIGHTS_LOG_ENV
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 import torch
 
-from recipe.common.cpu_rollout import WEIGHTS_LOG_ENV
+from recipe.cpu.rollout import WEIGHTS_LOG_ENV
 
 pytestmark = pytest.mark.e2e
 
@@ -297,7 +297,7 @@ def test_lora_teacher_is_the_base_model(
 
     # verl sends the merged LoRA weights in the mixed-precision param dtype (bf16): the rollout serves
     # exactly bf16(W + (alpha / r) B A) of the trainer, at start-up (B = 0: the base) and after step 2.
-    from recipe.common.cpu_rollout import weights_fingerprint
+    from recipe.cpu.rollout import weights_fingerprint
 
     records = [json.loads(line) for line in weights_log.read_text().splitlines()]
     assert [r["global_steps"] for r in records] == [0, 1, 2]

@@ -8,7 +8,7 @@ on a CPU) with the toy preset, ``CI_STEPS`` steps each: the full-solution teache
 
 - control: the teacher prompt is the student's own, so the step-1 loss is < 1e-6 and top-1
   agreement is 1 (a teacher that sees the wrong prompt or misaligned positions gives > 0);
-- the frozen-teacher forward KL of the student (``recipe.toy.experiments``, the offline signal
+- the frozen-teacher forward KL of the student (``recipe.experiments.toy_signals``, the offline signal
   analysis) is 0 without context and clearly > 0 with the full solution, and the trainer's
   step-1 forward KL is of the same size (a teacher given the student's prompt gives 0);
 - learning: the training divergence of the last 10 steps is at least 30% below that of the
@@ -23,8 +23,8 @@ reference solution ``a+b=c`` holds nothing beyond the answer, so both contexts g
 import pytest
 
 from recipe.toy.compare import ToyRunConfig, evaluate_all, run_method
-from recipe.toy.experiments import initial_signals, signal_config
-from recipe.toy.seeds import signal_windows
+from recipe.experiments.toy_signals import initial_signals, signal_config
+from recipe.experiments.toy_seeds import signal_windows
 from recipe.toy.student import StudentConfig, build_student
 
 pytestmark = pytest.mark.e2e

@@ -1,5 +1,5 @@
 """recipe/grpo_baseline/config/grpo_trainer.yaml against the paper's GRPO control, and the CPU
-overrides of recipe/common/cpu_env.sh against verl 0.9.1's schema (hydra composition only)."""
+overrides of recipe/cpu/env.sh against verl 0.9.1's schema (hydra composition only)."""
 
 import subprocess
 from pathlib import Path
@@ -14,7 +14,7 @@ CONFIG_DIR = REPO_ROOT / "recipe" / "grpo_baseline" / "config"
 def cpu_overrides(array: str = "CPU_OVERRIDES") -> list[str]:
     """The hydra overrides cpu_env.sh defines, as the run scripts expand them."""
     out = subprocess.run(
-        ["bash", "-c", f'source recipe/common/cpu_env.sh && printf "%s\\n" "${{{array}[@]}}"'],
+        ["bash", "-c", f'source recipe/cpu/env.sh && printf "%s\\n" "${{{array}[@]}}"'],
         cwd=REPO_ROOT, capture_output=True, text=True, check=True,
     ).stdout
     return [line for line in out.splitlines() if line]

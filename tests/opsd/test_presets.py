@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from recipe.common.decoding_presets import PRESETS
+from recipe.evaluation.decoding_presets import PRESETS
 from recipe.opsd.config import OPSDConfig
 from recipe.opsd.variants import variant_params
 

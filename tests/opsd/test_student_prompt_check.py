@@ -8,7 +8,7 @@ import torch
 
 from recipe.common.chat import render_ids
 from recipe.common.prompts import build_prompt_pair
-from recipe.common.tiny_model import build_char_tokenizer
+from recipe.models.tiny import build_char_tokenizer
 from recipe.opsd.config import OPSDConfig
 
 RECORD = {"id": "row-7", "index": 7, "problem": "What is 2 + 3?", "solution": "2+3=5\n\\boxed{5}", "answer": "5"}

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recipe.common.tiny_model import tiny_qwen3_config
+from recipe.models.tiny import tiny_qwen3_config
 from recipe.opsd.signals import sampled_token_rank_from_hidden
 from recipe.opsd.teacher_worker import RESPONSE_LENGTHS_KEY, _response_hidden, capture_final_hidden
 

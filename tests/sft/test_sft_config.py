@@ -1,5 +1,5 @@
 """recipe/sft/config/sft_trainer.yaml against the paper's supervised initialization, and the
-CPU SFT overrides of recipe/common/cpu_env.sh against verl 0.9.1's SFT schema."""
+CPU SFT overrides of recipe/cpu/env.sh against verl 0.9.1's SFT schema."""
 
 import subprocess
 from pathlib import Path
@@ -30,7 +30,7 @@ def test_sft_yaml_matches_the_paper():
 
 def test_cpu_sft_overrides_compose():
     out = subprocess.run(
-        ["bash", "-c", 'source recipe/common/cpu_env.sh && printf "%s\\n" "${CPU_SFT_OVERRIDES[@]}"'],
+        ["bash", "-c", 'source recipe/cpu/env.sh && printf "%s\\n" "${CPU_SFT_OVERRIDES[@]}"'],
         cwd=REPO_ROOT, capture_output=True, text=True, check=True,
     ).stdout
     cfg = sft_config([line for line in out.splitlines() if line])

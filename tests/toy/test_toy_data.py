@@ -3,7 +3,7 @@
 import pytest
 
 from recipe.common.prompts import BOXED_INSTRUCTION, build_prompt_pair, eval_messages, student_messages
-from recipe.common.tiny_model import build_char_tokenizer
+from recipe.models.tiny import build_char_tokenizer
 from recipe.toy.data import DEFAULT_SFT_MIX, check_mix, heldout_jsonl_rows, prompt_phrases, rl_rows, sft_rows
 from recipe.toy.student import StudentConfig, context_benchmark_rows
 from recipe.toy.task import DATA_SOURCE, TaskConfig, make_records

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from recipe.common import evaluation
-from recipe.common.decoding_presets import PRESETS, get_preset
-from recipe.common.eval_backends import Generation, request_seed, sglang_sampling_params, vllm_sampling_kwargs
-from recipe.common.eval_report import compare_table, results_table
-from recipe.common.evaluation import EvalConfig, evaluate, resolve_model
+from recipe.evaluation import harness as evaluation
+from recipe.evaluation.decoding_presets import PRESETS, get_preset
+from recipe.evaluation.backends import Generation, request_seed, sglang_sampling_params, vllm_sampling_kwargs
+from recipe.evaluation.report import compare_table, results_table
+from recipe.evaluation.harness import EvalConfig, evaluate, resolve_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -82,7 +82,7 @@ class ScriptedBackend:
     """Returns fixed texts per problem id; records what it was asked to generate."""
 
     def __init__(self, script):
-        from recipe.common.tiny_model import build_char_tokenizer
+        from recipe.models.tiny import build_char_tokenizer
 
         self.tokenizer = build_char_tokenizer()
         self.script = script
@@ -281,7 +281,7 @@ def test_resolve_model_hf_dir_and_fsdp_merge_cache(tmp_path, monkeypatch):
 
 
 def test_end_to_end_tiny_model_cpu(tmp_path):
-    from recipe.common.tiny_model import build_tiny_model
+    from recipe.models.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "tiny")
     preset = get_preset("tiny_cpu").with_overrides(max_new_tokens=12)
@@ -308,7 +308,7 @@ def test_end_to_end_tiny_model_cpu(tmp_path):
 
 
 def test_hf_backend_refuses_presence_penalty(tmp_path):
-    from recipe.common.eval_backends import HFBackend
+    from recipe.evaluation.backends import HFBackend
 
     with pytest.raises(ValueError, match="presence_penalty"):
         HFBackend(str(tmp_path), preset=get_preset("qwen35_4b"), seed=42)

@@ -1,8 +1,8 @@
-"""recipe.toy.seeds without launching anything: signal windows, gains over seeds, the table."""
+"""recipe.experiments.toy_seeds without launching anything: signal windows, gains over seeds, the table."""
 
 import math
 
-from recipe.toy.seeds import ARMS, gain_stats, signal_windows, study_table
+from recipe.experiments.toy_seeds import ARMS, gain_stats, signal_windows, study_table
 
 
 def _metrics(kls):

@@ -4,9 +4,9 @@ Library behind ``scripts/sweep.py`` (docs/presets.md). A sweep is one model pres
 (``recipe/opsd/config/model``) and a list of experiment presets (``recipe/opsd/config/experiment``;
 ``a+b`` combines presets in one run). For every run it composes the OPSD config with hydra
 (``+model=<m> +experiment=[<presets>] <overrides>``), applies the preset's data step
-(``sweep.data_prep``, ``recipe.common.sweep_data``), writes the resolved config next to the run's
+(``sweep.data_prep``, ``recipe.experiments.sweep_data``), writes the resolved config next to the run's
 outputs and trains from exactly that file (``python -m recipe.opsd.main_opsd --config-path <run_dir>
---config-name config``), then evaluates the checkpoints with ``recipe.common.evaluation`` under the
+--config-name config``), then evaluates the checkpoints with ``recipe.evaluation.harness`` under the
 model preset's decoding preset for the run's evaluation mode (``sweep.eval_mode``, default: the
 student's mode). The base model is evaluated once per evaluation setting. ``collect`` writes the
 paper-style comparison table (Avg@n / Pass@n / Length, deltas vs Base: points for accuracy,
@@ -43,7 +43,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "recipe" / "opsd" / "config"
-CPU_ENV = REPO_ROOT / "recipe" / "common" / "cpu_env.sh"
+CPU_ENV = REPO_ROOT / "recipe" / "cpu" / "env.sh"
 SWEEP_CLI = REPO_ROOT / "scripts" / "sweep.py"
 DEVICES = ("gpu", "cpu")
 
@@ -117,7 +117,7 @@ def compose(overrides: Sequence[str]):
 
 
 def cpu_launch_environment() -> tuple[dict[str, str], list[str]]:
-    """(environment variables, hydra overrides) of ``recipe/common/cpu_env.sh`` (the one copy of the CPU shims)."""
+    """(environment variables, hydra overrides) of ``recipe/cpu/env.sh`` (the one copy of the CPU shims)."""
     script = f'source {shlex.quote(str(CPU_ENV))} >/dev/null && printf "%s\\0" "${{CPU_OVERRIDES[@]}}" && printf "\\1\\0" && env -0'
     out = subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True, env=dict(os.environ)).stdout
     fields = out.split("\0")
@@ -153,7 +153,7 @@ def eval_choice(cfg) -> tuple[str, str, str | None]:
 
 def decoding_for(preset_name: str, mode: str | None):
     """The named decoding preset evaluated in ``mode`` (the preset's own mode is replaced when they differ)."""
-    from recipe.common.decoding_presets import get_preset
+    from recipe.evaluation.decoding_presets import get_preset
 
     preset = get_preset(preset_name)
     return preset if preset.mode == mode else preset.with_overrides(mode=mode)
@@ -210,7 +210,7 @@ def plan_run(
     """Compose, prepare data, write ``config.yaml`` + ``plan.json`` of one run; return the plan."""
     from omegaconf import OmegaConf
 
-    from recipe.common import sweep_data
+    from recipe.experiments import sweep_data
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
@@ -359,8 +359,8 @@ def _run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log: Path, timeou
 
 
 def evaluate_model(model: str, *, out_dir: Path, preset: str, mode: str | None, settings: Mapping, progress=False) -> dict:
-    """Evaluate ``model`` (HF dir or FSDP ``.../actor`` checkpoint) with ``recipe.common.evaluation``."""
-    from recipe.common.evaluation import EvalConfig, evaluate
+    """Evaluate ``model`` (HF dir or FSDP ``.../actor`` checkpoint) with ``recipe.evaluation.harness``."""
+    from recipe.evaluation.harness import EvalConfig, evaluate
 
     config = EvalConfig(model=model, out_dir=str(out_dir), preset=decoding_for(preset, mode),
                         benchmarks=tuple(settings["benchmarks"]), n=settings["n"], seed=settings["seed"],

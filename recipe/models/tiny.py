@@ -25,7 +25,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-CHAT_TEMPLATE_PATH = Path(__file__).resolve().parent / "chat_templates" / "qwen3.jinja"
+CHAT_TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "common" / "chat_templates" / "qwen3.jinja"
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"

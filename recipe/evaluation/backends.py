@@ -15,7 +15,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from recipe.common.decoding_presets import DecodingPreset
+from recipe.evaluation.decoding_presets import DecodingPreset
 
 BACKENDS = ("vllm", "sglang", "hf")
 
@@ -67,7 +67,7 @@ def sglang_sampling_params(preset: DecodingPreset, *, prompt_tokens: int) -> dic
 
 
 class HFBackend:
-    """CPU sampling with ``recipe.common.hf_generate.sample_batch`` (one batch per prompt)."""
+    """CPU sampling with ``recipe.cpu.hf_generate.sample_batch`` (one batch per prompt)."""
 
     def __init__(self, model_path: str, *, preset: DecodingPreset, seed: int):
         import torch
@@ -93,7 +93,7 @@ class HFBackend:
         self.pad_token_id = pad if pad is not None else eos[0]
 
     def generate(self, requests: list[PromptRequest]) -> list[list[Generation]]:
-        from recipe.common.hf_generate import SampleParams, sample_batch
+        from recipe.cpu.hf_generate import SampleParams, sample_batch
 
         results = []
         for request in requests:

@@ -3,9 +3,9 @@
 Loaded in every verl process (driver and Ray workers) through verl's own hook::
 
     export VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda
-    export VERL_USE_EXTERNAL_MODULES=recipe.common.cpu_plugin   # list it FIRST
+    export VERL_USE_EXTERNAL_MODULES=recipe.cpu.plugin   # list it FIRST
 
-(``recipe/common/cpu_env.sh`` sets these and the hydra overrides of the CPU path.)
+(``recipe/cpu/env.sh`` sets these and the hydra overrides of the CPU path.)
 
 Guard: unless ``VERL_PLATFORM=cpu``, importing this module does nothing (it does not even
 import verl), so the GPU path is untouched. On the CPU path it
@@ -17,7 +17,7 @@ import verl), so the GPU path is untouched. On the CPU path it
    string verl builds into ``gloo``;
 3. makes FSDP2's ``CPUOffloadPolicy`` never pin memory (verl always gives the frozen
    reference model ``CPUOffloadPolicy(pin_memory=True)``, and pinning needs an accelerator);
-4. registers rollout ``hf`` (``recipe.common.cpu_rollout``) in ``RolloutReplicaRegistry`` and
+4. registers rollout ``hf`` (``recipe.cpu.rollout``) in ``RolloutReplicaRegistry`` and
    ``_ROLLOUT_REGISTRY``.
 
 The FSDP engine is selected by ``VERL_ENGINE_DEVICE=cuda`` (verl's documented override).
@@ -96,7 +96,7 @@ if cpu_path_enabled():
         found = found if found is not None else _dist_version("verl")
         if found != EXPECTED_VERL_VERSION:
             warnings.warn(
-                f"recipe.common.cpu_plugin was written against verl {EXPECTED_VERL_VERSION} but verl {found} "
+                f"recipe.cpu.plugin was written against verl {EXPECTED_VERL_VERSION} but verl {found} "
                 "is installed: re-check the shims listed in docs/cpu_path.md before trusting CPU runs.",
                 RuntimeWarning,
                 stacklevel=2,
@@ -263,7 +263,7 @@ if cpu_path_enabled():
                 module.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
 
     def _load_hf_replica():
-        from recipe.common.cpu_rollout import HFReplica
+        from recipe.cpu.rollout import HFReplica
 
         return HFReplica
 
@@ -272,7 +272,7 @@ if cpu_path_enabled():
         from verl.workers.rollout.replica import RolloutReplicaRegistry
 
         RolloutReplicaRegistry.register(HF_ROLLOUT_NAME, _load_hf_replica)
-        _ROLLOUT_REGISTRY[(HF_ROLLOUT_NAME, "async")] = "recipe.common.cpu_rollout.HFServerAdapter"
+        _ROLLOUT_REGISTRY[(HF_ROLLOUT_NAME, "async")] = "recipe.cpu.rollout.HFServerAdapter"
 
     check_verl_version()
     _install_backend_normalizer()

@@ -2,7 +2,7 @@
 
 One call samples a whole batch of prompts of different lengths (left-padded), and
 returns for every sequence the response token ids, the log-probability of each sampled
-token and a finish reason. Used by the CPU rollout server (``recipe.common.cpu_rollout``),
+token and a finish reason. Used by the CPU rollout server (``recipe.cpu.rollout``),
 evaluation and analysis.
 
 Log-probabilities follow vLLM's default ``logprobs_mode=processed_logprobs`` (the mode

@@ -8,12 +8,12 @@ verl expects of a backend (same roles as ``verl/workers/rollout/vllm_rollout/``)
 
 - ``HFRolloutServer``: a Ray actor holding an HF causal LM. Concurrent ``generate`` calls
   are queued and served in batches (one left-padded ``generate`` per batch, see
-  ``recipe.common.hf_generate``), not one request at a time.
+  ``recipe.cpu.hf_generate``), not one request at a time.
 - ``HFReplica``: the ``RolloutReplica`` that launches one server per replica.
 - ``HFServerAdapter``: the ``BaseRollout`` living in each trainer (FSDP) worker; its
   ``update_weights`` collects the trainer's full tensors and loads them into the server.
 
-Registered by ``recipe.common.cpu_plugin`` (CPU path only). Two environment switches:
+Registered by ``recipe.cpu.plugin`` (CPU path only). Two environment switches:
 
 - ``OPSD_HF_ROLLOUT_SKIP_WEIGHT_SYNC=1`` turns the weight push off (negative control for the
   on-policy test: the rollout then keeps the initial weights and drifts off-policy);
@@ -36,7 +36,7 @@ from typing import Any, Generator, Optional
 import ray
 import torch
 
-from recipe.common.hf_generate import SampleParams, sample_batch
+from recipe.cpu.hf_generate import SampleParams, sample_batch
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from recipe.common.eval_metrics import (
+from recipe.evaluation.metrics import (
     dataset_metrics,
     generation_diagnostics,
     longest_repeated_line_run,

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.common import sweep, sweep_data
+from recipe.experiments import sweep, sweep_data
 
 
 def test_expand_runs_combines_and_validates():

@@ -1,11 +1,11 @@
-"""recipe.common.tiny_model: local tokenizer + tiny Qwen3 model, deterministic, template modes."""
+"""recipe.models.tiny: local tokenizer + tiny Qwen3 model, deterministic, template modes."""
 
 import pandas as pd
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from recipe.common.tiny_model import (
+from recipe.models.tiny import (
     build_char_tokenizer,
     build_tiny_model,
     build_tiny_parquet,

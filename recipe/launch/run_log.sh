@@ -1,6 +1,6 @@
 # Compute bookkeeping shared by the run scripts (source it; CPU and GPU paths alike).
 #
-#   source recipe/common/run_log.sh
+#   source recipe/launch/run_log.sh
 #   export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$(next_free_path "$CKPT_DIR/metrics" jsonl)}"
 #   timed_launch grpo "$DEVICE" "$N_DEVICES" "$CKPT_DIR" python -m verl.trainer.main_ppo ...
 #

@@ -1,6 +1,6 @@
 # Environment and hydra overrides of the verl 0.9.1 CPU path (source it; do not execute it).
 #
-#   source recipe/common/cpu_env.sh
+#   source recipe/cpu/env.sh
 #   python -m verl.trainer.main_ppo ... "${CPU_OVERRIDES[@]}" "$@"
 #
 # Why each item is needed: docs/cpu_path.md. GPU runs must not source this file.
@@ -12,7 +12,7 @@ export WANDB_MODE=disabled
 export TOKENIZERS_PARALLELISM=false
 # Loaded by `import verl` in every process (driver + Ray workers): cpu platform + hf rollout.
 # The plugin must stay first; append your own modules after it (comma-separated).
-export VERL_USE_EXTERNAL_MODULES="recipe.common.cpu_plugin${EXTRA_VERL_MODULES:+,${EXTRA_VERL_MODULES}}"
+export VERL_USE_EXTERNAL_MODULES="recipe.cpu.plugin${EXTRA_VERL_MODULES:+,${EXTRA_VERL_MODULES}}"
 export VERL_PLATFORM=cpu
 # verl registers its FSDP engine for cuda/npu only; this documented override selects it on CPU.
 export VERL_ENGINE_DEVICE=cuda
@@ -33,7 +33,7 @@ CPU_OVERRIDES=(
     actor_rollout_ref.actor.fsdp_config.param_offload=False
     actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
     actor_rollout_ref.ref.fsdp_config.param_offload=False
-    # The batched HF-generate rollout server of recipe.common.cpu_rollout, one process per replica.
+    # The batched HF-generate rollout server of recipe.cpu.rollout, one process per replica.
     actor_rollout_ref.rollout.name=hf
     actor_rollout_ref.rollout.tensor_model_parallel_size=1
     # One agent-loop worker, one reward worker, one TransferQueue storage unit: the

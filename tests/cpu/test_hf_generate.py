@@ -1,11 +1,11 @@
-"""recipe.common.hf_generate.sample_batch on the tiny model, against float64 recomputation."""
+"""recipe.cpu.hf_generate.sample_batch on the tiny model, against float64 recomputation."""
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from recipe.common.hf_generate import SampleParams, left_pad, sample_batch
-from recipe.common.tiny_model import build_tiny_model
+from recipe.cpu.hf_generate import SampleParams, left_pad, sample_batch
+from recipe.models.tiny import build_tiny_model
 
 EOS, PAD = [2, 0], 3
 PROMPTS = [[1, 40, 41, 42, 43], [1, 50], [1, 60, 61, 62, 63, 64, 65, 66]]

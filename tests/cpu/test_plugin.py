@@ -1,4 +1,4 @@
-"""recipe.common.cpu_plugin / cpu_rollout without Ray.
+"""recipe.cpu.plugin / cpu_rollout without Ray.
 
 The plugin patches process-global state (torch.distributed.init_process_group, FSDP2's
 CPUOffloadPolicy, verl's registries), so every check that loads it runs in a fresh
@@ -34,7 +34,7 @@ def run_python(code: str, *, env: dict[str, str], timeout: float = 120) -> dict:
 
 
 def test_normalize_backend():
-    from recipe.common.cpu_plugin import normalize_backend
+    from recipe.cpu.plugin import normalize_backend
 
     assert normalize_backend("cpu:gloo,cpu:gloo") == "gloo"
     assert normalize_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
@@ -46,7 +46,7 @@ def test_plugin_is_inert_off_the_cpu_path():
     result = run_python(
         """
         import json, sys
-        import recipe.common.cpu_plugin as plugin
+        import recipe.cpu.plugin as plugin
         verl_loaded = "verl" in sys.modules
         from verl.workers.rollout.base import _ROLLOUT_REGISTRY
         from verl.workers.rollout.replica import RolloutReplicaRegistry
@@ -59,7 +59,7 @@ def test_plugin_is_inert_off_the_cpu_path():
             "has_platform_class": hasattr(plugin, "PlatformCPU"),
         }))
         """,
-        env={"VERL_USE_EXTERNAL_MODULES": "recipe.common.cpu_plugin"},
+        env={"VERL_USE_EXTERNAL_MODULES": "recipe.cpu.plugin"},
     )
     assert result == {
         "verl_loaded_by_plugin": False,
@@ -73,7 +73,7 @@ def test_plugin_is_inert_off_the_cpu_path():
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",
     "VERL_ENGINE_DEVICE": "cuda",
-    "VERL_USE_EXTERNAL_MODULES": "recipe.common.cpu_plugin",
+    "VERL_USE_EXTERNAL_MODULES": "recipe.cpu.plugin",
 }
 
 
@@ -87,7 +87,7 @@ def test_plugin_registers_cpu_platform_engine_rollout_and_shims():
         from verl.workers.rollout.base import get_rollout_class
         from verl.workers.rollout.replica import get_rollout_replica_class
         from verl.workers.engine import EngineRegistry
-        import recipe.common.cpu_plugin as plugin
+        import recipe.cpu.plugin as plugin
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29631")
         torch.distributed.init_process_group(backend=f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}",
@@ -142,13 +142,13 @@ def test_modules_listed_after_the_plugin_import_after_the_platform_exists(tmp_pa
     result = run_python(
         """
         import json
-        import recipe.common.cpu_plugin
+        import recipe.cpu.plugin
         import engine_user_ext
         print(json.dumps({"device": engine_user_ext.DEVICE}))
         """,
         env={
             **CPU_ENV,
-            "VERL_USE_EXTERNAL_MODULES": "recipe.common.cpu_plugin,engine_user_ext",
+            "VERL_USE_EXTERNAL_MODULES": "recipe.cpu.plugin,engine_user_ext",
             "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         },
     )
@@ -157,7 +157,7 @@ def test_modules_listed_after_the_plugin_import_after_the_platform_exists(tmp_pa
 
 @pytest.mark.slow
 def test_hf_rollout_server_batches_concurrent_requests_and_loads_weights(tmp_path):
-    from recipe.common.tiny_model import build_tiny_model
+    from recipe.models.tiny import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "tiny", seed=0)
     result = run_python(
@@ -166,7 +166,7 @@ def test_hf_rollout_server_batches_concurrent_requests_and_loads_weights(tmp_pat
         import torch
         import verl
         from verl.workers.config import HFModelConfig, RolloutConfig
-        from recipe.common.cpu_rollout import HFRolloutServer, weights_fingerprint
+        from recipe.cpu.rollout import HFRolloutServer, weights_fingerprint
 
         server = HFRolloutServer(
             RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=16, response_length=8),

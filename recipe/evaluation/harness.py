@@ -4,7 +4,7 @@ Paper, appendix "Evaluation Protocol and Inference Settings": every problem is e
 zero-shot with eight sampled completions and seed 42, the user message is
 ``{problem}\\n\\n`` + the boxed instruction (``recipe.common.prompts.eval_messages``)
 rendered with the model's chat template in the designated reasoning mode, decoding follows
-the model-specific preset (``recipe.common.decoding_presets``), and answers are graded
+the model-specific preset (``recipe.evaluation.decoding_presets``), and answers are graded
 with the one grader (``recipe.common.grader.grade``).
 
 Outputs in ``out_dir``:
@@ -14,7 +14,7 @@ Outputs in ``out_dir``:
   finish reason, pred, acc, has_boxed; appended as problems finish, so an interrupted
   run resumes where it stopped;
 - ``results.json`` and ``results.md``: per-dataset and macro-average metrics
-  (``recipe.common.eval_metrics``).
+  (``recipe.evaluation.metrics``).
 
 Example (CPU, tiny model)::
 
@@ -34,9 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipe.common import eval_metrics
-from recipe.common.decoding_presets import DecodingPreset
-from recipe.common.eval_report import results_table
+from recipe.evaluation import metrics as eval_metrics
+from recipe.evaluation.decoding_presets import DecodingPreset
+from recipe.evaluation.report import results_table
 from recipe.common.grader import DEFAULT_TIMEOUT_S, MAX_WORKERS, grade
 
 EVAL_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
@@ -312,7 +312,7 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
     from tqdm.auto import tqdm
 
     from recipe.common.chat import render_ids
-    from recipe.common.eval_backends import PromptRequest, make_backend
+    from recipe.evaluation.backends import PromptRequest, make_backend
 
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,1 @@
+"""The evaluation harness: decoding presets, sampling backends, metrics, reports (scripts/evaluate.py)."""

@@ -1,0 +1,1 @@
+"""The launcher library behind every run script: one environment contract (docs/launch.md)."""
