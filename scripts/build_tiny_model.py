@@ -1,21 +1,21 @@
-"""Build the tiny Qwen3-architecture model + character tokenizer (and optionally toy parquet data).
+"""Build the tiny Qwen3-architecture model + character tokenizer (and optionally the tiny toy data).
 
-    python scripts/build_tiny_model.py --out-dir ~/.cache/opsd_verl/tiny_model
-    python scripts/build_tiny_model.py --out-dir /tmp/tiny --data-dir /tmp/tiny_data
-    python scripts/build_tiny_model.py --if-missing --out-dir DIR --data-dir DIR   # run scripts
+    python scripts/build_tiny_model.py --out-dir /tmp/tiny
+    python scripts/build_tiny_model.py --out-dir /tmp/tiny --data-dir /tmp/tiny_data   # + train/val/sft parquet
 
-No download: everything is built locally (recipe.models.tiny).
+No download: everything is built locally (recipe.models.tiny; the data: recipe.toy.demo.write_tiny_data,
+the problems of the CPU demo `tiny`).
 """
 
 import argparse
-from pathlib import Path
+import sys
 
-from recipe.models.tiny import build_tiny_model, build_tiny_parquet
+from recipe.models.tiny import build_tiny_model
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", default=None, help="directory for the HF model + tokenizer")
+    parser.add_argument("--out-dir", required=True, help="directory for the HF model + tokenizer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=64)
@@ -23,35 +23,22 @@ def main() -> None:
     parser.add_argument("--num-kv-heads", type=int, default=1)
     parser.add_argument("--intermediate-size", type=int, default=128)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing model in --out-dir")
-    parser.add_argument(
-        "--if-missing", action="store_true", help="skip the model / data when already built there (run scripts)"
-    )
-    parser.add_argument("--data-dir", default=None, help="also write train.parquet / val.parquet toy data here")
-    parser.add_argument("--num-train", type=int, default=64)
-    parser.add_argument("--num-val", type=int, default=16)
+    parser.add_argument("--data-dir", default=None, help="also write the tiny demo's train/val/sft parquet here")
     args = parser.parse_args()
-    if args.out_dir is None and args.data_dir is None:
-        parser.error("pass --out-dir (model) and/or --data-dir (toy data)")
-    if args.out_dir is not None and not (args.if_missing and (Path(args.out_dir) / "config.json").is_file()):
-        build_model(args)
-    if args.data_dir and not (args.if_missing and (Path(args.data_dir) / "train.parquet").is_file()):
-        train, val = build_tiny_parquet(args.data_dir, num_train=args.num_train, num_val=args.num_val, seed=args.seed)
-        print(f"toy data: {train} {val}")
-
-
-def build_model(args: argparse.Namespace) -> None:
-    path = build_tiny_model(
-        args.out_dir,
-        seed=args.seed,
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
-        intermediate_size=args.intermediate_size,
-        overwrite=args.overwrite,
-    )
+    try:
+        path = build_tiny_model(args.out_dir, seed=args.seed, num_layers=args.num_layers, hidden_size=args.hidden_size,
+                                num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                                intermediate_size=args.intermediate_size, overwrite=args.overwrite)
+    except (FileExistsError, ValueError) as err:
+        print(f"build_tiny_model: {err}", file=sys.stderr)
+        return 2
     print(f"tiny model: {path}")
+    if args.data_dir:
+        from recipe.toy.demo import write_tiny_data
+
+        print("tiny data: " + " ".join(str(p) for p in write_tiny_data(args.data_dir).values()))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,12 +4,14 @@
     python scripts/build_toy_student.py --no-eval       # build only; prints the cache directory last
     python scripts/build_toy_student.py --sft-steps 50 --num-layers 2
 
-Logic: recipe.toy.student (verl SFT stage on CPU through recipe/sft/run_sft.sh, then merge).
+Logic: recipe.toy.student (verl SFT stage on CPU through the launcher's sft recipe, then merge).
 """
 
 import argparse
 import json
+import os
 
+from recipe.launch.settings import Settings
 from recipe.toy.student import StudentConfig, build_student, evaluate_model
 from recipe.toy.task import TaskConfig
 
@@ -33,7 +35,7 @@ def main() -> None:
         name: getattr(args, name) for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
                                                "intermediate_size", "model_seed", "sft_steps", "sft_batch_size",
                                                "sft_seed")})
-    root = build_student(config)
+    root = build_student(config, cache=Settings.from_environ(os.environ).cache_dir)
     if not args.no_eval:
         rows = []
         for context in ("none", "full_solution"):

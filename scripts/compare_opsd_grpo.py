@@ -4,12 +4,12 @@
     python scripts/compare_opsd_grpo.py --methods opsd --steps 5 -- opsd.teacher_context=none
 
 Prints accuracy before/after (greedy, Avg@n, Pass@n), mean length, wall time, time per step and
-the OPSD/GRPO compute ratio. Logic: recipe.toy.compare (docs/toy_world.md).
+the OPSD/GRPO compute ratio. Logic: recipe.experiments.toy_compare (docs/toy_world.md).
 """
 
 import sys
 
-from recipe.toy.compare import main
+from recipe.experiments.toy_compare import main
 
 if __name__ == "__main__":
     sys.exit(main())

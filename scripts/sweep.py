@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from recipe.experiments import sweep
+from recipe.launch.run import config_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", required=True, help=f"model preset: {', '.join(sweep.available('model'))}")
         p.add_argument("--presets", nargs="+", required=True, help="experiment presets; a+b combines presets in one run")
         p.add_argument("--out", required=True, help="sweep directory")
-        p.add_argument("--device", choices=sweep.DEVICES, default="gpu", help="cpu: the CPU path (recipe/cpu/env.sh)")
+        p.add_argument("--device", choices=sweep.DEVICES, default="gpu", help="cpu: the CPU path (+platform=cpu)")
         p.add_argument("--eval-n", type=int, default=8, help="samples per problem")
         p.add_argument("--eval-seed", type=int, default=42)
         p.add_argument("--eval-limit", type=int, default=None, help="first N problems per benchmark (smoke runs)")
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "submit":
             p.add_argument("--address", required=True, help="Ray dashboard address, e.g. http://head:8265")
             p.add_argument("--dry-run", action="store_true", help="print the ray job submit commands only")
+        if name == "plan":
+            p.add_argument("--dry-run", action="store_true",
+                           help="print every run's final config; write, prepare and start nothing")
         p.add_argument("overrides", nargs="*", help="hydra overrides for every run (after --)")
     one = sub.add_parser("run-one", help="execute one planned run directory (used by Ray jobs)")
     one.add_argument("run_dir")
@@ -74,9 +78,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             evaluation = sweep.EvalSettings(n=args.eval_n, seed=args.eval_seed, benchmarks=tuple(args.benchmarks),
                                             limit=args.eval_limit, backend=args.eval_backend)
+            dry_run = args.command == "plan" and args.dry_run
             plans = sweep.plan_sweep(args.presets, model=args.model, sweep_dir=args.out, device=args.device,
-                                     overrides=args.overrides, evaluation=evaluation, train_timeout_s=args.train_timeout)
-            if args.command == "plan":
+                                     overrides=args.overrides, evaluation=evaluation, train_timeout_s=args.train_timeout,
+                                     dry_run=dry_run)
+            if dry_run:
+                for plan in plans:
+                    print(f"# ===== run {plan['name']} ({plan['run_dir']}/config.yaml)\n{plan['config_yaml']}", end="")
+            elif args.command == "plan":
                 for plan in plans:
                     print(f"{plan['run_dir']}/config.yaml\n  $ {' '.join(plan['train_cmd'])}")
             elif args.command == "submit":
@@ -85,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 sweep.run_local(plans, sweep_dir=args.out)
                 print((Path(args.out) / "comparison.md").read_text())
-    except ValueError as err:
+    except config_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -8,10 +8,12 @@ with --out-dir also writes signals.json / signals.md / figures. Logic: recipe/ex
 """
 
 import argparse
+import os
 from pathlib import Path
 
 from recipe.analysis.signal_analysis import markdown_report, write_outputs
 from recipe.experiments.toy_signals import context_table, initial_signals, signal_config
+from recipe.launch.settings import Settings
 from recipe.toy.student import StudentConfig, build_student
 
 
@@ -26,7 +28,7 @@ def main() -> None:
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args()
     if args.model is None or args.data is None:
-        root = build_student(StudentConfig())
+        root = build_student(StudentConfig(), cache=Settings.from_environ(os.environ).cache_dir)
         args.model = args.model or str(root / "student")
         args.data = args.data or str(root / "data" / "train.parquet")
     config = signal_config(num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt,

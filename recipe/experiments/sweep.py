@@ -8,7 +8,8 @@ Library behind ``scripts/sweep.py`` (docs/presets.md). A sweep is one model pres
 outputs and trains from exactly that file (``python -m recipe.opsd.main_opsd --config-path <run_dir>
 --config-name config``), then evaluates the checkpoints with ``recipe.evaluation.harness`` under the
 model preset's decoding preset for the run's evaluation mode (``sweep.eval_mode``, default: the
-student's mode). The base model is evaluated once per evaluation setting. ``collect`` writes the
+student's mode). Composition is the launcher's (``recipe.launch``): on the CPU the platform group
+``+platform=cpu`` after the presets, dynamic-batching token budgets derived from the caps. The base model is evaluated once per evaluation setting. ``collect`` writes the
 paper-style comparison table (Avg@n / Pass@n / Length, deltas vs Base: points for accuracy,
 relative % for length) and figures (``recipe.analysis.plots``).
 
@@ -41,9 +42,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "recipe" / "opsd" / "config"
-CPU_ENV = REPO_ROOT / "recipe" / "cpu" / "env.sh"
+from recipe.launch import compose as composer
+from recipe.launch.recipes import REPO_ROOT, get_recipe
+
+RECIPE = get_recipe("opsd")
+CONFIG_DIR = RECIPE.config_dir
 SWEEP_CLI = REPO_ROOT / "scripts" / "sweep.py"
 DEVICES = ("gpu", "cpu")
 
@@ -106,26 +109,7 @@ def expand_runs(presets: Sequence[str], *, model: str, overrides: Sequence[str] 
 
 def compose(overrides: Sequence[str]):
     """The OPSD config (``opsd_trainer`` + overrides) composed with hydra, unresolved."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return hydra_compose(config_name="opsd_trainer", overrides=list(overrides))
-
-
-def cpu_launch_environment() -> tuple[dict[str, str], list[str]]:
-    """(environment variables, hydra overrides) of ``recipe/cpu/env.sh`` (the one copy of the CPU shims)."""
-    script = f'source {shlex.quote(str(CPU_ENV))} >/dev/null && printf "%s\\0" "${{CPU_OVERRIDES[@]}}" && printf "\\1\\0" && env -0'
-    out = subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True, env=dict(os.environ)).stdout
-    fields = out.split("\0")
-    marker = fields.index("\1")
-    overrides = fields[:marker]
-    env = dict(item.split("=", 1) for item in fields[marker + 1 :] if "=" in item)
-    changed = {k: v for k, v in env.items() if os.environ.get(k) != v and k not in ("SHLVL", "_", "PWD", "OLDPWD")}
-    return changed, overrides
+    return composer.compose(RECIPE, overrides)
 
 
 # --------------------------------------------------------------------------- evaluation settings
@@ -190,14 +174,6 @@ def _write_new(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def _disabled(cfg, key: str) -> bool:
-    """True when a parent node of ``key`` has ``enable: false`` (verl leaves such nodes' ``???`` unset)."""
-    from omegaconf import OmegaConf
-
-    parts = key.split(".")
-    return any(OmegaConf.select(cfg, ".".join(parts[:i] + ["enable"]), default=None) is False for i in range(1, len(parts)))
-
-
 def _load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
@@ -205,52 +181,57 @@ def _load_tokenizer(path: str):
 
 
 def plan_run(
-    spec: RunSpec, *, sweep_dir: Path, device: str, evaluation: EvalSettings, train_timeout_s: float | None = None
+    spec: RunSpec, *, sweep_dir: Path, device: str, evaluation: EvalSettings, train_timeout_s: float | None = None,
+    dry_run: bool = False,
 ) -> dict:
-    """Compose, prepare data, write ``config.yaml`` + ``plan.json`` of one run; return the plan."""
+    """Compose, prepare data, write ``config.yaml`` + ``plan.json`` of one run; return the plan.
+
+    ``dry_run``: compose the final config (printed by ``scripts/sweep.py plan --dry-run``) without
+    running the data step or writing anything; the plan then carries ``config_yaml``.
+    """
     from omegaconf import OmegaConf
 
+    from recipe.cpu.env import cpu_environment
     from recipe.experiments import sweep_data
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
     run_dir = (sweep_dir / "runs" / _slug(spec.name)).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    env, cpu_overrides = cpu_launch_environment() if device == "cpu" else ({}, [])
+    if not dry_run:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in cpu_environment(os.environ).items() if os.environ.get(k) != v} if device == "cpu" else {}
     env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics.jsonl")
-    # the one grader as verl's reward (rollout accuracy / boxed-rate logs), as recipe/opsd/run_opsd.sh passes it
-    reward = [f"reward.custom_reward_function.path={REPO_ROOT / 'recipe' / 'common' / 'reward.py'}",
-              "reward.custom_reward_function.name=compute_score"]
-    head = [f"+model={spec.model}", f"+experiment=[{','.join(spec.experiments)}]", *reward, *cpu_overrides,
-            *spec.overrides]
+    # the CPU platform after the presets (it replaces their engine), as recipe.launch orders it
+    platform = [f"+platform={RECIPE.platform}"] if device == "cpu" else []
+    head = [f"+model={spec.model}", f"+experiment=[{','.join(spec.experiments)}]", *platform,
+            *RECIPE.reward_overrides(), *spec.overrides]
     forced = [
         f"trainer.default_local_dir={run_dir / 'checkpoints'}",
         f"trainer.experiment_name={_slug(spec.name)}",
-        "trainer.logger=[console,file]",
     ]
     cfg = compose(head + forced)
     sweep = OmegaConf.to_container(cfg.get("sweep") or {}, resolve=True)
     base_model = str(cfg.actor_rollout_ref.model.path)
     stages = []
     if sweep.get("data_prep"):
-        source = str(cfg.data.train_files)
-        tokenizer = _load_tokenizer(base_model) if sweep["data_prep"].get("kind") == "gold_trace_deciles" else None
-        prepared = sweep_data.prepare(sweep["data_prep"], source=source, output=run_dir / "data" / "train.parquet",
-                                      tokenizer=tokenizer)
+        source, prepared = str(cfg.data.train_files), run_dir / "data" / "train.parquet"
+        if not dry_run:
+            tokenizer = _load_tokenizer(base_model) if sweep["data_prep"].get("kind") == "gold_trace_deciles" else None
+            sweep_data.prepare(sweep["data_prep"], source=source, output=prepared, tokenizer=tokenizer)
         forced.append(f"data.train_files={prepared}")
     if sweep.get("init_stage"):
         stage_cmds, init_model = init_stage_commands(sweep["init_stage"], cfg=cfg, run_dir=run_dir, device=device)
         stages += stage_cmds
         forced.append(f"actor_rollout_ref.model.path={init_model}")
-    if len(forced) > 3:
-        cfg = compose(head + forced)
-    missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not _disabled(cfg, k))
+    # the caps the budgets derive from are those of the first composition (the steps above change paths only)
+    forced += [f"{key}={value}" for key, value, _ in composer.token_budget_fixes(cfg, RECIPE)]
+    cfg = compose(head + forced)
+    missing = composer.missing(cfg)
     if missing:
         raise ValueError(f"run {spec.name!r}: mandatory config values are not set: {missing} (pass them as overrides)")
     mode_key, preset_name, mode = eval_choice(cfg)
     steps = eval_steps(cfg)
-    _write_new(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    _write_new(run_dir / "overrides.txt", "\n".join(head + forced) + "\n")
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     train_cmd = [sys.executable, "-m", "recipe.opsd.main_opsd", "--config-path", str(run_dir), "--config-name", "config",
                  f"hydra.run.dir={run_dir / 'hydra'}"]
     ckpt = Path(str(cfg.trainer.default_local_dir))
@@ -276,6 +257,10 @@ def plan_run(
         "base": base_key(spec.model, base_model, preset_name, mode_key),
         "base_model": base_model,
     }
+    if dry_run:
+        return plan | {"config_yaml": config_yaml}
+    _write_new(run_dir / "config.yaml", config_yaml)
+    _write_new(run_dir / "overrides.txt", "\n".join(head + forced) + "\n")
     _write_new(run_dir / "plan.json", json.dumps(plan, indent=2) + "\n")
     return plan
 
@@ -297,29 +282,36 @@ def init_stage_commands(stage: Mapping, *, cfg, run_dir: Path, device: str) -> t
         commands.append({"name": "sft_data", "cmd": [
             sys.executable, "-m", "data_prep.sft", "--input", str(cfg.data.train_files), "--tokenizer", model,
             "--out", str(sft_files)]})
+    env = {"MODEL_PATH": model, "TRAIN_FILES": str(sft_files), "CKPT_DIR": str(sft_ckpt), "DEVICE": device}
+    if device == "gpu":
+        env["NGPUS"] = str(cfg.trainer.n_gpus_per_node)
     commands.append({"name": "sft_train", "cmd": [
         "bash", str(REPO_ROOT / "recipe" / "sft" / "run_sft.sh"),
-        f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}"],
-        "env": {"MODEL_PATH": model, "SFT_FILES": str(sft_files), "CKPT_DIR": str(sft_ckpt), "DEVICE": device,
-                "STEPS": str(steps), "NGPUS": str(cfg.trainer.n_gpus_per_node)}})
+        f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}"], "env": env})
     commands.append({"name": "sft_merge", "cmd": [
-        sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-        "--local_dir", str(sft_ckpt / f"global_step_{steps}"), "--target_dir", str(merged)]})
+        sys.executable, "-m", "recipe.launch.merge", str(sft_ckpt / f"global_step_{steps}"), str(merged)]})
     return commands, merged
 
 
 def plan_sweep(
     presets: Sequence[str], *, model: str, sweep_dir: str | Path, device: str = "gpu",
     overrides: Sequence[str] = (), evaluation: EvalSettings = EvalSettings(), train_timeout_s: float | None = None,
+    dry_run: bool = False,
 ) -> list[dict]:
-    """Plan every run and every base evaluation of a sweep (writes the sweep directory)."""
+    """Plan every run and every base evaluation of a sweep (writes the sweep directory).
+
+    ``dry_run``: compose every run's final config (``plan["config_yaml"]``), write and prepare nothing.
+    """
     sweep_dir = Path(sweep_dir).resolve()
+    runs = expand_runs(presets, model=model, overrides=overrides)
+    if dry_run:
+        return [plan_run(spec, sweep_dir=sweep_dir, device=device, evaluation=evaluation, dry_run=True) for spec in runs]
     sweep_dir.mkdir(parents=True, exist_ok=True)
     record = {"model": model, "presets": list(presets), "overrides": list(overrides), "device": device,
               "evaluation": dataclasses.asdict(evaluation)}
     _write_new(sweep_dir / "sweep.json", json.dumps(record, indent=2) + "\n")
     plans = [plan_run(spec, sweep_dir=sweep_dir, device=device, evaluation=evaluation, train_timeout_s=train_timeout_s)
-             for spec in expand_runs(presets, model=model, overrides=overrides)]
+             for spec in runs]
     for plan in plans:
         task_dir = sweep_dir / "base" / plan["base"]
         task_dir.mkdir(parents=True, exist_ok=True)
@@ -526,10 +518,8 @@ def comparison_table(rows: Sequence[Mapping]) -> str:
 
 
 def _figures(rows: Sequence[Mapping], out_dir: Path) -> list[Path]:
-    try:
-        from recipe.analysis import plots
-    except ImportError:  # the figure module is optional for the tables
-        return []
+    from recipe.analysis import plots
+
     made = []
     caps = {}
     for r in rows:

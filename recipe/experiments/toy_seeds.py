@@ -1,12 +1,12 @@
 """The toy acceptance study: OPSD arms x data seeds on one toy student, gains as mean +- sd.
 
-``seed_study`` launches ``recipe.toy.compare.run_method("opsd", ...)`` once per (arm, seed) (same
+``seed_study`` launches ``recipe.experiments.toy_compare.run_method("opsd", ...)`` once per (arm, seed) (same
 student, same steps; the seed is verl's ``data.seed``, i.e. the order of the training problems)
 and reads, per run, the held-out accuracy after training and the training signal of the metrics
 jsonl. ``study_table`` prints one row per arm: greedy / Avg@n gain in points (mean +- sample sd
 over seeds, and each seed), and the training divergence of the first vs last 10 steps.
 
-Arms (verl overrides on top of the toy preset of ``recipe.toy.compare``):
+Arms (hydra overrides on top of the OPSD toy preset, ``recipe/opsd/config/demo/toy.yaml``):
 - ``full_solution``: the toy preset (teacher = frozen student with the reference solution);
 - ``control``: ``opsd.teacher_context=none``, the no-privilege control (teacher prompt = student
   prompt, so the loss is 0 at the first step);
@@ -18,12 +18,11 @@ CLI: ``python scripts/toy_seed_study.py --seeds 1 2 3``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from pathlib import Path
 
-from recipe.toy.compare import ToyRunConfig, run_method
+from recipe.experiments.toy_compare import run_method
 
 ARMS = {
     "full_solution": (),
@@ -49,15 +48,16 @@ def signal_windows(metrics: list[dict], *, window: int = WINDOW) -> dict[str, fl
     return out
 
 
-def seed_study(*, config: ToyRunConfig, root: Path, run_root: Path, before: dict, arms: dict[str, tuple[str, ...]],
-               seeds: list[int], extra: tuple[str, ...] = (), timeout_s: float = 3600, log=print) -> dict:
+def seed_study(*, cache: Path, run_root: Path, before: dict, arms: dict[str, tuple[str, ...]], seeds: list[int],
+               steps: int | None = None, extra: tuple[str, ...] = (), eval_n: int = 4, eval_limit: int | None = None,
+               timeout_s: float = 3600, log=print) -> dict:
     """Run every (arm, seed); return ``{arm: {seed: {"after": ..., "signal": ..., "wall_time_s": ...}}}``."""
     results: dict[str, dict[int, dict]] = {}
     for arm, overrides in arms.items():
         for seed in seeds:
-            run_config = dataclasses.replace(config, data_seed=seed)
-            result = run_method("opsd", config=run_config, root=root, run_dir=run_root / f"{arm}_seed{seed}",
-                                extra=[*overrides, *extra], timeout_s=timeout_s)
+            result = run_method("opsd", cache=cache, run_dir=run_root / f"{arm}_seed{seed}", steps=steps,
+                                extra=[f"data.seed={seed}", *overrides, *extra], eval_n=eval_n, eval_limit=eval_limit,
+                                timeout_s=timeout_s)
             entry = {"after": result["after"], "signal": signal_windows(result["train"]["metrics"]),
                      "wall_time_s": result["train"]["wall_time_s"]}
             results.setdefault(arm, {})[seed] = entry

@@ -1,6 +1,6 @@
 """Tiny Qwen3-architecture causal LM and a local character-level tokenizer (no download).
 
-Used by the tests, the CPU defaults of the run scripts and the toy-world experiments.
+Used by the tests, the CPU demos (``recipe.toy.demo``) and the toy student (``recipe.toy.student``).
 
 - ``build_char_tokenizer()`` returns a ``PreTrainedTokenizerFast`` whose vocabulary is one
   token per character (printable ASCII, newline, tab and a few math/LaTeX symbols), so
@@ -191,62 +191,3 @@ def build_tiny_model(
     model.save_pretrained(out_path)
     tokenizer.save_pretrained(out_path)
     return out_path
-
-
-def tiny_arithmetic_records(*, num_rows: int, seed: int, split: str) -> list[dict]:
-    """Toy addition problems in the project's verl parquet schema (docs/ARCHITECTURE.md).
-
-    Smoke-test data for the tiny model: the student prompt comes from
-    ``recipe.common.prompts.student_messages``, the reference solution is a one-line
-    derivation ending in ``\\boxed{}``, the ``cot`` a one-line reasoning trace (so the SFT
-    builder ``data_prep.sft`` can use the same file).
-    """
-    import random
-
-    from recipe.common.prompts import student_messages
-
-    rng = random.Random(seed)
-    records = []
-    for index in range(num_rows):
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
-        problem = f"What is {a} + {b}?"
-        answer = str(a + b)
-        unrelated_a, unrelated_b = rng.randint(0, 99), rng.randint(0, 99)
-        records.append(
-            {
-                "data_source": "tiny_arithmetic",
-                "prompt": student_messages(problem),
-                "ability": "math",
-                "reward_model": {"style": "rule", "ground_truth": answer},
-                "extra_info": {
-                    "id": f"tiny-{split}-{index}",
-                    "index": index,
-                    "split": split,
-                    "problem": problem,
-                    "solution": f"{a} + {b} = {answer}, so the answer is \\boxed{{{answer}}}.",
-                    "answer": answer,
-                    "cot": f"Add {a} and {b}: {a} + {b} = {answer}.",
-                    "unrelated_problem": f"What is {unrelated_a} + {unrelated_b}?",
-                    "unrelated_solution": f"The answer is \\boxed{{{unrelated_a + unrelated_b}}}.",
-                },
-            }
-        )
-    return records
-
-
-def build_tiny_parquet(
-    out_dir: str | os.PathLike, *, num_train: int = 64, num_val: int = 16, seed: int = 0
-) -> tuple[Path, Path]:
-    """Write ``train.parquet`` and ``val.parquet`` of toy addition problems; return their paths."""
-    import pandas as pd
-
-    out_path = Path(out_dir)
-    out_path.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, rows, split_seed in (("train", num_train, seed), ("val", num_val, seed + 1)):
-        path = out_path / f"{split}.parquet"
-        if path.exists():
-            raise FileExistsError(f"{path} exists; remove it or choose another out_dir")
-        pd.DataFrame(tiny_arithmetic_records(num_rows=rows, seed=split_seed, split=split)).to_parquet(path)
-        paths.append(path)
-    return paths[0], paths[1]

@@ -47,25 +47,6 @@ from recipe.common.heads import output_logit_scale, response_rows
 from recipe.opsd.actor_loss import opsd_loss
 from recipe.opsd.signals import sampled_token_rank_from_hidden
 
-
-def _cpu_unpinned_teacher_offload() -> None:
-    """CPU path only: verl's FSDP2 forward-only engine (the ref = our teacher) always uses
-    ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an accelerator. Belongs in
-    recipe.cpu.plugin (requested); kept here until it moves there."""
-    from torch.distributed.fsdp import CPUOffloadPolicy
-
-    from verl.workers.engine.fsdp import transformer_impl
-
-    if os.environ.get("VERL_PLATFORM") == "cpu" and transformer_impl.CPUOffloadPolicy is CPUOffloadPolicy:
-
-        def unpinned(*args, **kwargs):
-            return CPUOffloadPolicy(*args, **(kwargs | {"pin_memory": False}))
-
-        transformer_impl.CPUOffloadPolicy = unpinned
-
-
-_cpu_unpinned_teacher_offload()
-
 OPSD_FORWARD_KEY = "opsd_forward"
 RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
 RESPONSE_TOKENS_KEY = "opsd_response_tokens"

@@ -10,10 +10,10 @@
                                                the prompt (see ``context_benchmark_rows``)
     init/        random Qwen3 + character tokenizer (``recipe.models.tiny.build_tiny_model``),
                  the fixed prompt texts as single tokens (``recipe.toy.data.prompt_phrases``)
-    sft/         verl SFT checkpoints (``recipe/sft/run_sft.sh`` on CPU) + run_times.jsonl
-    student/     the merged HF student (``scripts/merge_checkpoint.sh``)
+    sft/         verl SFT checkpoints (the launcher's ``sft`` recipe on the CPU) + run_times.jsonl
+    student/     the merged HF student (``recipe.launch.merge``)
     student_eval/<none|full_solution>/<greedy|sampled_nN>/   ``recipe.evaluation.harness`` outputs
-    runs/        OPSD / GRPO runs of ``recipe.toy.compare`` (one directory per launch time)
+    runs/        OPSD / GRPO runs of the toy demo (``recipe.toy.demo``; one directory per launch)
     BUILD.json   the config, its hash and the build's wall times (written last: a build
                  without it is incomplete and is redone from the first missing piece)
 
@@ -32,8 +32,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +40,6 @@ from recipe.common.prompts import BOXED_INSTRUCTION, teacher_messages
 from recipe.toy.data import DEFAULT_SFT_MIX, check_mix, heldout_jsonl_rows, prompt_phrases, rl_rows, sft_rows
 from recipe.toy.task import TaskConfig, make_records
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # Bump when the build procedure changes in a way the config does not capture.
 BUILD_VERSION = 1
 STUDENT_MODE = "no_think"
@@ -94,12 +91,9 @@ class StudentConfig:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("OPSD_CACHE", Path.home() / ".cache" / "opsd-verl")).expanduser()
-
-
-def student_dir(config: StudentConfig) -> Path:
-    return cache_root() / "toy" / config.digest()
+def student_dir(config: StudentConfig, *, cache: str | os.PathLike) -> Path:
+    """``<cache>/toy/<config hash>``: where ``build_student`` puts everything of ``config``."""
+    return Path(cache).expanduser() / "toy" / config.digest()
 
 
 def context_benchmark_rows(records, *, context: str = "full_solution") -> list[dict[str, str]]:
@@ -146,7 +140,7 @@ def write_data(config: StudentConfig, data_dir: Path) -> dict[str, Path]:
 
 
 def sft_overrides(config: StudentConfig) -> list[str]:
-    """verl SFT overrides of the toy run (appended after run_sft.sh's CPU defaults)."""
+    """verl SFT overrides of the toy student's SFT run (on top of sft_trainer.yaml and the CPU platform)."""
     return [
         f"data.train_batch_size={config.sft_batch_size}",
         f"data.micro_batch_size_per_gpu={config.sft_batch_size}",
@@ -168,19 +162,20 @@ def sft_overrides(config: StudentConfig) -> list[str]:
     ]
 
 
-def _run(command: list[str], *, env: dict | None = None, log: Path) -> None:
-    with open(log, "w") as sink:
-        completed = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    if completed.returncode != 0:
-        tail = log.read_text()[-3000:]
-        raise RuntimeError(f"{' '.join(command[:3])} ... failed (exit {completed.returncode}); log {log}:\n{tail}")
+def build_student(config: StudentConfig = StudentConfig(), *, cache: str | os.PathLike, log=print) -> Path:
+    """Build (or reuse) the toy student under ``cache``; return its directory (see the module docstring).
 
-
-def build_student(config: StudentConfig = StudentConfig(), *, log=print) -> Path:
-    """Build (or reuse) the toy student; return its cache directory (see the module docstring)."""
+    The SFT runs through the launcher (``recipe.launch``: the ``sft`` recipe on the CPU platform,
+    verl's output in ``sft.log``, condensed progress on the console), then the last checkpoint is merged.
+    """
+    from recipe.launch.demos import StepProgress
+    from recipe.launch.merge import merge_checkpoint
+    from recipe.launch.recipes import get_recipe
+    from recipe.launch.run import execute, plan
+    from recipe.launch.settings import Settings
     from recipe.models.tiny import build_tiny_model
 
-    root = student_dir(config)
+    root = student_dir(config, cache=cache)
     if (root / "BUILD.json").is_file():
         return root
     root.mkdir(parents=True, exist_ok=True)
@@ -197,17 +192,21 @@ def build_student(config: StudentConfig = StudentConfig(), *, log=print) -> Path
         sft_dir = root / "sft"
         if sft_dir.exists():  # an interrupted SFT run of this same config: start it again
             shutil.rmtree(sft_dir)
-        log(f"[toy student] SFT: {config.sft_steps} steps x {config.sft_batch_size} rows (verl SFT trainer, CPU); "
-            f"log {root / 'sft.log'}")
+        log(f"[toy student] building the toy student once (cached in {root}): SFT {config.sft_steps} steps x "
+            f"{config.sft_batch_size} rows with verl's SFT trainer on the CPU (~3 min on 2 cores); log {root / 'sft.log'}")
         start = time.time()
-        env = {**os.environ, "MODEL_PATH": str(root / "init"), "SFT_FILES": str(root / "data" / "sft.parquet"),
-               "CKPT_DIR": str(sft_dir), "DEVICE": "cpu", "CACHE_DIR": str(cache_root()),
-               "STEPS": str(config.sft_steps), "PYTHON": os.environ.get("PYTHON", sys.executable)}
-        _run(["bash", "recipe/sft/run_sft.sh", *sft_overrides(config)], env=env, log=root / "sft.log")
+        settings = Settings(device="cpu", model_path=str(root / "init"), train_files=str(root / "data" / "sft.parquet"),
+                            ckpt_dir=str(sft_dir), cache_dir=str(cache))
+        launch = plan(get_recipe("sft"), settings, sft_overrides(config))
+        record = execute(launch, log=root / "sft.log",
+                         on_line=StepProgress("toy student SFT", {"train/loss": "loss"}, total=config.sft_steps,
+                                              every_s=15))
+        if record["exit_code"] != 0:
+            raise RuntimeError(f"toy student SFT failed (exit {record['exit_code']}); log {root / 'sft.log'}:\n"
+                               + (root / "sft.log").read_text()[-3000:])
         times["sft_s"] = round(time.time() - start, 1)
         start = time.time()
-        _run(["bash", "scripts/merge_checkpoint.sh", str(sft_dir), str(root / "student.partial")],
-             env=env, log=root / "merge.log")
+        merge_checkpoint(sft_dir, root / "student.partial", log=root / "merge.log")
         (root / "student.partial").rename(root / "student")
         times["merge_s"] = round(time.time() - start, 1)
     (root / "BUILD.json").write_text(json.dumps({"config": config.to_dict(), "hash": config.digest(),
@@ -258,12 +257,12 @@ def batched_backend(model_path: str | os.PathLike, *, preset, seed: int):
 
 
 def evaluate_model(model: str | os.PathLike, benchmark: str | os.PathLike, out_dir: str | os.PathLike, *,
-                   greedy: bool, n: int = 1, limit: int | None = None, seed: int = 42) -> dict:
+                   greedy: bool, n: int = 1, limit: int | None = None, seed: int = 42, progress: bool = True) -> dict:
     """``recipe.evaluation.harness.evaluate`` of ``model`` on a toy JSONL; returns its macro metrics."""
     from recipe.evaluation.harness import EvalConfig, evaluate
 
     config = EvalConfig(model=str(model), out_dir=str(out_dir), preset=decoding(greedy=greedy),
                         benchmarks=[str(benchmark)], n=1 if greedy else n, seed=seed, backend="hf",
                         limit=limit, problems_per_call=64 if greedy else max(1, 128 // n))
-    results = evaluate(config, backend=batched_backend(model, preset=config.preset, seed=seed), progress=False)
+    results = evaluate(config, backend=batched_backend(model, preset=config.preset, seed=seed), progress=progress)
     return results["macro"]

@@ -15,11 +15,13 @@ from recipe.opsd import signals
 def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from recipe.models.tiny import build_tiny_model, build_tiny_parquet
+    from recipe.models.tiny import build_tiny_model
+    from recipe.toy.demo import write_tiny_data
+    from recipe.toy.task import TaskConfig
 
     root = tmp_path_factory.mktemp("signal_analysis")
     model_dir = build_tiny_model(root / "model", seed=0)
-    train, _ = build_tiny_parquet(root / "data", num_train=12, num_val=2, seed=0)
+    train = write_tiny_data(root / "data", TaskConfig(num_operands=2, digits=2, n_train=12, n_heldout=2))["train"]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return model, tokenizer, sa.load_rows(train), train, model_dir

@@ -96,6 +96,7 @@ def test_plugin_registers_cpu_platform_engine_rollout_and_shims():
         torch.distributed.destroy_process_group()
         from torch.distributed.fsdp import CPUOffloadPolicy
         from verl.utils.fsdp_utils import CPUOffloadPolicy as VerlCPUOffloadPolicy
+        from verl.workers.engine.fsdp import transformer_impl
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             ok_other = plugin.check_verl_version("0.9.2")
@@ -112,6 +113,8 @@ def test_plugin_registers_cpu_platform_engine_rollout_and_shims():
             "replica": get_rollout_replica_class("hf").__name__,
             "pin_memory": CPUOffloadPolicy(pin_memory=True).pin_memory,
             "verl_binding_pin_memory": VerlCPUOffloadPolicy(pin_memory=True).pin_memory,
+            # the binding the frozen teacher's forward-only engine builds its offload policy from
+            "engine_binding_pin_memory": transformer_impl.CPUOffloadPolicy(pin_memory=True).pin_memory,
             "version_warning": ok_other is False and ok_same is True and "re-check the shims" in str(caught[0].message),
         }))
         """,
@@ -129,6 +132,7 @@ def test_plugin_registers_cpu_platform_engine_rollout_and_shims():
         "replica": "HFReplica",
         "pin_memory": False,
         "verl_binding_pin_memory": False,
+        "engine_binding_pin_memory": False,
         "version_warning": True,
     }
 

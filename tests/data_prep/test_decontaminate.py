@@ -14,7 +14,6 @@ from data_prep.decontaminate import (
     find_overlaps,
     load_eval_items,
     normalise_text,
-    words,
 )
 
 
@@ -27,11 +26,6 @@ def texts(eval_texts):
 def index(texts):
     EVAL_A, EVAL_B = texts
     return EvalIndex([EvalItem("a-01", EVAL_A), EvalItem("b-01", EVAL_B)], n=13, threshold=0.5)
-
-
-def test_fixture_items_have_20_words(texts):
-    EVAL_A, EVAL_B = texts
-    assert len(words(EVAL_A)) == 20 and len(words(EVAL_B)) == 20
 
 
 def test_normalisation():

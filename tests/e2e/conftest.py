@@ -2,11 +2,10 @@
 
 - ``tiny_model_dir``: a tiny Qwen3 model + character tokenizer, built once per session
   (``recipe.models.tiny.build_tiny_model``, seed 0).
-- ``tiny_data``: ``{"train": path, "val": path}`` toy addition parquet files in the
-  project's verl schema (``build_tiny_parquet``: 64 train / 16 val rows).
-- ``run_cpu_verl``: runs a verl entry point (``python -m <module>``) or a bash script in a
-  subprocess with ``recipe/cpu/env.sh`` sourced and its ``CPU_OVERRIDES`` appended
-  (for ``python -m``), a file logger writing the metrics jsonl, and a timeout. Returns a
+- ``tiny_data``: ``{"train", "val", "sft"}`` parquet files of the CPU demo ``tiny``
+  (``recipe.toy.demo.write_tiny_data``: 64 train / 16 held-out toy problems, verl schema).
+- ``run_cpu_verl``: runs a run script (``bash recipe/<...>/run_*.sh``, i.e. the launcher) in a
+  subprocess with the metrics jsonl at ``<workdir>/metrics.jsonl`` and a timeout. Returns a
   ``VerlRun`` with the return code, the combined log and the metrics parsed per step.
 - ``fsdp_state_dict``: ``load(actor_dir) -> {name: float32 tensor}``, the full weights of an
   FSDP2 checkpoint of any world size (shards concatenated along dim 0).
@@ -19,9 +18,11 @@ Example::
 
     def test_two_steps(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
         run = run_cpu_verl(
-            "verl.trainer.main_ppo",
-            [f"actor_rollout_ref.model.path={tiny_model_dir}", ...],
+            "recipe/grpo_baseline/run_grpo.sh",
+            ["trainer.save_freq=1"],
             workdir=tmp_path,
+            env={"DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "TRAIN_FILES": str(tiny_data["train"]),
+                 "CKPT_DIR": str(tmp_path / "ckpt"), "STEPS": "2"},
         )
         assert run.returncode == 0, run.tail()
         assert run.metrics[2]["timing_s/step"] > 0
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -42,7 +42,6 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CPU_ENV = REPO_ROOT / "recipe" / "cpu" / "env.sh"
 
 
 @dataclass
@@ -149,43 +148,26 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> dict[str, Path]:
-    from recipe.models.tiny import build_tiny_parquet
+    from recipe.toy.demo import write_tiny_data
 
-    train, val = build_tiny_parquet(tmp_path_factory.mktemp("tiny_data"), num_train=64, num_val=16, seed=0)
-    return {"train": train, "val": val}
+    return write_tiny_data(tmp_path_factory.mktemp("tiny_data"))
 
 
 @pytest.fixture(scope="session")
 def run_cpu_verl():
-    """``run(target, args, *, workdir, env=None, timeout=240, script=False) -> VerlRun``.
+    """``run(script, args, *, workdir, env=None, timeout=240) -> VerlRun``.
 
-    ``target`` is a module for ``python -m`` (CPU_OVERRIDES are appended before ``args``)
-    or, with ``script=True``, a bash script path relative to the repo root (run as
-    ``bash <script> <args>``; the script sources cpu_env.sh itself). The metrics jsonl is
-    ``<workdir>/metrics.jsonl`` (``VERL_FILE_LOGGER_PATH``); add ``trainer.logger=[console,file]``.
+    ``script`` is a run script relative to the repo root, run as ``bash <script> <args>`` (the
+    launcher sets the CPU environment and ``+platform=cpu``). The metrics jsonl is
+    ``<workdir>/metrics.jsonl`` (``VERL_FILE_LOGGER_PATH``).
     """
 
-    def run(
-        target: str,
-        args: list[str],
-        *,
-        workdir: Path,
-        env: dict[str, str] | None = None,
-        timeout: float = 240,
-        script: bool = False,
-    ) -> VerlRun:
+    def run(script: str, args: list[str], *, workdir: Path, env: dict[str, str] | None = None,
+            timeout: float = 240) -> VerlRun:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         metrics_path = workdir / "metrics.jsonl"
         log_path = workdir / "run.log"
-        quoted = " ".join(shlex.quote(a) for a in args)
-        if script:
-            command = f"bash {shlex.quote(str(REPO_ROOT / target))} {quoted}"
-        else:
-            command = (
-                f"source {shlex.quote(str(CPU_ENV))} && "
-                f'exec {shlex.quote(sys.executable)} -m {shlex.quote(target)} "${{CPU_OVERRIDES[@]}}" {quoted}'
-            )
         full_env = dict(os.environ)
         full_env.update(
             {"VERL_FILE_LOGGER_PATH": str(metrics_path), "RAY_DEDUP_LOGS": "0", "PYTHON": sys.executable}
@@ -193,7 +175,7 @@ def run_cpu_verl():
         full_env.update(env or {})
         with open(log_path, "w") as log_file:
             proc = subprocess.Popen(
-                ["bash", "-c", command],
+                ["bash", str(REPO_ROOT / script), *args],
                 cwd=REPO_ROOT,
                 env=full_env,
                 stdout=log_file,

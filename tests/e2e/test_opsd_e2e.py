@@ -4,7 +4,8 @@ Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl'
 the fused loss in the actor, checkpoints and resume. Four training launches and three failing
 ones (3 min 47 s - 4 min 44 s on 2 shared cores: 46-69 s, 47-65 s + 53-55 s, 52-57 s, 3 x 6-13 s):
 
-- 2 FSDP ranks, 2 steps: every logged metric is there and finite; the teacher's float64
+- 2 FSDP ranks, 2 steps: every logged metric is there and finite (file logger, and verl's tensorboard
+  logger with the same names and values); the teacher's float64
   parameter checksum equals the initial model's at every step while the actor's moves; after
   every step both rollout replicas serve bit-identical trainer weights (server sha256 log vs the
   FSDP checkpoint of that step); the data order is verl's seeded sampler order.
@@ -39,13 +40,13 @@ LOGGED = (
     "timing_s/save_checkpoint", "training/global_step",
     "opsd/actor_param_checksum", "opsd/teacher_param_checksum", "training/data_index_sum",
 )
-BATCH_SIZE = 4  # run_opsd.sh CPU default (data.train_batch_size)
+BATCH_SIZE = 4  # data.train_batch_size of the tiny demo preset (recipe/opsd/config/demo/tiny.yaml)
 DATA_SEED = 42  # data.seed of config/opsd_trainer.yaml
 
 
 def _env(tiny_model_dir, tiny_data, ckpt_dir, weights_log, **extra):
     return {
-        "OPSD_DEVICE": "cpu",
+        "DEVICE": "cpu",
         "MODEL_PATH": str(tiny_model_dir),
         "TRAIN_FILES": str(tiny_data["train"]),
         "VAL_FILES": str(tiny_data["val"]),
@@ -114,16 +115,26 @@ def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir
     ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
     run = run_cpu_verl(
         SCRIPT,
-        ["trainer.log_fingerprints=true", "trainer.save_freq=1"],
+        ["trainer.log_fingerprints=true", "trainer.save_freq=1", "trainer.logger=[console,file,tensorboard]"],
         workdir=tmp_path,
         env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2"),
-        script=True,
         timeout=300,
     )
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
     for step in (1, 2):
         _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
+
+    # verl's tensorboard logger wrote event files next to the checkpoints (the launcher's TENSORBOARD_DIR)
+    # with the same metric names and values as the file logger.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(ckpt / "tensorboard"))
+    events.Reload()
+    for key in ("opsd/loss", "opsd/fwd_kl", "actor/grad_norm", "timing_s/step"):
+        scalars = events.Scalars(key)
+        assert [e.step for e in scalars] == [1, 2], key
+        assert [e.value for e in scalars] == pytest.approx([run.metrics[1][key], run.metrics[2][key]], rel=1e-6), key
 
     # The teacher is the frozen initial model at every step; the actor moves at every step.
     initial_sum, initial_sqsum = _float64_sums(tiny_model_dir)
@@ -174,7 +185,6 @@ def one_rank_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path_factory):
         RESUME_ARGS,
         workdir=root / "launch1",
         env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
-        script=True,
         timeout=300,
     )
     assert run.returncode == 0, run.tail()
@@ -193,7 +203,6 @@ def test_resume_continues_from_the_last_checkpoint(
         RESUME_ARGS,
         workdir=first.metrics_path.parent.parent / "launch2",
         env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="3"),
-        script=True,
         timeout=300,
     )
     assert second.returncode == 0, second.tail()
@@ -259,7 +268,6 @@ def test_lora_teacher_is_the_base_model(
         ],
         workdir=tmp_path,
         env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
-        script=True,
         timeout=300,
     )
     assert run.returncode == 0, run.tail()
@@ -319,7 +327,6 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, t
         [override],
         workdir=tmp_path,
         env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl"),
-        script=True,
         timeout=120,
     )
     assert run.returncode != 0

@@ -1,18 +1,16 @@
-"""SFT stage -> FSDP merge -> HF model, and the SFT -> GRPO -> OPSD pipeline's wiring.
+"""SFT stage -> FSDP merge -> HF model (the pipeline's wiring: tests/launch/test_pipeline.py).
 
 - e2e: ``bash recipe/sft/run_sft.sh`` (verl's SFT trainer under torchrun, FSDP2 over gloo, the
-  recipe's yaml) trains the tiny model for 2 steps on the toy SFT parquet, then
-  ``bash scripts/merge_checkpoint.sh`` (verl.model_merger) writes an HF directory that loads
-  with transformers, holds the FSDP checkpoint's weights and differs from the initial model.
+  recipe's yaml, the tiny demo's run size) trains the tiny model for 2 steps on the toy SFT
+  parquet, then ``bash scripts/merge_checkpoint.sh`` (verl.model_merger) writes an HF directory
+  that loads with transformers, holds the FSDP checkpoint's weights and differs from the initial model.
 - fast: verl's SFT dataset under the recipe's data config puts the loss on the assistant
-  turn only, rendered in thinking mode; the pipeline's ``--dry-run`` prints the stage
-  commands, each stage starting from the previous stage's merged checkpoint.
+  turn only, rendered in thinking mode.
 """
 
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,12 +76,11 @@ def test_sft_two_steps_then_merge_to_hf(run_cpu_verl, tiny_model_dir, sft_parque
         env={
             "DEVICE": "cpu",
             "MODEL_PATH": str(tiny_model_dir),
-            "SFT_FILES": str(sft_parquet),
+            "TRAIN_FILES": str(sft_parquet),
             "CKPT_DIR": str(ckpt_dir),
-            "CACHE_DIR": str(tmp_path / "cache"),
+            "OPSD_CACHE": str(tmp_path / "cache"),
             "STEPS": "2",
         },
-        script=True,
         timeout=240,
     )
     assert run.returncode == 0, run.tail()
@@ -112,55 +109,3 @@ def test_sft_two_steps_then_merge_to_hf(run_cpu_verl, tiny_model_dir, sft_parque
         torch.testing.assert_close(tensor, checkpoint[name].bfloat16().float(), rtol=0, atol=0, msg=name)
     moved = [name for name in weights if not torch.equal(weights[name], initial[name].bfloat16().float())]
     assert len(moved) >= len(weights) // 2, f"SFT left most tensors unchanged: {sorted(set(weights) - set(moved))}"
-
-
-def _dry_run(tmp_path, **env) -> list[str]:
-    proc = subprocess.run(
-        ["bash", "scripts/pipeline_sft_grpo_opsd.sh", "--dry-run"],
-        cwd=REPO_ROOT,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return [line for line in proc.stdout.splitlines() if line.startswith("[pipeline] +")]
-
-
-def test_pipeline_dry_run_chains_merged_checkpoints(tmp_path):
-    work = tmp_path / "work"
-    env = {
-        "BASE_MODEL": "/models/base", "SFT_FILES": "/data/sft.parquet", "GRPO_TRAIN_FILES": "/data/dapo.parquet",
-        "OPSD_TRAIN_FILES": "/data/ot.parquet", "OPSD_VAL_FILES": "/data/ot_val.parquet", "WORK_DIR": str(work),
-        "NGPUS": "8", "GRPO_ARGS": "trainer.save_freq=50 data.seed=1",
-    }
-    commands = _dry_run(tmp_path, **env)
-    assert len(commands) == 5, commands
-    sft, merge_sft, grpo, merge_grpo, opsd = commands
-    assert "MODEL_PATH=/models/base" in sft and "SFT_FILES=/data/sft.parquet" in sft
-    assert sft.endswith("recipe/sft/run_sft.sh") and "DEVICE=gpu" in sft
-    assert merge_sft.endswith(f"scripts/merge_checkpoint.sh {work}/sft {work}/sft_merged")
-    assert f"MODEL_PATH={work}/sft_merged" in grpo and "TRAIN_FILES=/data/dapo.parquet" in grpo
-    assert grpo.endswith("recipe/grpo_baseline/run_grpo.sh trainer.save_freq=50 data.seed=1")
-    assert merge_grpo.endswith(f"scripts/merge_checkpoint.sh {work}/grpo {work}/grpo_merged")
-    assert f"MODEL_PATH={work}/grpo_merged" in opsd and "OPSD_DEVICE=gpu" in opsd
-    assert "VAL_FILES=/data/ot_val.parquet" in opsd and opsd.endswith("recipe/opsd/run_opsd.sh")
-    assert not work.exists()  # a dry run creates nothing
-
-    (work / "sft_merged").mkdir(parents=True)  # a finished stage is skipped on rerun
-    commands = _dry_run(tmp_path, **env)
-    assert [re.search(r"(run_\w+\.sh|merge_checkpoint\.sh)", c).group(1) for c in commands] == [
-        "run_grpo.sh", "merge_checkpoint.sh", "run_opsd.sh"
-    ]
-
-
-def test_pipeline_gpu_mode_requires_its_data(tmp_path):
-    proc = subprocess.run(
-        ["bash", "scripts/pipeline_sft_grpo_opsd.sh", "--dry-run"],
-        cwd=REPO_ROOT,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BASE_MODEL": "/models/base"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode != 0 and "SFT_FILES" in proc.stderr

@@ -1,10 +1,10 @@
 """Toy world end to end on the CPU: the default toy student, OPSD vs the no-privilege control.
 
 The CI-sized version of the toy acceptance study (docs/toy_world.md): the default toy student is
-built by the verl SFT stage into a temporary cache (~2.6 min), then two OPSD launches through
-``run_opsd.sh`` (``recipe.toy.compare.run_method``, the path of ``bash recipe/opsd/run_opsd.sh``
-on a CPU) with the toy preset, ``CI_STEPS`` steps each: the full-solution teacher and the control
-(teacher context ``none``). Fails when the teacher signal is wired wrong:
+built by the verl SFT stage into a temporary cache (~2.6 min), then two OPSD launches of the toy
+demo (``recipe.experiments.toy_compare.run_method``: the launcher's toy demo, what
+``bash recipe/opsd/run_opsd.sh`` runs on a CPU), ``CI_STEPS`` steps each: the full-solution teacher
+and the control (teacher context ``none``). Fails when the teacher signal is wired wrong:
 
 - control: the teacher prompt is the student's own, so the step-1 loss is < 1e-6 and top-1
   agreement is 1 (a teacher that sees the wrong prompt or misaligned positions gives > 0);
@@ -22,29 +22,27 @@ reference solution ``a+b=c`` holds nothing beyond the answer, so both contexts g
 
 import pytest
 
-from recipe.toy.compare import ToyRunConfig, evaluate_all, run_method
-from recipe.experiments.toy_signals import initial_signals, signal_config
+from recipe.experiments.toy_compare import run_method
 from recipe.experiments.toy_seeds import signal_windows
+from recipe.experiments.toy_signals import initial_signals, signal_config
 from recipe.toy.student import StudentConfig, build_student
 
 pytestmark = pytest.mark.e2e
 
 STUDENT = StudentConfig()  # the default toy student (what run_opsd.sh trains on a CPU)
 CI_STEPS = 80  # the divergence starts falling after ~40 steps at batch 64 (docs/toy_world.md)
-CONFIG = ToyRunConfig(steps=CI_STEPS, eval_n=2, eval_limit=128, student=STUDENT)
+EVAL = {"eval_n": 2, "eval_limit": 128}
 
 
 @pytest.fixture(scope="module")
-def student_root(tmp_path_factory):
+def toy_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("toy_cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OPSD_CACHE", str(cache))
-        yield build_student(STUDENT, log=lambda *_: None)
+    return cache, build_student(STUDENT, cache=cache, log=lambda *_: None)
 
 
-def test_toy_opsd_learns_from_the_reference_and_the_control_does_not(student_root, tmp_path):
-    root = student_root
-    assert build_student(STUDENT) == root  # cached: the second call does nothing
+def test_toy_opsd_learns_from_the_reference_and_the_control_does_not(toy_cache, tmp_path):
+    cache, root = toy_cache
+    assert build_student(STUDENT, cache=cache) == root  # cached: the second call does nothing
 
     result = initial_signals(root / "student", root / "data" / "train.parquet",
                              config=signal_config(num_prompts=16, rollouts_per_prompt=2, max_new_tokens=32,
@@ -53,14 +51,13 @@ def test_toy_opsd_learns_from_the_reference_and_the_control_does_not(student_roo
     assert kl["none"] < 1e-6, kl
     assert kl["full_solution"] > 0.02, kl  # measured 0.14 on 64 prompts
 
-    before = evaluate_all(root / "student", root, tmp_path / "before", CONFIG)
-    control = run_method("opsd", config=CONFIG, root=root, run_dir=tmp_path / "control",
-                         extra=["opsd.teacher_context=none"], timeout_s=900)
+    control = run_method("opsd", cache=cache, run_dir=tmp_path / "control", steps=CI_STEPS,
+                         extra=["opsd.teacher_context=none"], timeout_s=900, **EVAL)
     step1 = control["train"]["metrics"][0]
     assert step1["opsd/loss"] < 1e-6 and step1["opsd/fwd_kl"] < 1e-6, step1
     assert step1["opsd/top1_agree"] == 1.0, step1
 
-    full = run_method("opsd", config=CONFIG, root=root, run_dir=tmp_path / "full", timeout_s=900)
+    full = run_method("opsd", cache=cache, run_dir=tmp_path / "full", steps=CI_STEPS, timeout_s=900, **EVAL)
     metrics = full["train"]["metrics"]
     assert len(metrics) == CI_STEPS
     trainer_kl = metrics[0]["opsd/fwd_kl"]
@@ -70,5 +67,5 @@ def test_toy_opsd_learns_from_the_reference_and_the_control_does_not(student_roo
     signal = signal_windows(metrics)
     assert signal["fwd_kl_last"] <= 0.7 * signal["fwd_kl_first"], signal
 
-    acc = {"before": before["greedy"], "control": control["after"]["greedy"], "full": full["after"]["greedy"]}
+    acc = {"before": full["before"]["greedy"], "control": control["after"]["greedy"], "full": full["after"]["greedy"]}
     assert acc["full"] >= acc["control"] + 0.1 and acc["full"] >= acc["before"] + 0.1, acc

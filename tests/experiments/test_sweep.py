@@ -146,10 +146,11 @@ def test_init_stage_commands_sft_then_merge(tmp_path):
     assert cmds[0]["cmd"][1:] == ["-m", "data_prep.sft", "--input", "/d/ot.parquet", "--tokenizer", "/m/base",
                                   "--out", str(tmp_path / "sft" / "train.parquet")]
     assert "trainer.total_training_steps=10" in cmds[1]["cmd"] and cmds[1]["env"]["MODEL_PATH"] == "/m/base"
-    assert cmds[2]["cmd"][-4:] == ["--local_dir", str(tmp_path / "sft" / "checkpoints" / "global_step_10"),
-                                   "--target_dir", str(merged)]
+    assert cmds[1]["env"]["NGPUS"] == "2" and cmds[1]["env"]["TRAIN_FILES"] == str(tmp_path / "sft" / "train.parquet")
+    assert cmds[2]["cmd"][1:] == ["-m", "recipe.launch.merge", str(tmp_path / "sft" / "checkpoints" / "global_step_10"),
+                                  str(merged)]
     given, _ = sweep.init_stage_commands({"kind": "sft", "total_steps": 10, "train_files": "/d/omr_sft.parquet"},
                                          cfg=cfg, run_dir=tmp_path, device="gpu")
-    assert [c["name"] for c in given] == ["sft_train", "sft_merge"] and given[0]["env"]["SFT_FILES"] == "/d/omr_sft.parquet"
+    assert [c["name"] for c in given] == ["sft_train", "sft_merge"] and given[0]["env"]["TRAIN_FILES"] == "/d/omr_sft.parquet"
     with pytest.raises(ValueError, match="init_stage.kind"):
         sweep.init_stage_commands({"kind": "grpo", "total_steps": 1}, cfg=cfg, run_dir=tmp_path, device="gpu")

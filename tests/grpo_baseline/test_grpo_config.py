@@ -1,28 +1,12 @@
-"""recipe/grpo_baseline/config/grpo_trainer.yaml against the paper's GRPO control, and the CPU
-overrides of recipe/cpu/env.sh against verl 0.9.1's schema (hydra composition only)."""
+"""recipe/grpo_baseline/config/grpo_trainer.yaml and released_grpo.yaml against the paper's GRPO runs,
+sentence by sentence (a changed value of ours fails; the CPU platform: tests/cpu/test_platform.py)."""
 
-import subprocess
-from pathlib import Path
-
-import pytest
-from hydra import compose, initialize_config_dir
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "recipe" / "grpo_baseline" / "config"
-
-
-def cpu_overrides(array: str = "CPU_OVERRIDES") -> list[str]:
-    """The hydra overrides cpu_env.sh defines, as the run scripts expand them."""
-    out = subprocess.run(
-        ["bash", "-c", f'source recipe/cpu/env.sh && printf "%s\\n" "${{{array}[@]}}"'],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
-    ).stdout
-    return [line for line in out.splitlines() if line]
+from recipe.launch.compose import compose
+from recipe.launch.recipes import get_recipe
 
 
 def grpo_config(overrides=()):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name="grpo_trainer", overrides=list(overrides))
+    return compose(get_recipe("grpo"), list(overrides))
 
 
 def test_grpo_yaml_matches_the_paper_control():
@@ -48,22 +32,8 @@ def test_grpo_yaml_matches_the_paper_control():
     assert cfg.data.train_batch_size == 16 and actor.ppo_mini_batch_size == 8
     assert actor.optim.lr == 5e-7 and cfg.data.max_response_length == 20480
     assert cfg.trainer.total_training_steps == 100 and cfg.trainer.save_freq == 25
+    assert cfg.data.seed == 42  # the paper's seed of its other stages (it states none for this run)
     assert "file" in cfg.trainer.logger  # timing_s/* per step in the metrics jsonl
-
-
-def test_cpu_overrides_compose_with_the_grpo_yaml():
-    overrides = cpu_overrides()
-    assert "actor_rollout_ref.rollout.name=hf" in overrides
-    cfg = grpo_config(overrides)
-    assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.trainer.device == "cpu"
-    assert cfg.ray_kwargs.ray_init.num_gpus == 1 and cfg.reward.num_workers == 1
-    # the CPU path changes the machinery, never the algorithm
-    assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28 and cfg.actor_rollout_ref.rollout.top_k == 20
-
-
-def test_a_stale_cpu_override_would_fail_composition():
-    with pytest.raises(Exception, match="no_such_field"):
-        grpo_config(cpu_overrides() + ["actor_rollout_ref.rollout.no_such_field=1"])
 
 
 def test_released_grpo_changes_only_the_run_size():
@@ -75,6 +45,7 @@ def test_released_grpo_changes_only_the_run_size():
     assert actor.optim.lr == 1e-6 and released.data.max_response_length == 24576
     assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload
     assert released.trainer.total_training_steps == 50
+    assert released.data.seed == 1  # "the GRPO random sampler (seed 1)"
     # the control itself is unchanged
     for key in ("clip_ratio_low", "clip_ratio_high", "loss_agg_mode", "kl_loss_coef", "kl_loss_type", "entropy_coeff"):
         assert actor[key] == control.actor_rollout_ref.actor[key]

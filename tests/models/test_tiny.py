@@ -1,6 +1,5 @@
 """recipe.models.tiny: local tokenizer + tiny Qwen3 model, deterministic, template modes."""
 
-import pandas as pd
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -8,7 +7,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from recipe.models.tiny import (
     build_char_tokenizer,
     build_tiny_model,
-    build_tiny_parquet,
     char_vocabulary,
     tiny_qwen3_config,
 )
@@ -76,16 +74,3 @@ def test_refuses_to_overwrite_and_rejects_small_heads(tmp_path, tiny_dir):
         build_tiny_model(tiny_dir)
     with pytest.raises(ValueError, match="head_dim"):
         tiny_qwen3_config(vocab_size=100, hidden_size=64, num_heads=4)
-
-
-def test_tiny_parquet_schema(tmp_path):
-    train, val = build_tiny_parquet(tmp_path, num_train=5, num_val=2, seed=0)
-    frame = pd.read_parquet(train)
-    assert len(frame) == 5 and len(pd.read_parquet(val)) == 2
-    row = frame.iloc[0]
-    a, b = (int(x) for x in row["extra_info"]["problem"].removeprefix("What is ").removesuffix("?").split(" + "))
-    assert row["reward_model"]["ground_truth"] == str(a + b) == row["extra_info"]["answer"]
-    assert row["extra_info"]["problem"] in row["prompt"][0]["content"]
-    assert set(row["extra_info"]) >= {"id", "index", "split", "problem", "solution", "answer", "cot"}
-    with pytest.raises(FileExistsError):
-        build_tiny_parquet(tmp_path)

@@ -1,17 +1,12 @@
-"""recipe/sft/config/sft_trainer.yaml against the paper's supervised initialization, and the
-CPU SFT overrides of recipe/cpu/env.sh against verl 0.9.1's SFT schema."""
+"""recipe/sft/config/sft_trainer.yaml against the paper's supervised initialization (the CPU
+platform: tests/cpu/test_platform.py; the token budget through the launcher: tests/launch/test_dry_run.py)."""
 
-import subprocess
-from pathlib import Path
-
-from hydra import compose, initialize_config_dir
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from recipe.launch.compose import compose
+from recipe.launch.recipes import get_recipe
 
 
 def sft_config(overrides=()):
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "recipe" / "sft" / "config"), version_base=None):
-        return compose(config_name="sft_trainer", overrides=list(overrides))
+    return compose(get_recipe("sft"), list(overrides))
 
 
 def test_sft_yaml_matches_the_paper():
@@ -26,13 +21,4 @@ def test_sft_yaml_matches_the_paper():
     assert cfg.data.enable_thinking_default is True  # Qwen3 template, thinking enabled
     assert cfg.data.truncation == "error" and cfg.data.val_files is None
     assert cfg.model.lora_rank == 0  # full-parameter SFT
-
-
-def test_cpu_sft_overrides_compose():
-    out = subprocess.run(
-        ["bash", "-c", 'source recipe/cpu/env.sh && printf "%s\\n" "${CPU_SFT_OVERRIDES[@]}"'],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
-    ).stdout
-    cfg = sft_config([line for line in out.splitlines() if line])
-    assert cfg.engine.strategy == "fsdp2" and cfg.trainer.device == "cpu" and cfg.engine.use_torch_compile is False
-    assert cfg.optim.lr == 1e-5  # the CPU path changes the machinery, not the recipe
+    assert cfg.data.max_token_len_per_gpu == cfg.data.max_length  # one 12,288-token row fits a micro-batch

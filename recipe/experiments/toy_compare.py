@@ -1,0 +1,122 @@
+"""OPSD vs GRPO on the toy student: the toy demo of both recipes, one table (docs/toy_world.md).
+
+``run_method("opsd" | "grpo", ...)`` is one toy-demo launch (``recipe.launch.demos.train_demo``
+with ``recipe.toy.demo.toy``): the toy preset of the recipe (``config/demo/toy.yaml``), the
+toy student, a given run directory; it returns the held-out evaluation before/after and the
+per-step metrics. Both presets train on the same parquet with the same ``data.seed`` and batch,
+so both methods see the same problems in the same order.
+
+CLI: ``python scripts/compare_opsd_grpo.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+METHODS = ("opsd", "grpo")
+
+
+def run_method(method: str, *, cache: str | Path, run_dir: str | Path, steps: int | None = None,
+               extra: Sequence[str] = (), eval_n: int = 4, eval_limit: int | None = None,
+               timeout_s: float | None = 3600) -> dict:
+    """Train ``method`` with its toy preset into ``run_dir``; ``{"before", "after", "train"}``.
+
+    ``train``: ``wall_time_s``, ``steps`` (logged), ``step_times_s`` (verl's ``timing_s/step``), ``metrics``.
+    """
+    from recipe.launch.demos import train_demo
+    from recipe.launch.recipes import get_recipe
+    from recipe.launch.settings import Settings
+    from recipe.toy.demo import toy
+
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not one of {list(METHODS)}")
+    settings = Settings(device="cpu", cache_dir=str(cache), ckpt_dir=str(run_dir), steps=steps, cpu_demo="toy")
+    build = toy(method, settings, eval_n=eval_n, eval_limit=eval_limit)
+    result = train_demo(get_recipe(method), settings, list(extra), build, timeout_s=timeout_s)
+    metrics = result["metrics"]
+    return {"before": result["before"], "after": result["after"],
+            "train": {"wall_time_s": result["record"]["wall_time_s"], "steps": len(metrics), "metrics": metrics,
+                      "step_times_s": [row["timing_s/step"] for row in metrics if "timing_s/step" in row]}}
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}"
+
+
+def table(before: dict, results: dict[str, dict], *, eval_n: int) -> str:
+    """Markdown table: accuracy before/after, length, wall time, time per step, compute ratio."""
+    n = eval_n
+    lines = [
+        f"| method | greedy acc before -> after (%) | Avg@{n} before -> after (%) | Pass@{n} before -> after (%) "
+        f"| mean length before -> after | steps | wall time (s) | time/step (s) | time/step after step 1 (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method, result in results.items():
+        after, trained = result["after"], result["train"]
+        times = trained["step_times_s"]
+        lines.append(
+            f"| {method} | {_pct(before['greedy'])} -> {_pct(after['greedy'])} "
+            f"| {_pct(before[f'avg@{n}'])} -> {_pct(after[f'avg@{n}'])} "
+            f"| {_pct(before[f'pass@{n}'])} -> {_pct(after[f'pass@{n}'])} "
+            f"| {before['mean_length']:.1f} -> {after['mean_length']:.1f} | {trained['steps']} "
+            f"| {trained['wall_time_s']:.0f} | {_mean(times):.2f} | {_mean(times[1:]):.2f} |"
+        )
+    if set(results) == set(METHODS):
+        opsd, grpo = results["opsd"]["train"], results["grpo"]["train"]
+        lines.append("")
+        lines.append(f"OPSD/GRPO compute ratio (1 CPU device each): time per step "
+                     f"{_mean(opsd['step_times_s']) / _mean(grpo['step_times_s']):.2f} "
+                     f"({_mean(opsd['step_times_s'][1:]) / _mean(grpo['step_times_s'][1:]):.2f} after step 1), "
+                     f"launch wall time {opsd['wall_time_s'] / grpo['wall_time_s']:.2f}")
+    lines.append(f"(held-out problems: {before['n_problems']}; greedy = top-k 1; Avg@{n}/Pass@{n}: T 1.0, "
+                 f"no-think mode, recipe.evaluation.harness)")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="OPSD and/or GRPO on the toy student: before/after table.")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--steps", type=int, default=None, help="default: the toy presets' (150)")
+    parser.add_argument("--eval-n", type=int, default=4)
+    parser.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N held-out problems")
+    parser.add_argument("--run-root", default=None, help="default: <student cache dir>/runs/compare_<UTC time>")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per training launch")
+    parser.add_argument("--out", default=None, help="also write the markdown table here (summary.json: in the run root)")
+    parser.add_argument("overrides", nargs="*", help="hydra overrides for both launches (after --)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    from recipe.launch.settings import Settings
+    from recipe.toy.student import StudentConfig, build_student
+
+    args = build_parser().parse_args(argv)
+    cache = Settings.from_environ(os.environ).cache_dir
+    root = build_student(StudentConfig(), cache=cache)
+    run_root = Path(args.run_root) if args.run_root else root / "runs" / time.strftime("compare_%Y%m%dT%H%M%SZ",
+                                                                                        time.gmtime())
+    if run_root.exists() and any(run_root.iterdir()):
+        raise FileExistsError(f"{run_root} is not empty; pass another --run-root")
+    results = {method: run_method(method, cache=cache, run_dir=run_root / method, steps=args.steps,
+                                  extra=args.overrides, eval_n=args.eval_n, eval_limit=args.eval_limit,
+                                  timeout_s=args.timeout)
+               for method in args.methods}
+    before = next(iter(results.values()))["before"]
+    text = table(before, results, eval_n=args.eval_n)
+    print(text, end="")
+    summary = {"before": before, **{m: {"after": r["after"], "wall_time_s": r["train"]["wall_time_s"],
+                                        "step_times_s": r["train"]["step_times_s"]} for m, r in results.items()}}
+    (run_root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0

@@ -1,0 +1,45 @@
+"""``python -m recipe.launch {opsd|grpo|sft} [--dry-run] [hydra overrides...]``: what run_*.sh exec.
+
+The environment contract (DEVICE, MODEL_PATH, TRAIN_FILES, ...) is ``recipe.launch.settings``.
+On a CPU without MODEL_PATH / TRAIN_FILES the run is a CPU demo (``recipe.launch.demos``).
+``--dry-run`` composes the final hydra config exactly as the launch would, prints the command,
+the effective settings and the full resolved config, and starts nothing (no GPU needed: set
+``DEVICE=gpu`` to see a GPU launch).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from recipe.launch.demos import run_demo
+from recipe.launch.recipes import RECIPES, get_recipe
+from recipe.launch.run import config_errors, execute, plan
+from recipe.launch.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in RECIPES:
+        print(f"usage: python -m recipe.launch {{{'|'.join(RECIPES)}}} [--dry-run] [hydra overrides...]", file=sys.stderr)
+        return 2
+    recipe = get_recipe(args.pop(0))
+    dry_run = "--dry-run" in args
+    args = [a for a in args if a != "--dry-run"]
+    try:
+        settings = Settings.from_environ(os.environ)
+        if settings.demo is not None:
+            return run_demo(recipe, settings, args, dry_run=dry_run)
+        launch = plan(recipe, settings, args)
+    except config_errors() as err:
+        print(f"[launch] error: {err}", file=sys.stderr)
+        return 2
+    print(launch.describe(), flush=True)
+    if dry_run:
+        print(launch.resolved_yaml(), end="")
+        return 0
+    return execute(launch)["exit_code"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""CPU demos: what ``bash recipe/opsd/run_opsd.sh`` runs on a machine without a GPU.
+
+A demo is a hydra preset plus a builder:
+
+- the preset ``config/demo/<name>.yaml`` of each recipe that has the demo (run size and the
+  recipe options the demo needs; ``+demo=<name>``);
+- the builder, ``builder(recipe, settings, build=...) -> DemoBuild``: the model and data it makes
+  (cached under OPSD_CACHE; what MODEL_PATH / TRAIN_FILES give is not built), the checkpoint
+  directory, and optionally ``evaluate(model_dir, out_dir) -> {label: value}``: then the demo
+  evaluates before training, merges the last checkpoint, evaluates again and prints both.
+
+Adding a demo ``real``: ``recipe/<recipe>/config/demo/real.yaml`` and one line in ``DEMOS``.
+The builders are named by import path, so this module does not import the toy world.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipe.launch.recipes import Recipe
+from recipe.launch.run import DemoInputs, execute, plan
+from recipe.launch.settings import Settings
+
+
+@dataclass(frozen=True)
+class Demo:
+    name: str
+    builder: str  # "module:function"
+    description: str
+
+    def load(self) -> Callable[..., "DemoBuild"]:
+        module, _, function = self.builder.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+@dataclass(frozen=True)
+class DemoBuild:
+    """What a builder returns: the launch inputs and, optionally, the before/after evaluation.
+
+    evaluate(model_dir, out_dir) -> metrics; display(metrics) -> {row label: formatted value} (the
+    table); before_dir: where the evaluation of the initial model is cached (None: ``<CKPT_DIR>/eval/before``).
+    """
+
+    inputs: DemoInputs
+    evaluate: Callable[[Path, Path], dict] | None = None
+    display: Callable[[dict], dict[str, str]] | None = None
+    before_dir: Path | None = None
+
+
+DEMOS = {
+    demo.name: demo
+    for demo in (
+        Demo("toy", "recipe.toy.demo:toy",
+             "the SFT-trained toy student on two-digit addition, held-out accuracy before/after (docs/toy_world.md)"),
+        Demo("tiny", "recipe.toy.demo:tiny",
+             "a random tiny Qwen3 on toy problems, a few steps: the machinery, not learning"),
+    )
+}
+
+
+def get_demo(name: str) -> Demo:
+    if name not in DEMOS:
+        raise ValueError(f"CPU_DEMO={name!r} is not one of {sorted(DEMOS)}")
+    return DEMOS[name]
+
+
+class StepProgress:
+    """Condensed console progress from verl's console lines: one line per step, at most every ``every_s``."""
+
+    def __init__(self, label: str, keys: dict[str, str], *, total: int | None = None, every_s: float = 5.0):
+        self.label, self.keys, self.total, self.every_s = label, keys, total, every_s
+        self._last = 0.0
+
+    def __call__(self, line: str) -> None:
+        from recipe.analysis.run_logs import parse_console_line
+
+        values = parse_console_line(line)
+        if values is None:
+            return
+        step = int(values["step"])
+        now = time.time()
+        if now - self._last < self.every_s and step != self.total:
+            return
+        self._last = now
+        shown = " ".join(f"{name}={values[key]:.3g}" for key, name in self.keys.items() if key in values)
+        of = f"/{self.total}" if self.total else ""
+        print(f"[{self.label}] step {step}{of}: {shown}", flush=True)
+
+
+# Per-step metrics shown as progress (those a recipe logs) and their short names.
+PROGRESS_KEYS = {"opsd/loss": "loss", "opsd/fwd_kl": "fwd_kl", "opsd/rollout_score": "score",
+                 "critic/score/mean": "score", "response_length/mean": "length", "train/loss": "loss",
+                 "timing_s/step": "s/step"}
+
+
+def before_after_table(before: dict[str, str], after: dict[str, str], *, recipe: str, steps: int,
+                       record: dict, step_times: list[float]) -> str:
+    """Markdown: one row per displayed evaluation metric, before and after training, then the compute line."""
+    lines = [f"| held-out metric | before | after {steps} {recipe.upper()} steps |", "|---|---|---|"]
+    lines += [f"| {label} | {before[label]} | {after[label]} |" for label in before]
+    mean = sum(step_times) / len(step_times) if step_times else float("nan")
+    steady = step_times[1:]
+    steady_mean = sum(steady) / len(steady) if steady else float("nan")
+    lines.append("")
+    lines.append(f"training launch: {record['wall_time_s']} s wall time, {mean:.2f} s/step "
+                 f"({steady_mean:.2f} after step 1)")
+    return "\n".join(lines) + "\n"
+
+
+def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoBuild, *,
+               timeout_s: float | None = None) -> dict:
+    """Evaluate (if the demo evaluates), train, merge, evaluate again; return what happened.
+
+    Returns ``{"ckpt_dir", "steps", "record", "metrics", "before", "after"}`` (``before`` / ``after``:
+    the demo's evaluation, None without one). Raises RuntimeError when the training launch fails.
+    """
+    from recipe.analysis.run_logs import read_jsonl_metrics
+    from recipe.launch.merge import merge_checkpoint
+
+    launch = plan(recipe, settings, argv, demo=build.inputs)
+    print(launch.describe(), flush=True)
+    model = Path(str(launch.overrides.get(recipe.model_key)))
+    before = None
+    if build.evaluate is not None:
+        print(f"[launch] evaluating the initial model {model}", flush=True)
+        before = build.evaluate(model, build.before_dir or launch.ckpt_dir / "eval" / "before")
+    steps = int(launch.config.trainer.total_training_steps)
+    launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    log = launch.ckpt_dir / "train.log"
+    print(f"[launch] training {steps} steps; verl's output: {log}", flush=True)
+    record = execute(launch, log=log, on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps),
+                     timeout_s=timeout_s)
+    if record["exit_code"] != 0:
+        raise RuntimeError(f"{recipe.name} training failed (exit {record['exit_code']}); the end of {log}:\n"
+                           + log.read_text()[-3000:])
+    metrics = read_jsonl_metrics(record["metrics"])
+    after = None
+    if build.evaluate is not None:
+        merged = merge_checkpoint(launch.ckpt_dir, launch.ckpt_dir / "merged", log=launch.ckpt_dir / "merge.log")
+        print(f"[launch] evaluating the trained model {merged}", flush=True)
+        after = build.evaluate(merged, launch.ckpt_dir / "eval" / "after")
+    return {"ckpt_dir": launch.ckpt_dir, "steps": steps, "record": record, "metrics": metrics,
+            "before": before, "after": after}
+
+
+def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bool = False) -> int:
+    """The CPU demo of ``settings`` (what run_*.sh runs without MODEL_PATH / TRAIN_FILES); prints the table."""
+    demo = get_demo(settings.demo)
+    print(f"[launch] CPU demo {demo.name}: {demo.description}", flush=True)
+    build = demo.load()(recipe.name, settings, build=not dry_run)
+    if dry_run:
+        launch = plan(recipe, settings, argv, demo=build.inputs)
+        print(launch.describe(), flush=True)
+        print(launch.resolved_yaml(), end="")
+        return 0
+    result = train_demo(recipe, settings, argv, build)
+    if result["before"] is not None:
+        step_times = [row["timing_s/step"] for row in result["metrics"] if "timing_s/step" in row]
+        print(before_after_table(build.display(result["before"]), build.display(result["after"]), recipe=recipe.name,
+                                 steps=result["steps"], record=result["record"], step_times=step_times),
+              end="", flush=True)
+    return 0

@@ -1,0 +1,117 @@
+"""The paper's post-training pipeline: SFT -> merge -> GRPO -> merge -> OPSD (sec. "pipeline").
+
+    python -m recipe.launch.pipeline [--dry-run] [sft:OVERRIDE ...] [grpo:OVERRIDE ...] [opsd:OVERRIDE ...]
+
+Each stage is one launch of ``recipe.launch`` (the same composition, printing and records as
+run_sft.sh / run_grpo.sh / run_opsd.sh) starting from the previous stage's merged checkpoint; for
+OPSD, student and frozen teacher are both the merged GRPO actor. A stage whose merged directory
+exists is skipped, so rerunning continues an interrupted pipeline. ``--dry-run`` composes and
+prints every stage's final config and starts nothing.
+
+Environment (besides DEVICE, OPSD_CACHE, NGPUS, NNODES, CPU_NUM_RANKS of docs/launch.md):
+BASE_MODEL, SFT_FILES, GRPO_TRAIN_FILES, GRPO_VAL_FILES, OPSD_TRAIN_FILES, OPSD_VAL_FILES, and
+WORK_DIR (default ``$OPSD_CACHE/checkpoints/pipeline``: sft/, sft_merged/, grpo/, grpo_merged/,
+opsd/). On a CPU every stage runs the ``tiny`` demo preset and whatever is unset is the tiny
+demo's model and data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+from recipe.launch.demos import get_demo
+from recipe.launch.merge import merge_checkpoint
+from recipe.launch.recipes import get_recipe
+from recipe.launch.run import config_errors, execute, plan
+from recipe.launch.settings import Settings
+
+STAGES = ("sft", "grpo", "opsd")
+# Per-stage variables of the pipeline: (model source, train files, val files).
+STAGE_VARIABLES = {"sft": ("BASE_MODEL", "SFT_FILES", None), "grpo": (None, "GRPO_TRAIN_FILES", "GRPO_VAL_FILES"),
+                   "opsd": (None, "OPSD_TRAIN_FILES", "OPSD_VAL_FILES")}
+RUN_VARIABLES = ("MODEL_PATH", "TRAIN_FILES", "VAL_FILES", "CKPT_DIR", "STEPS", "CPU_DEMO")
+
+
+def split_stage_overrides(args: list[str]) -> dict[str, list[str]]:
+    """``["sft:a=1", "opsd:+model=x"]`` -> ``{"sft": ["a=1"], "grpo": [], "opsd": ["+model=x"]}``."""
+    out: dict[str, list[str]] = {stage: [] for stage in STAGES}
+    for arg in args:
+        stage, sep, override = arg.partition(":")
+        if not sep or stage not in STAGES or not override:
+            raise ValueError(f"pipeline argument {arg!r} is not <stage>:<hydra override> with stage in {list(STAGES)}")
+        out[stage].append(override)
+    return out
+
+
+def _path(environ, name: str | None) -> str | None:
+    value = environ.get(name, "").strip() if name else ""
+    return str(Path(value).expanduser().absolute()) if value and Path(value).expanduser().exists() else value or None
+
+
+def stage_settings(stage: str, base: Settings, environ, *, work_dir: Path) -> Settings:
+    """The launch settings of one stage: its model (BASE_MODEL or the previous stage's merge), data, ckpt dir."""
+    model_var, train_var, val_var = STAGE_VARIABLES[stage]
+    previous = {"grpo": work_dir / "sft_merged", "opsd": work_dir / "grpo_merged"}.get(stage)
+    return dataclasses.replace(
+        base, model_path=str(previous) if previous else _path(environ, model_var), train_files=_path(environ, train_var),
+        val_files=_path(environ, val_var), ckpt_dir=str(work_dir / stage), steps=None,
+        cpu_demo="tiny" if base.device == "cpu" else None)
+
+
+def run_pipeline(args: list[str], environ, *, dry_run: bool) -> int:
+    given = [name for name in RUN_VARIABLES if environ.get(name)]
+    if given:
+        raise ValueError(f"{given} are set per stage by the pipeline: use BASE_MODEL, SFT_FILES, GRPO_TRAIN_FILES, "
+                         "GRPO_VAL_FILES, OPSD_TRAIN_FILES, OPSD_VAL_FILES, WORK_DIR")
+    overrides = split_stage_overrides(args)
+    base = Settings.from_environ(environ)
+    work_dir = Path(environ.get("WORK_DIR") or Path(base.cache_dir) / "checkpoints" / "pipeline").expanduser().absolute()
+    if base.device == "gpu":
+        missing = [name for name in ("BASE_MODEL", "SFT_FILES", "GRPO_TRAIN_FILES", "OPSD_TRAIN_FILES")
+                   if not environ.get(name)]
+        if missing:
+            raise ValueError(f"set {missing} for the GPU pipeline (docs/launch.md)")
+    start = time.time()
+    for stage in STAGES:
+        merged = work_dir / f"{stage}_merged"
+        if stage != "opsd" and merged.is_dir():
+            print(f"[pipeline] {stage}: {merged} exists, skipped", flush=True)
+            continue
+        recipe = get_recipe(stage)
+        settings = stage_settings(stage, base, environ, work_dir=work_dir)
+        demo = None
+        if settings.device == "cpu":
+            demo = get_demo("tiny").load()(stage, settings, build=not dry_run).inputs
+        launch = plan(recipe, settings, overrides[stage], demo=demo)
+        print(f"[pipeline] ===== {stage} from {launch.overrides.get(recipe.model_key)} "
+              f"({time.strftime('%H:%M:%S', time.gmtime())} UTC) =====", flush=True)
+        print(launch.describe(), flush=True)
+        if dry_run:
+            print(f"[pipeline] {stage} final config:\n{launch.resolved_yaml()}", end="", flush=True)
+            continue
+        record = execute(launch)
+        if record["exit_code"] != 0:
+            return record["exit_code"]
+        if stage != "opsd":
+            merge_checkpoint(launch.ckpt_dir, merged)
+    if not dry_run:
+        print(f"[pipeline] done in {time.time() - start:.0f} s; checkpoints in {work_dir}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    dry_run = "--dry-run" in args
+    try:
+        return run_pipeline([a for a in args if a != "--dry-run"], os.environ, dry_run=dry_run)
+    except config_errors() as err:
+        print(f"[pipeline] error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Plan and start one training launch: every override once, the final config printed once.
+
+``plan(recipe, settings, argv, ...)`` assembles the overrides (command-line presets, the CPU
+demo preset and platform, the paths of the environment, derived values, command-line values),
+composes the final config with hydra exactly as verl will, and returns a ``Launch``: the argv,
+the environment and the config. ``execute(launch)`` starts it in the repository root and appends
+one record to ``$CKPT_DIR/run_times.jsonl``.
+
+Precedence (later wins; every replacement of a value is printed): the recipe yaml < command-line
+presets (``+model=``, ``+experiment=``) < the CPU demo preset < the CPU platform < the
+environment (MODEL_PATH, STEPS, NGPUS, ...) < command-line values. On a GPU the launcher adds
+nothing a preset sets: the GPU count is taken from nvidia-smi only when no preset or override
+sets ``trainer.n_gpus_per_node``, and the rollout engine is always the config's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recipe.cpu.env import cpu_environment
+from recipe.launch import compose as composer
+from recipe.launch.overrides import Override, OverrideList
+from recipe.launch.recipes import REPO_ROOT, Recipe
+from recipe.launch.settings import Settings, gpus_on_this_node
+
+
+@dataclass(frozen=True)
+class DemoInputs:
+    """What a CPU demo contributes to a launch (recipe.launch.demos): its preset and built paths."""
+
+    name: str
+    model_path: str | None = None
+    train_files: str | None = None
+    val_files: str | None = None
+    ckpt_dir: str | None = None
+
+
+@dataclass
+class Launch:
+    recipe: Recipe
+    settings: Settings
+    overrides: OverrideList
+    config: object
+    ckpt_dir: Path
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """The header printed once at start: command, replaced values, the effective settings."""
+        lines = [f"[launch] {self.recipe.name} on {self.settings.device}: {' '.join(self.command)}"]
+        lines += [f"[launch] note: {note}" for note in self.notes]
+        for key, old, old_source, new, new_source in self.overrides.replaced:
+            lines.append(f"[launch] note: {key}={new} ({new_source}) replaces {key}={old} ({old_source})")
+        lines.append(f"[launch] effective config (full: {self.ckpt_dir / 'launch_config.yaml'}):")
+        lines.append(composer.summary(self.config, self.recipe))
+        return "\n".join(lines)
+
+    def resolved_yaml(self) -> str:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_yaml(self.config, resolve=True)
+
+
+def config_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean "the configuration is wrong" (printed as one line by the CLIs, no traceback)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return (ValueError, FileNotFoundError, FileExistsError, HydraException, OmegaConfBaseException)
+
+
+def next_free_path(base: Path, suffix: str) -> Path:
+    """``base.suffix`` if free, else ``base.1.suffix``, ``base.2.suffix``, ... (verl's file logger
+    truncates its file: a resumed launch must not erase the earlier steps)."""
+    path, n = base.with_name(f"{base.name}.{suffix}"), 1
+    while path.exists():
+        path, n = base.with_name(f"{base.name}.{n}.{suffix}"), n + 1
+    return path
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    parsed = [Override.parse(a) for a in argv]
+    return [a for a, p in zip(argv, parsed) if p.is_group], [a for a, p in zip(argv, parsed) if not p.is_group]
+
+
+def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInputs | None = None,
+         environ: dict[str, str] | None = None, detect_gpus=gpus_on_this_node, python: str = sys.executable) -> Launch:
+    """Assemble, compose and validate one launch (nothing is started or written)."""
+    environ = dict(os.environ if environ is None else environ)
+    groups, values = _split(list(argv))
+    _check_presets(recipe, groups)
+    overrides = OverrideList().add(groups, source="command line")
+    if demo is not None:
+        if demo.name not in recipe.presets("demo"):
+            raise ValueError(f"the {recipe.name} recipe has no CPU demo {demo.name!r} "
+                             f"({recipe.config_dir / 'demo'}: {recipe.presets('demo')})")
+        overrides.add([f"+demo={demo.name}"], source=f"CPU demo {demo.name}")
+    if settings.device == "cpu":
+        overrides.add([f"+platform={recipe.platform}"], source="DEVICE=cpu")
+
+    model = settings.model_path or (demo.model_path if demo else None)
+    train = settings.train_files or (demo.train_files if demo else None)
+    val = settings.val_files or (demo.val_files if demo and not settings.train_files else None) or train
+    env_values = [(recipe.model_key, model, "MODEL_PATH"), (recipe.train_key, train, "TRAIN_FILES"),
+                  (recipe.val_key, val, "VAL_FILES"), ("trainer.total_training_steps", settings.steps, "STEPS"),
+                  ("trainer.n_gpus_per_node", settings.ngpus or settings.cpu_num_ranks, "NGPUS / CPU_NUM_RANKS"),
+                  ("trainer.nnodes", settings.nnodes, "NNODES")]
+    overrides.add(recipe.reward_overrides(), source="launcher (the project's grader)")
+    for key, value, source in env_values:
+        if key and value is not None:
+            overrides.add([f"{key}={value}"], source=source)
+    overrides.add(values, source="command line")
+
+    # Derived values come from a first composition (none of them changes what the others read),
+    # then the final composition holds every override once.
+    notes = []
+    base = _base_config(recipe)
+    cfg = composer.compose(recipe, overrides.as_list())
+    if settings.device == "gpu" and "trainer.n_gpus_per_node" not in overrides and \
+            composer.select(cfg, "trainer.n_gpus_per_node") == composer.select(base, "trainer.n_gpus_per_node"):
+        count = detect_gpus()
+        if count > 0:
+            overrides.add([f"trainer.n_gpus_per_node={count}"], source="nvidia-smi")
+            notes.append(f"trainer.n_gpus_per_node={count}: all GPUs nvidia-smi lists (no preset or NGPUS sets it)")
+    for key, value, why in composer.token_budget_fixes(cfg, recipe):
+        overrides.add([f"{key}={value}"], source="derived")
+        notes.append(f"{key}={value} {why}")
+    ckpt = _ckpt_dir(recipe, settings, demo, overrides, cfg)
+    overrides.add([f"trainer.default_local_dir={ckpt}"], source="CKPT_DIR")
+    cfg = composer.compose(recipe, overrides.as_list())
+    _validate(recipe, settings, cfg, base)
+    notes += _preset_values_replaced(recipe, overrides, cfg, base)
+
+    nproc = int(composer.select(cfg, "trainer.n_gpus_per_node"))
+    if recipe.torchrun and int(composer.select(cfg, "trainer.nnodes")) != 1:
+        raise ValueError(f"the {recipe.name} launcher starts one node (torchrun --standalone); "
+                         "for more nodes run torchrun on each node")
+    env = dict(environ)
+    if settings.device == "cpu":
+        env.update(cpu_environment(environ))
+    env.setdefault("VERL_FILE_LOGGER_PATH", str(next_free_path(ckpt / "metrics", "jsonl")))
+    env.setdefault("TENSORBOARD_DIR", str(ckpt / "tensorboard"))
+    env.setdefault("WANDB_DIR", str(ckpt))
+    return Launch(recipe=recipe, settings=settings, overrides=overrides, config=cfg, ckpt_dir=ckpt,
+                  command=recipe.command(python, overrides.as_list(), nproc=nproc), env=env, notes=notes)
+
+
+@functools.lru_cache(maxsize=None)
+def _base_config(recipe: Recipe):
+    """The recipe yaml alone: what "nobody set it" looks like."""
+    return composer.compose(recipe, [])
+
+
+def _ckpt_dir(recipe: Recipe, settings: Settings, demo: DemoInputs | None, overrides: OverrideList, cfg) -> Path:
+    """CKPT_DIR, else a command-line trainer.default_local_dir, else the demo's, else the cache default."""
+    if settings.ckpt_dir:
+        return Path(settings.ckpt_dir)
+    if overrides.source("trainer.default_local_dir") == "command line":
+        return Path(overrides.get("trainer.default_local_dir")).expanduser().absolute()
+    if demo is not None and demo.ckpt_dir:
+        return Path(demo.ckpt_dir)
+    return Path(settings.cache_dir) / "checkpoints" / recipe.name / str(composer.select(cfg, "trainer.experiment_name"))
+
+
+def _check_presets(recipe: Recipe, groups: list[str]) -> None:
+    """Every ``+model=`` / ``+experiment=`` / ``+demo=`` names a preset file of the recipe."""
+    for text in groups:
+        item = Override.parse(text)
+        group = item.key.split("@")[0]
+        if group == "platform":
+            continue
+        known = recipe.presets(group)
+        for name in (item.value or "").strip("[]").split(","):
+            if name.strip() not in known:
+                raise ValueError(f"unknown {group} preset {name.strip()!r} for the {recipe.name} recipe; "
+                                 f"one of {known} ({recipe.config_dir / group})")
+
+
+def _preset_values_replaced(recipe: Recipe, overrides: OverrideList, cfg, base) -> list[str]:
+    """A note for every value a preset (or the demo / platform) set that an override replaced."""
+    groups = [str(Override.parse(a)) for a in overrides.as_list() if Override.parse(a).is_group]
+    if not groups:
+        return []
+    presets = composer.compose(recipe, groups)
+    notes = []
+    for text in overrides.as_list():
+        item = Override.parse(text)
+        if item.is_group or item.value is None:
+            continue
+        chosen = composer.select(presets, item.key)
+        if chosen != composer.select(base, item.key) and chosen != composer.select(cfg, item.key):
+            notes.append(f"{item.key}={composer.select(cfg, item.key)} ({overrides.source(item.key)}) replaces "
+                         f"{item.key}={chosen} of {' '.join(groups)}")
+    return notes
+
+
+def _validate(recipe: Recipe, settings: Settings, cfg, base) -> None:
+    missing = composer.missing(cfg)
+    if missing:
+        raise ValueError(f"mandatory config values are not set: {missing} (pass them as hydra overrides)")
+    for key, variable in ((recipe.model_key, "MODEL_PATH"), (recipe.train_key, "TRAIN_FILES")):
+        if composer.select(cfg, key) == composer.select(base, key):
+            hint = " or a +model=<preset>" if variable == "MODEL_PATH" and recipe.presets("model") else ""
+            raise ValueError(f"{key} is verl's placeholder {composer.select(cfg, key)!r}: set {variable}{hint}")
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill the launch's own process group (it was started in a new session)."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _record(launch: Launch, *, start: float, returncode: int) -> dict:
+    record = {"recipe": launch.recipe.name, "device": launch.settings.device,
+              "n_devices": int(composer.select(launch.config, "trainer.n_gpus_per_node"))
+              * int(composer.select(launch.config, "trainer.nnodes")),
+              "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+              "wall_time_s": round(time.time() - start), "exit_code": returncode,
+              "metrics": launch.env["VERL_FILE_LOGGER_PATH"]}
+    with open(launch.ckpt_dir / "run_times.jsonl", "a") as out:
+        out.write(json.dumps(record) + "\n")
+    return record
+
+
+def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s: float | None = None) -> dict:
+    """Start the launch in the repository root; return its ``run_times.jsonl`` record.
+
+    Without ``log`` verl's output goes to this console. With ``log`` it goes to that file and
+    ``on_line(line)`` sees every line (the CPU demos print condensed progress from it). After
+    ``timeout_s`` the launch's process group (driver, Ray, workers) is killed (exit code -9).
+    """
+    launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    next_free_path(launch.ckpt_dir / "launch_config", "yaml").write_text(launch.resolved_yaml())
+    start = time.time()
+    sink = open(log, "w") if log is not None else None
+    process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env=launch.env, start_new_session=True, text=True,
+                               stdout=subprocess.PIPE if sink else None, stderr=subprocess.STDOUT if sink else None)
+    watchdog = threading.Timer(timeout_s, _kill_group, args=(process,)) if timeout_s else None
+    try:
+        if watchdog:
+            watchdog.start()
+        if sink is not None:
+            for line in process.stdout:
+                sink.write(line)
+                if on_line is not None:
+                    on_line(line)
+        returncode = process.wait()
+    except BaseException:
+        _kill_group(process)
+        raise
+    finally:
+        if watchdog:
+            watchdog.cancel()
+        if sink is not None:
+            sink.close()
+    record = _record(launch, start=start, returncode=returncode)
+    print(f"[launch] {launch.recipe.name} exit code {returncode} after {record['wall_time_s']} s; metrics "
+          f"{record['metrics']}, launches in {launch.ckpt_dir / 'run_times.jsonl'}", flush=True)
+    return record

@@ -1,0 +1,67 @@
+"""The CPU platform (hydra group ``platform`` + ``recipe.cpu.env``) changes machinery, never the algorithm.
+
+Each recipe's resolved config with and without ``+platform=...`` is diffed key by key: the keys that
+change must all be machinery (kernels, FSDP flavour, offload, rollout backend, worker counts,
+placeholder devices, batching by count). A platform entry that touched the learning rate, a
+temperature, a cap or a loss option would fail here. Composing against the installed verl schema
+also catches a key verl renamed.
+"""
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipe.cpu.env import PLUGIN_MODULE, cpu_environment
+from recipe.launch.compose import compose
+from recipe.launch.recipes import get_recipe
+
+RL_MACHINERY = {
+    "actor_rollout_ref.model.override_config.attn_implementation", "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.actor.use_remove_padding", "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.actor.fsdp_config.strategy", "actor_rollout_ref.actor.fsdp_config.param_offload",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload", "actor_rollout_ref.ref.strategy",
+    "actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.actor.use_dynamic_bsz",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+    "critic.use_dynamic_bsz", "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "distillation.teacher_models.teacher_model.inference.name", "actor_rollout_ref.rollout.agent.num_workers",
+    "actor_rollout_ref.rollout.n_gpus_per_node", "reward.num_workers",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units", "trainer.device", "trainer.nnodes",
+    "trainer.n_gpus_per_node", "ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.num_cpus",
+    "data.dataloader_num_workers",
+}
+SFT_MACHINERY = {
+    "model.override_config.attn_implementation", "model.use_remove_padding", "engine.strategy",
+    "engine.use_torch_compile", "trainer.device", "trainer.nnodes", "trainer.n_gpus_per_node", "data.num_workers",
+}
+
+
+def _flat(tree, prefix=""):
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return out
+
+
+@pytest.mark.parametrize(("recipe", "machinery"), [("opsd", RL_MACHINERY), ("grpo", RL_MACHINERY), ("sft", SFT_MACHINERY)])
+def test_platform_changes_only_machinery(recipe, machinery):
+    spec = get_recipe(recipe)
+    plain = _flat(OmegaConf.to_container(compose(spec, []), resolve=True))
+    cpu = _flat(OmegaConf.to_container(compose(spec, [f"+platform={spec.platform}"]), resolve=True))
+    changed = {k for k in plain.keys() | cpu.keys() if plain.get(k, "<absent>") != cpu.get(k, "<absent>")}
+    assert changed, "the platform changed nothing"
+    assert changed <= machinery, sorted(changed - machinery)
+    assert cpu["trainer.device"] == "cpu"
+
+
+def test_ray_gpus_follow_the_ranks():
+    cfg = compose(get_recipe("grpo"), ["+platform=cpu", "trainer.n_gpus_per_node=2"])
+    assert cfg.ray_kwargs.ray_init.num_gpus == 2 and cfg.actor_rollout_ref.rollout.name == "hf"
+
+
+def test_cpu_environment_lists_the_plugin_first_and_keeps_the_users_choices():
+    env = cpu_environment({})
+    assert env["VERL_PLATFORM"] == "cpu" and env["VERL_ENGINE_DEVICE"] == "cuda" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE and env["WANDB_MODE"] == "offline"
+    mine = cpu_environment({"VERL_USE_EXTERNAL_MODULES": f"my.ext,{PLUGIN_MODULE}", "WANDB_MODE": "disabled"})
+    assert mine["VERL_USE_EXTERNAL_MODULES"] == f"{PLUGIN_MODULE},my.ext" and mine["WANDB_MODE"] == "disabled"

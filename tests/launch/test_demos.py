@@ -1,0 +1,91 @@
+"""The CPU demos: each is a preset + a builder; the no-argument run passes each key once, two hops to verl."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipe.launch.demos import DEMOS, StepProgress, before_after_table, get_demo
+from recipe.launch.overrides import Override
+from recipe.launch.recipes import RECIPES, get_recipe
+from recipe.launch.run import plan
+from recipe.launch.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cpu_plan(recipe, demo, tmp_path, argv=(), **settings):
+    settings = Settings(device="cpu", cache_dir=str(tmp_path), cpu_demo=demo, **settings)
+    build = get_demo(demo).load()(recipe, settings, build=False)
+    return plan(get_recipe(recipe), settings, list(argv), demo=build.inputs, environ={}), build
+
+
+def test_every_demo_has_a_builder_and_a_preset_per_recipe():
+    for demo in DEMOS.values():
+        assert callable(demo.load())
+        assert [r for r in RECIPES if demo.name in get_recipe(r).presets("demo")], demo.name
+    assert set(get_recipe("opsd").presets("demo")) == set(DEMOS)
+    with pytest.raises(ValueError, match="CPU_DEMO='real' is not one of"):
+        get_demo("real")
+
+
+def test_no_argument_run_is_one_launch_of_verl_with_each_key_once(tmp_path):
+    launch, build = cpu_plan("opsd", "toy", tmp_path)
+    assert launch.command[1:3] == ["-m", "recipe.opsd.main_opsd"]  # run_opsd.sh -> recipe.launch -> this
+    args = [a for a in launch.command if "=" in a and not a.startswith("--")]
+    keys = [Override.parse(a).key for a in args]
+    assert len(keys) == len(set(keys)) and launch.overrides.replaced == []
+    assert [a for a in args if a.startswith("+")] == ["+demo=toy", "+platform=cpu"]
+    cfg = launch.config
+    assert cfg.actor_rollout_ref.model.path.endswith("/student") and cfg.actor_rollout_ref.rollout.name == "hf"
+    assert (cfg.trainer.total_training_steps, cfg.trainer.save_freq, cfg.data.train_batch_size) == (150, 150, 64)
+    assert cfg.opsd.loss.clip_tau is None and (cfg.opsd.student_mode, cfg.opsd.teacher_mode) == ("no_think", "no_think")
+    assert cfg.trainer.resume_mode == "disable" and str(launch.ckpt_dir).startswith(str(tmp_path / "toy"))
+    assert build.evaluate is not None and build.before_dir.name == "none"
+    assert not any(tmp_path.iterdir())  # build=False: nothing made
+
+
+def test_steps_is_one_key_and_the_checkpoint_follows(tmp_path):
+    launch, _ = cpu_plan("opsd", "toy", tmp_path, steps=30)
+    assert (launch.config.trainer.total_training_steps, launch.config.trainer.save_freq) == (30, 30)
+    assert "trainer.save_freq" not in launch.overrides
+
+
+@pytest.mark.parametrize(("recipe", "steps", "batch"), [("opsd", 4, 4), ("grpo", 4, 4), ("sft", 3, 8)])
+def test_tiny_demo_of_every_recipe(recipe, steps, batch, tmp_path):
+    launch, build = cpu_plan(recipe, "tiny", tmp_path)
+    cfg = launch.config
+    assert (cfg.trainer.total_training_steps, cfg.data.train_batch_size) == (steps, batch)
+    assert cfg.trainer.device == "cpu" and build.evaluate is None
+    assert str(launch.ckpt_dir) == str(tmp_path / "checkpoints" / recipe / cfg.trainer.experiment_name)
+
+
+def test_given_model_and_data_replace_what_the_demo_builds(tmp_path):
+    launch, _ = cpu_plan("grpo", "tiny", tmp_path, model_path="/my/model", train_files="/my/train.parquet")
+    assert launch.config.actor_rollout_ref.model.path == "/my/model"
+    assert launch.config.data.train_files == launch.config.data.val_files == "/my/train.parquet"
+
+
+def test_before_after_table_and_progress(capsys):
+    table = before_after_table({"greedy (%)": "8.6", "length": "20.1"}, {"greedy (%)": "92.6", "length": "19.9"},
+                               recipe="opsd", steps=150, record={"wall_time_s": 240}, step_times=[3.0, 1.0, 1.0])
+    assert table.splitlines()[:4] == ["| held-out metric | before | after 150 OPSD steps |", "|---|---|---|",
+                                      "| greedy (%) | 8.6 | 92.6 |", "| length | 20.1 | 19.9 |"]
+    assert "240 s wall time, 1.67 s/step (1.00 after step 1)" in table
+    progress = StepProgress("opsd", {"opsd/loss": "loss"}, total=3, every_s=3600)
+    for step in (1, 2, 3):
+        progress(f"(TaskRunner pid=1) step:{step} - opsd/loss:np.float64(0.{step}) - other:x")
+    progress("no step here")
+    assert capsys.readouterr().out.splitlines() == ["[opsd] step 1/3: loss=0.1", "[opsd] step 3/3: loss=0.3"]
+
+
+def test_no_argument_dry_run_prints_the_config_once_and_builds_nothing(tmp_path):
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "cpu",
+           "OPSD_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(["bash", "recipe/opsd/run_opsd.sh", "--dry-run"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("effective config") == 1 and "CPU demo toy" in proc.stdout
+    assert not (tmp_path / "cache").exists()

@@ -1,0 +1,205 @@
+"""Every GPU launch branch composed without a GPU: presets reach the final config, nothing wins silently.
+
+The launch branches are run_opsd.sh, run_grpo.sh, run_sft.sh (``recipe.launch``), the pipeline
+(``recipe.launch.pipeline``) and the sweep (``scripts/sweep.py plan --dry-run``). Each model
+preset goes through the OPSD launcher with one representative experiment preset (rotating) and
+through the sweep; the expected values are read from the preset files themselves, so the test
+checks that the launcher passes them on, whatever they are. The shell scripts are run once each
+with ``--dry-run`` to check the wiring and the printed config.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipe.launch.overrides import Override
+from recipe.launch.recipes import get_recipe
+from recipe.launch.run import plan
+from recipe.launch.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+OPSD, GRPO, SFT = get_recipe("opsd"), get_recipe("grpo"), get_recipe("sft")
+PAPER_MODELS = [m for m in OPSD.presets("model") if m != "tiny_cpu"]
+# one factor each: caps (with micro-batch rebalancing), teacher cap, global batch + steps, schedule, temperatures
+EXPERIMENTS = ["default", "rollout_4096", "context_cot_solution", "opsd_vs_grpo_matched", "steps_300", "temp_s06_t06",
+               "rollout_256", "lora_r64"]
+
+
+def gpu_plan(recipe, argv, *, gpus_listed=8, **settings):
+    settings.setdefault("train_files", "/data/train.parquet")
+    return plan(recipe, Settings(device="gpu", **settings), argv, detect_gpus=lambda: gpus_listed, environ={})
+
+
+def preset(group: str, name: str, recipe=OPSD):
+    return OmegaConf.load(recipe.config_dir / group / f"{name}.yaml")
+
+
+def expected_opsd(model: str, experiment: str) -> dict:
+    """The values the model and experiment presets ask for (the recipe yaml's where they are silent)."""
+    m, e = preset("model", model).model_preset, preset("experiment", experiment)
+    base = OmegaConf.load(OPSD.config_dir / "opsd_trainer.yaml")
+    cap = OmegaConf.select(e, "data.max_response_length", default=base.data.max_response_length)
+    return {
+        "actor_rollout_ref.model.path": m.hf_id,
+        "actor_rollout_ref.rollout.name": m.engine,
+        "trainer.n_gpus_per_node": m.gpus,
+        "data.max_prompt_length": base.data.max_prompt_length,
+        "data.max_response_length": cap,
+        "actor_rollout_ref.rollout.response_length": cap,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": m.micro_batch_by_cap[f"cap_{cap}"],
+        "data.train_batch_size": OmegaConf.select(e, "sweep.global_batch", default=m.global_batch),
+        "opsd.teacher_max_prompt_length": OmegaConf.select(
+            e, "opsd.teacher_max_prompt_length", default=base.opsd.teacher_max_prompt_length),
+        "trainer.total_training_steps": OmegaConf.select(
+            e, "trainer.total_training_steps", default=base.trainer.total_training_steps),
+        "actor_rollout_ref.rollout.temperature": OmegaConf.select(
+            e, "actor_rollout_ref.rollout.temperature", default=base.actor_rollout_ref.rollout.temperature),
+        "data.seed": base.data.seed,
+    }
+
+
+def assert_reaches(cfg, expected: dict):
+    got = {key: OmegaConf.select(cfg, key) for key in expected}
+    assert got == expected
+
+
+def trainer_args(command: list[str]) -> list[str]:
+    return [a for a in command if "=" in a and not a.startswith("--")]
+
+
+@pytest.mark.parametrize("model", PAPER_MODELS)
+def test_run_opsd_gpu_keeps_every_model_preset(model):
+    experiment = EXPERIMENTS[PAPER_MODELS.index(model) % len(EXPERIMENTS)]
+    launch = gpu_plan(OPSD, [f"+model={model}", f"+experiment={experiment}"])
+    assert_reaches(launch.config, expected_opsd(model, experiment))
+    keys = [Override.parse(a).key for a in trainer_args(launch.command)]
+    assert len(keys) == len(set(keys)), keys  # each key once
+    # the launcher added neither an engine nor a GPU count (nvidia-smi's 8 lose to the preset)
+    assert not any(k in ("actor_rollout_ref.rollout.name", "trainer.n_gpus_per_node") for k in keys)
+    assert launch.overrides.replaced == [] and launch.notes == []
+
+
+@pytest.mark.parametrize("model", PAPER_MODELS)
+def test_sweep_gpu_keeps_every_model_preset(model, tmp_path):
+    from recipe.experiments.sweep import EvalSettings, plan_sweep
+
+    experiment = EXPERIMENTS[(PAPER_MODELS.index(model) + 1) % len(EXPERIMENTS)]
+    plans = plan_sweep([experiment], model=model, sweep_dir=tmp_path / "sweep", device="gpu", dry_run=True,
+                       overrides=["data.train_files=/data/train.parquet", "data.val_files=/data/val.parquet"],
+                       evaluation=EvalSettings())
+    cfg = OmegaConf.create(plans[0]["config_yaml"])
+    expected = expected_opsd(model, experiment)
+    if preset("experiment", experiment).get("sweep", {}).get("data_prep"):
+        assert cfg.data.train_files.endswith("runs/" + experiment + "/data/train.parquet")  # the data step's output
+    assert_reaches(cfg, expected)
+    assert not (tmp_path / "sweep").exists()  # a dry run writes nothing
+
+
+def test_explicit_choices_win_and_are_printed():
+    launch = gpu_plan(OPSD, ["+model=falcon_h1r_7b", "actor_rollout_ref.rollout.name=vllm"], ngpus=8)
+    assert launch.config.actor_rollout_ref.rollout.name == "vllm" and launch.config.trainer.n_gpus_per_node == 8
+    text = launch.describe()
+    assert ("trainer.n_gpus_per_node=8 (NGPUS / CPU_NUM_RANKS) replaces trainer.n_gpus_per_node=4 of "
+            "+model=falcon_h1r_7b") in text
+    assert ("actor_rollout_ref.rollout.name=vllm (command line) replaces actor_rollout_ref.rollout.name=sglang of "
+            "+model=falcon_h1r_7b") in text
+
+
+def test_gpu_count_from_nvidia_smi_only_when_no_preset_sets_it():
+    plain = gpu_plan(OPSD, [], model_path="/models/m", gpus_listed=4)
+    assert plain.config.trainer.n_gpus_per_node == 4 and "nvidia-smi" in plain.describe()
+    preset_run = gpu_plan(OPSD, ["+model=qwen3_8b"], gpus_listed=2)
+    assert preset_run.config.trainer.n_gpus_per_node == 4  # the preset's, not the machine's
+
+
+def test_gpu_run_without_a_model_names_the_setting():
+    with pytest.raises(ValueError, match="set MODEL_PATH or a \\+model=<preset>"):
+        gpu_plan(OPSD, [])
+    with pytest.raises(ValueError, match="set TRAIN_FILES"):
+        plan(OPSD, Settings(device="gpu"), ["+model=qwen3_1p7b"], detect_gpus=lambda: 8, environ={})
+
+
+@pytest.mark.parametrize(
+    ("experiment", "response", "seed"),
+    [(None, 20480, 42), ("released_grpo", 24576, 1)],
+)
+def test_run_grpo_gpu_budgets_cover_the_caps_and_the_seed_is_pinned(experiment, response, seed):
+    launch = gpu_plan(GRPO, [f"+experiment={experiment}"] if experiment else [], model_path="/models/m")
+    cfg = launch.config
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length, cfg.data.seed) == (1024, response, seed)
+    budget = 1024 + response
+    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is True
+    for key in ("actor.ppo_max_token_len_per_gpu", "rollout.log_prob_max_token_len_per_gpu",
+                "ref.log_prob_max_token_len_per_gpu"):
+        assert OmegaConf.select(cfg, f"actor_rollout_ref.{key}") == budget, key
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+
+
+def test_run_grpo_keeps_a_larger_budget_and_raises_a_smaller_one_with_a_note():
+    larger = gpu_plan(GRPO, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536"], model_path="/m")
+    assert larger.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 65536
+    smaller = gpu_plan(GRPO, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"], model_path="/m")
+    assert smaller.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 21504
+    assert "ppo_max_token_len_per_gpu=21504 (derived) replaces" in smaller.describe()
+
+
+def test_matched_grpo_seed_is_the_order_the_matched_opsd_preset_replays():
+    """Paper: "the first 3,200 rows produced by the GRPO random sampler (seed 1)"."""
+    grpo = gpu_plan(GRPO, ["+experiment=released_grpo"], model_path="/m").config
+    matched = preset("experiment", "opsd_vs_grpo_matched")
+    assert grpo.data.seed == matched.sweep.data_prep.seed == 1
+    assert grpo.data.train_batch_size == matched.data.train_batch_size == 64
+    assert grpo.trainer.total_training_steps == matched.trainer.total_training_steps == 50
+
+
+def test_run_sft_gpu_budget_covers_the_paper_rows():
+    launch = gpu_plan(SFT, [], model_path="/models/base", ngpus=8)
+    cfg = launch.config
+    assert cfg.data.max_length == 12288 and cfg.data.use_dynamic_bsz is True
+    assert cfg.data.max_token_len_per_gpu >= cfg.data.max_length  # verl's default 8,192 aborts on these rows
+    assert "--nproc_per_node=8" in launch.command
+    longer = gpu_plan(SFT, ["data.max_length=16384"], model_path="/m", ngpus=8).config
+    assert longer.data.max_token_len_per_gpu == 16384
+    with pytest.raises(ValueError, match="one node"):
+        gpu_plan(SFT, [], model_path="/m", ngpus=8, nnodes=2)
+
+
+def test_cpu_platform_comes_after_the_presets():
+    launch = plan(OPSD, Settings(device="cpu", model_path="/m", train_files="/t.parquet"), ["+model=qwen3_1p7b"],
+                  environ={})
+    groups = [a for a in launch.command if a.startswith("+")]
+    assert groups == ["+model=qwen3_1p7b", "+platform=cpu"]
+    assert launch.config.actor_rollout_ref.rollout.name == "hf" and launch.config.trainer.device == "cpu"
+    assert launch.env["VERL_PLATFORM"] == "cpu" and launch.env["VERL_USE_EXTERNAL_MODULES"] == "recipe.cpu.plugin"
+
+
+def _script(script: str, *args: str, **environ) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "PYTHON": sys.executable, **environ}
+    return subprocess.run(["bash", script, "--dry-run", *args], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_shell_scripts_dry_run_print_the_final_config(tmp_path):
+    opsd = _script("recipe/opsd/run_opsd.sh", "+model=falcon_h1r_7b", DEVICE="gpu", TRAIN_FILES="/data/t.parquet",
+                   OPSD_CACHE=str(tmp_path))
+    assert opsd.returncode == 0, opsd.stderr
+    final = OmegaConf.create(opsd.stdout[opsd.stdout.index("\n", opsd.stdout.index("opsd.monitor")) + 1:])
+    assert final.actor_rollout_ref.rollout.name == "sglang" and final.trainer.n_gpus_per_node == 4
+    assert "python -m recipe.opsd.main_opsd" in opsd.stdout.replace(sys.executable, "python")
+    grpo = _script("recipe/grpo_baseline/run_grpo.sh", "+experiment=released_grpo", DEVICE="gpu", MODEL_PATH="/m",
+                   TRAIN_FILES="/data/t.parquet", OPSD_CACHE=str(tmp_path))
+    assert grpo.returncode == 0, grpo.stderr
+    assert "ppo_max_token_len_per_gpu: 25600" in grpo.stdout and "seed: 1\n" in grpo.stdout
+    sft = _script("recipe/sft/run_sft.sh", DEVICE="gpu", MODEL_PATH="/m", TRAIN_FILES="/data/sft.parquet",
+                  NGPUS="8", OPSD_CACHE=str(tmp_path))
+    assert sft.returncode == 0, sft.stderr
+    assert "max_token_len_per_gpu: 12288" in sft.stdout and "--nproc_per_node=8" in sft.stdout
+    assert not any(tmp_path.iterdir())  # nothing built or written
+    bad = _script("recipe/opsd/run_opsd.sh", "+model=no_such_model", DEVICE="gpu", TRAIN_FILES="/t.parquet")
+    assert bad.returncode == 2 and bad.stderr.startswith("[launch] error:") and len(bad.stderr.splitlines()) <= 3

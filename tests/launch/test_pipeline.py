@@ -1,0 +1,68 @@
+"""The pipeline's dry run: every stage composed, each starting from the previous stage's merged model."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipe.launch.pipeline import split_stage_overrides
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GPU_ENV = {"DEVICE": "gpu", "BASE_MODEL": "/models/base", "SFT_FILES": "/data/sft.parquet",
+           "GRPO_TRAIN_FILES": "/data/dapo.parquet", "OPSD_TRAIN_FILES": "/data/ot.parquet",
+           "OPSD_VAL_FILES": "/data/ot_val.parquet", "NGPUS": "8"}
+
+
+def _dry_run(tmp_path, *args, **env):
+    full = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHON": sys.executable, **env}
+    return subprocess.run(["bash", "scripts/pipeline_sft_grpo_opsd.sh", "--dry-run", *args], cwd=REPO_ROOT, env=full,
+                          capture_output=True, text=True, timeout=180)
+
+
+def _stage_configs(stdout: str) -> dict:
+    """The resolved yaml each stage prints after ``[pipeline] <stage> final config:``, by stage."""
+    configs = {}
+    for block in stdout.split("[pipeline] ")[1:]:
+        head, _, rest = block.partition("\n")
+        if head.endswith(" final config:"):
+            configs[head.split()[0]] = OmegaConf.create(rest)
+    return configs
+
+
+def test_gpu_pipeline_chains_the_merged_checkpoints(tmp_path):
+    work = tmp_path / "work"
+    proc = _dry_run(tmp_path, "grpo:trainer.save_freq=50", "opsd:+model=qwen3_4b", WORK_DIR=str(work), **GPU_ENV)
+    assert proc.returncode == 0, proc.stderr
+    configs = _stage_configs(proc.stdout)
+    assert list(configs) == ["sft", "grpo", "opsd"]
+    sft, grpo, opsd = configs["sft"], configs["grpo"], configs["opsd"]
+    assert sft.model.path == "/models/base" and sft.data.train_files == "/data/sft.parquet"
+    assert sft.trainer.default_local_dir == str(work / "sft") and sft.data.max_token_len_per_gpu == 12288
+    assert grpo.actor_rollout_ref.model.path == str(work / "sft_merged") and grpo.trainer.save_freq == 50
+    assert grpo.data.train_files == grpo.data.val_files == "/data/dapo.parquet"
+    assert grpo.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 1024 + 20480
+    assert opsd.actor_rollout_ref.model.path == str(work / "grpo_merged")  # student = teacher = GRPO actor
+    assert opsd.data.val_files == "/data/ot_val.parquet" and opsd.model_preset.name == "qwen3_4b"
+    assert not work.exists()  # a dry run creates nothing
+
+    (work / "sft_merged").mkdir(parents=True)  # a finished stage is skipped on rerun
+    again = _dry_run(tmp_path, WORK_DIR=str(work), **GPU_ENV)
+    assert "[pipeline] sft: " in again.stdout and "skipped" in again.stdout
+    assert list(_stage_configs(again.stdout)) == ["grpo", "opsd"]
+
+
+def test_gpu_pipeline_requires_its_data_and_refuses_run_variables(tmp_path):
+    proc = _dry_run(tmp_path, DEVICE="gpu", BASE_MODEL="/models/base")
+    assert proc.returncode == 2 and "SFT_FILES" in proc.stderr
+    proc = _dry_run(tmp_path, MODEL_PATH="/m", **GPU_ENV)
+    assert proc.returncode == 2 and "set per stage by the pipeline" in proc.stderr
+
+
+def test_stage_overrides_are_routed():
+    assert split_stage_overrides(["sft:a=1", "opsd:+model=x", "opsd:b=2"]) == {
+        "sft": ["a=1"], "grpo": [], "opsd": ["+model=x", "b=2"]}
+    with pytest.raises(ValueError, match="<stage>:<hydra override>"):
+        split_stage_overrides(["a=1"])
