@@ -5,7 +5,7 @@ Loaded in every verl process (driver and Ray workers) through verl's own hook::
     export VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda
     export VERL_USE_EXTERNAL_MODULES=recipe.cpu.plugin   # list it FIRST
 
-(``recipe/cpu/env.sh`` sets these and the hydra overrides of the CPU path.)
+(``recipe/cpu/env.py`` holds these; the hydra side is ``+platform=cpu``; the launcher applies both.)
 
 Guard: unless ``VERL_PLATFORM=cpu``, importing this module does nothing (it does not even
 import verl), so the GPU path is untouched. On the CPU path it

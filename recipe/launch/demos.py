@@ -5,11 +5,12 @@ A demo is a hydra preset plus a builder:
 - the preset ``config/demo/<name>.yaml`` of each recipe that has the demo (run size and the
   recipe options the demo needs; ``+demo=<name>``);
 - the builder, ``builder(recipe, settings, build=...) -> DemoBuild``: the model and data it makes
-  (cached under OPSD_CACHE; what MODEL_PATH / TRAIN_FILES give is not built), the checkpoint
-  directory, and optionally ``evaluate(model_dir, out_dir) -> {label: value}``: then the demo
-  evaluates before training, merges the last checkpoint, evaluates again and prints both.
+  (cached under OPSD_CACHE; what MODEL_PATH / TRAIN_FILES give is not built; ``build=False``:
+  the paths only, for ``--dry-run``), the checkpoint directory, and optionally
+  ``evaluate(model_dir, out_dir) -> metrics`` with ``display(metrics) -> {row: value}``: then the
+  demo evaluates before training, merges the last checkpoint, evaluates again and prints both.
 
-Adding a demo ``real``: ``recipe/<recipe>/config/demo/real.yaml`` and one line in ``DEMOS``.
+Adding a demo ``real``: ``recipe/<recipe>/config/demo/real.yaml``, a builder, one line in ``DEMOS``.
 The builders are named by import path, so this module does not import the toy world.
 """
 
@@ -71,19 +72,27 @@ def get_demo(name: str) -> Demo:
 class StepProgress:
     """Condensed console progress from verl's console lines: one line per step, at most every ``every_s``."""
 
-    def __init__(self, label: str, keys: dict[str, str], *, total: int | None = None, every_s: float = 5.0):
+    def __init__(self, label: str, keys: dict[str, str], *, total: int | None = None, every_s: float = 5.0,
+                 startup_every_s: float = 20.0):
         self.label, self.keys, self.total, self.every_s = label, keys, total, every_s
-        self._last = 0.0
+        self.startup_every_s = startup_every_s
+        self._start = self._last = time.time()
+        self._stepped = False
 
     def __call__(self, line: str) -> None:
         from recipe.analysis.run_logs import parse_console_line
 
         values = parse_console_line(line)
         if values is None:
+            now = time.time()
+            if not self._stepped and now - self._last >= self.startup_every_s:  # Ray, workers, model loading
+                self._last = now
+                print(f"[{self.label}] starting up ({now - self._start:.0f} s): Ray, workers, models", flush=True)
             return
+        self._stepped = True
         step = int(values["step"])
         now = time.time()
-        if now - self._last < self.every_s and step != self.total:
+        if now - self._last < self.every_s and step not in (1, self.total):
             return
         self._last = now
         shown = " ".join(f"{name}={values[key]:.3g}" for key, name in self.keys.items() if key in values)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -52,16 +53,17 @@ class Launch:
     config: object
     ckpt_dir: Path
     command: list[str]
+    config_path: Path
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """The header printed once at start: command, replaced values, the effective settings."""
-        lines = [f"[launch] {self.recipe.name} on {self.settings.device}: {' '.join(self.command)}"]
+        lines = [f"[launch] {self.recipe.name} on {self.settings.device}: {shlex.join(self.command)}"]
         lines += [f"[launch] note: {note}" for note in self.notes]
         for key, old, old_source, new, new_source in self.overrides.replaced:
             lines.append(f"[launch] note: {key}={new} ({new_source}) replaces {key}={old} ({old_source})")
-        lines.append(f"[launch] effective config (full: {self.ckpt_dir / 'launch_config.yaml'}):")
+        lines.append(f"[launch] effective config (full: {self.config_path}):")
         lines.append(composer.summary(self.config, self.recipe))
         return "\n".join(lines)
 
@@ -152,7 +154,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     env.setdefault("TENSORBOARD_DIR", str(ckpt / "tensorboard"))
     env.setdefault("WANDB_DIR", str(ckpt))
     return Launch(recipe=recipe, settings=settings, overrides=overrides, config=cfg, ckpt_dir=ckpt,
-                  command=recipe.command(python, overrides.as_list(), nproc=nproc), env=env, notes=notes)
+                  command=recipe.command(python, overrides.as_list(), nproc=nproc),
+                  config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,7 +246,7 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
     ``timeout_s`` the launch's process group (driver, Ray, workers) is killed (exit code -9).
     """
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
-    next_free_path(launch.ckpt_dir / "launch_config", "yaml").write_text(launch.resolved_yaml())
+    launch.config_path.write_text(launch.resolved_yaml())
     start = time.time()
     sink = open(log, "w") if log is not None else None
     process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env=launch.env, start_new_session=True, text=True,

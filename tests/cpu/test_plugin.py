@@ -1,4 +1,4 @@
-"""recipe.cpu.plugin / cpu_rollout without Ray.
+"""recipe.cpu.plugin / recipe.cpu.rollout without Ray.
 
 The plugin patches process-global state (torch.distributed.init_process_group, FSDP2's
 CPUOffloadPolicy, verl's registries), so every check that loads it runs in a fresh

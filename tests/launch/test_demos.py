@@ -74,11 +74,14 @@ def test_before_after_table_and_progress(capsys):
     assert table.splitlines()[:4] == ["| held-out metric | before | after 150 OPSD steps |", "|---|---|---|",
                                       "| greedy (%) | 8.6 | 92.6 |", "| length | 20.1 | 19.9 |"]
     assert "240 s wall time, 1.67 s/step (1.00 after step 1)" in table
-    progress = StepProgress("opsd", {"opsd/loss": "loss"}, total=3, every_s=3600)
-    for step in (1, 2, 3):
+    progress = StepProgress("opsd", {"opsd/loss": "loss"}, total=4, every_s=3600, startup_every_s=0)
+    progress("Started a local Ray instance.")  # before step 1: a start-up heartbeat
+    for step in (1, 2, 3, 4):
         progress(f"(TaskRunner pid=1) step:{step} - opsd/loss:np.float64(0.{step}) - other:x")
-    progress("no step here")
-    assert capsys.readouterr().out.splitlines() == ["[opsd] step 1/3: loss=0.1", "[opsd] step 3/3: loss=0.3"]
+    progress("no step here")  # after step 1: no heartbeat
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[opsd] starting up (")
+    assert out[1:] == ["[opsd] step 1/4: loss=0.1", "[opsd] step 4/4: loss=0.4"]  # first, last, and every every_s
 
 
 def test_no_argument_dry_run_prints_the_config_once_and_builds_nothing(tmp_path):
