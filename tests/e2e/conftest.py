@@ -4,9 +4,10 @@
   (``recipe.models.tiny.build_tiny_model``, seed 0).
 - ``tiny_data``: ``{"train", "val", "sft"}`` parquet files of the CPU demo ``tiny``
   (``recipe.toy.demo.write_tiny_data``: 64 train / 16 held-out toy problems, verl schema).
-- ``run_cpu_verl``: runs a run script (``bash recipe/<...>/run_*.sh``, i.e. the launcher) in a
-  subprocess with the metrics jsonl at ``<workdir>/metrics.jsonl`` and a timeout. Returns a
-  ``VerlRun`` with the return code, the combined log and the metrics parsed per step.
+- ``run_cpu_verl``: runs a run script (``bash recipe/<...>/run_*.sh``, i.e. the launcher) or a
+  verl entry point (``python -m <module> +platform=cpu`` with the CPU environment) in a subprocess
+  with the metrics jsonl at ``<workdir>/metrics.jsonl`` and a timeout. Returns a ``VerlRun`` with
+  the return code, the combined log and the metrics parsed per step.
 - ``fsdp_state_dict``: ``load(actor_dir) -> {name: float32 tensor}``, the full weights of an
   FSDP2 checkpoint of any world size (shards concatenated along dim 0).
 - ``check_rollout_weights``: ``check(weights_log, ckpt_dir, *, expected_steps, initial=None)``
@@ -155,15 +156,18 @@ def tiny_data(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def run_cpu_verl():
-    """``run(script, args, *, workdir, env=None, timeout=240) -> VerlRun``.
+    """``run(target, args, *, workdir, env=None, timeout=240, script=False) -> VerlRun``.
 
-    ``script`` is a run script relative to the repo root, run as ``bash <script> <args>`` (the
-    launcher sets the CPU environment and ``+platform=cpu``). The metrics jsonl is
-    ``<workdir>/metrics.jsonl`` (``VERL_FILE_LOGGER_PATH``).
+    ``script=True``: ``target`` is a run script relative to the repo root, run as
+    ``bash <script> <args>`` (the launcher sets the CPU environment and ``+platform=cpu``).
+    ``script=False``: ``target`` is a module run as ``python -m <target> +platform=cpu <args>`` with
+    the CPU environment of ``recipe.cpu.env`` (pass ``--config-path`` / ``--config-name`` for verl's
+    own entry points). The metrics jsonl is ``<workdir>/metrics.jsonl`` (``VERL_FILE_LOGGER_PATH``).
     """
+    from recipe.cpu.env import cpu_environment
 
-    def run(script: str, args: list[str], *, workdir: Path, env: dict[str, str] | None = None,
-            timeout: float = 240) -> VerlRun:
+    def run(target: str, args: list[str], *, workdir: Path, env: dict[str, str] | None = None,
+            timeout: float = 240, script: bool = False) -> VerlRun:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         metrics_path = workdir / "metrics.jsonl"
@@ -173,9 +177,14 @@ def run_cpu_verl():
             {"VERL_FILE_LOGGER_PATH": str(metrics_path), "RAY_DEDUP_LOGS": "0", "PYTHON": sys.executable}
         )
         full_env.update(env or {})
+        if script:
+            command = ["bash", str(REPO_ROOT / target), *args]
+        else:
+            full_env.update(cpu_environment(full_env))
+            command = [sys.executable, "-m", target, "+platform=cpu", *args]
         with open(log_path, "w") as log_file:
             proc = subprocess.Popen(
-                ["bash", str(REPO_ROOT / script), *args],
+                command,
                 cwd=REPO_ROOT,
                 env=full_env,
                 stdout=log_file,

@@ -45,6 +45,7 @@ def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, check_rollout_weigh
             "STEPS": "2",
             WEIGHTS_LOG_ENV: str(weights_log),
         },
+        script=True,
         timeout=300,
     )
     assert run.returncode == 0, run.tail()

@@ -118,6 +118,7 @@ def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir
         ["trainer.log_fingerprints=true", "trainer.save_freq=1", "trainer.logger=[console,file,tensorboard]"],
         workdir=tmp_path,
         env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2"),
+        script=True,
         timeout=300,
     )
     assert run.returncode == 0, run.tail()
@@ -185,6 +186,7 @@ def one_rank_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path_factory):
         RESUME_ARGS,
         workdir=root / "launch1",
         env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
+        script=True,
         timeout=300,
     )
     assert run.returncode == 0, run.tail()
@@ -203,6 +205,7 @@ def test_resume_continues_from_the_last_checkpoint(
         RESUME_ARGS,
         workdir=first.metrics_path.parent.parent / "launch2",
         env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="3"),
+        script=True,
         timeout=300,
     )
     assert second.returncode == 0, second.tail()
@@ -268,6 +271,7 @@ def test_lora_teacher_is_the_base_model(
         ],
         workdir=tmp_path,
         env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
+        script=True,
         timeout=300,
     )
     assert run.returncode == 0, run.tail()
@@ -327,6 +331,7 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, t
         [override],
         workdir=tmp_path,
         env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl"),
+        script=True,
         timeout=120,
     )
     assert run.returncode != 0

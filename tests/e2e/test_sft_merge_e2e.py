@@ -81,6 +81,7 @@ def test_sft_two_steps_then_merge_to_hf(run_cpu_verl, tiny_model_dir, sft_parque
             "OPSD_CACHE": str(tmp_path / "cache"),
             "STEPS": "2",
         },
+        script=True,
         timeout=240,
     )
     assert run.returncode == 0, run.tail()
