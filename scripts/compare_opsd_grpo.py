@@ -9,7 +9,8 @@ the OPSD/GRPO compute ratio. Logic: recipe.toy.compare (docs/toy_world.md).
 
 import sys
 
+from recipe.common import cli
 from recipe.toy.compare import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

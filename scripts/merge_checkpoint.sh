@@ -6,7 +6,8 @@
 # CKPT may be a run directory (trainer.default_local_dir: the latest checkpoint is used,
 # from latest_checkpointed_iteration.txt), a global_step_N directory of an RL run (its actor/
 # shards are merged) or of an SFT run (shards at its top level), or the shard directory itself.
-# TARGET_DIR must not exist yet. Works with or without the CPU plugin.
+# TARGET_DIR must not exist yet. Works with or without the CPU plugin. Input errors: one
+# `error: ...` line on stderr and exit code 2 (recipe/common/checkpoints.py checks the shards first).
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
@@ -14,7 +15,7 @@ if [[ $# -ne 2 ]]; then
     exit 2
 fi
 CKPT="$1"
-TARGET="$2"
+TARGET="${2%/}"
 PYTHON="${PYTHON:-python}"
 
 if [[ -f "$CKPT/latest_checkpointed_iteration.txt" ]]; then
@@ -23,14 +24,17 @@ fi
 if [[ -d "$CKPT/actor" ]]; then
     CKPT="$CKPT/actor"
 fi
-if ! compgen -G "$CKPT/model_world_size_*_rank_0.pt" > /dev/null; then
-    echo "merge_checkpoint: no FSDP shards (model_world_size_*_rank_0.pt) in $CKPT" >&2
-    exit 1
-fi
 if [[ -e "$TARGET" ]]; then
-    echo "merge_checkpoint: $TARGET exists; refusing to overwrite it" >&2
-    exit 1
+    echo "error: $TARGET: exists (choose another TARGET_DIR; the merge never overwrites)" >&2
+    exit 2
 fi
+# One line and exit 2 for a partial save (missing / truncated rank shards, no fsdp_config.json) or a
+# checkpoint without its huggingface/ config and tokenizer, before the merger loads anything.
+PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PYTHON" -m recipe.common.checkpoints "$CKPT" > /dev/null
 
 echo "[merge_checkpoint] $CKPT -> $TARGET"
-"$PYTHON" -m verl.model_merger merge --backend fsdp --local_dir "$CKPT" --target_dir "$TARGET"
+# Written next to TARGET and renamed when complete: a killed merge never leaves a half model under TARGET.
+PARTIAL="$TARGET.partial-$$"
+"$PYTHON" -m verl.model_merger merge --backend fsdp --local_dir "$CKPT" --target_dir "$PARTIAL"
+mv "$PARTIAL" "$TARGET"

@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from recipe.common import sweep
+from recipe.common import cli, sweep
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,12 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     collect = sub.add_parser("collect", help="write comparison.md / comparison.json / figures of a sweep")
     collect.add_argument("sweep_dir")
     sub.add_parser("list", help="list the experiment and model presets")
+    cli.add_debug_argument(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+    # recipe.common.sweep reports every input problem as a ValueError (until it raises cli.InputError itself)
+    with cli.reraise_as_input(ValueError):
         if args.command == "list":
             print("experiment presets:", " ".join(sweep.available("experiment")))
             print("model presets:", " ".join(sweep.available("model")))
@@ -85,11 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 sweep.run_local(plans, sweep_dir=args.out)
                 print((Path(args.out) / "comparison.md").read_text())
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from recipe.common import cli
 from recipe.toy.compare import ToyRunConfig, evaluate_all
 from recipe.toy.seeds import ARMS, seed_study, study_table
 from recipe.toy.student import build_student
@@ -29,14 +30,20 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-limit", type=int, default=None)
     parser.add_argument("--run-root", default=None, help="default: <student cache dir>/runs/seeds_<UTC time>")
     parser.add_argument("--out", default=None, help="also write the markdown table here (results.json beside it)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file (and its .json)")
     parser.add_argument("overrides", nargs="*", help="verl overrides appended to every launch (after --)")
+    cli.add_debug_argument(parser)
     args = parser.parse_args(argv)
-    config = ToyRunConfig(steps=args.steps, opsd_lr=args.opsd_lr, eval_n=args.eval_n, eval_limit=args.eval_limit)
+    with cli.reraise_as_input(ValueError):  # the options' validation (ToyRunConfig.__post_init__)
+        config = ToyRunConfig(steps=args.steps, opsd_lr=args.opsd_lr, eval_n=args.eval_n, eval_limit=args.eval_limit)
+    if args.out:
+        cli.refuse_overwrite([args.out, Path(args.out).with_suffix(".json")], overwrite=args.overwrite,
+                             other="another --out")
+    cli.refuse_nonempty_dir(args.run_root, flag="--run-root")  # before the (minutes-long) student build
     root = build_student(config.student)
     run_root = Path(args.run_root) if args.run_root else root / "runs" / time.strftime("seeds_%Y%m%dT%H%M%SZ",
                                                                                         time.gmtime())
-    if run_root.exists() and any(run_root.iterdir()):
-        raise SystemExit(f"{run_root} is not empty; pass another --run-root")
+    cli.refuse_nonempty_dir(run_root, flag="--run-root")
     print(f"[toy seeds] student {root / 'student'}; runs in {run_root}", flush=True)
     before = evaluate_all(root / "student", root, root / "student_eval" / "none", config)
     results = seed_study(config=config, root=root, run_root=run_root, before=before,
@@ -52,4 +59,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -18,7 +18,6 @@ pyplot global state) and writes one PNG, refusing to overwrite an existing file 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -28,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from recipe.analysis.run_logs import metric_series
+from recipe.common.cli import InputError, read_json, refuse_overwrite
 
 # Default training-dynamics panels: the four traces of the paper's "OPSD Training Dynamics".
 DYNAMICS_METRICS: tuple[tuple[str, str], ...] = (
@@ -270,9 +270,7 @@ def read_eval_results(path: str | Path, *, dataset: str | None = None) -> dict[s
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"evaluation results not found: {path}")
-    results = json.loads(path.read_text())
+    results = read_json(path, what="evaluation results.json")
     try:
         n = int(results["n"])
         metrics = results["macro"] if dataset is None else results["per_dataset"][dataset]
@@ -283,8 +281,9 @@ def read_eval_results(path: str | Path, *, dataset: str | None = None) -> dict[s
             "boxed": 100.0 * metrics["boxed_rate"],
             "n": n,
         }
-    except KeyError as err:
-        raise ValueError(f"{path}: not an evaluation results.json (missing {err})") from None
+    except (KeyError, TypeError) as err:
+        raise InputError(f"not an evaluation results.json of scripts/evaluate.py (missing {err})", file=path,
+                         hint="--dataset must name a benchmark it holds" if dataset else None) from None
 
 
 def _cap_label(cap: float) -> str:
@@ -294,9 +293,8 @@ def _cap_label(cap: float) -> str:
 def _save(fig: Figure, out_path: str | Path, overwrite: bool) -> Path:
     out_path = Path(out_path)
     if out_path.suffix.lower() != ".png":
-        raise ValueError(f"figure path must end in .png, got {out_path}")
-    if out_path.exists() and not overwrite:
-        raise FileExistsError(f"{out_path} exists; pass overwrite=True (--overwrite) to replace it")
+        raise InputError("figure path must end in .png", file=out_path)
+    refuse_overwrite([out_path], overwrite=overwrite, other="another --out")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     fig.savefig(out_path, dpi=150)

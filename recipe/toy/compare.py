@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipe.analysis.run_logs import parse_console_line
+from recipe.common import cli
 from recipe.toy.student import REPO_ROOT, StudentConfig, build_student, evaluate_model
 
 METHODS = ("opsd", "grpo")
@@ -250,18 +251,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-root", default=None, help="default: <student cache dir>/runs/<UTC time>")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training launch")
     parser.add_argument("--out", default=None, help="also write the markdown table here (summary.json: in the run root)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     parser.add_argument("overrides", nargs="*", help="verl overrides appended to every launch (after --)")
+    cli.add_debug_argument(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    config = ToyRunConfig(steps=args.steps, batch_size=args.batch_size, data_seed=args.data_seed, eval_n=args.eval_n,
-                          eval_limit=args.eval_limit)
+    with cli.reraise_as_input(ValueError):  # the options' validation (ToyRunConfig.__post_init__)
+        config = ToyRunConfig(steps=args.steps, batch_size=args.batch_size, data_seed=args.data_seed,
+                              eval_n=args.eval_n, eval_limit=args.eval_limit)
+    if args.out:
+        cli.refuse_overwrite([args.out], overwrite=args.overwrite, other="another --out")
+    cli.refuse_nonempty_dir(args.run_root, flag="--run-root")  # before the (minutes-long) student build
     root = build_student(config.student)
     run_root = Path(args.run_root) if args.run_root else root / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    if run_root.exists() and any(run_root.iterdir()):
-        raise FileExistsError(f"{run_root} is not empty; pass another --run-root")
+    cli.refuse_nonempty_dir(run_root, flag="--run-root")
     print(f"[toy] student {root / 'student'}; runs in {run_root}", flush=True)
     before = evaluate_all(root / "student", root, root / "student_eval" / "none", config)
     print(f"[toy] before: {before}", flush=True)

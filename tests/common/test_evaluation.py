@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from recipe.common import evaluation
+from recipe.common.cli import InputError
 from recipe.common.decoding_presets import PRESETS, get_preset
 from recipe.common.eval_backends import Generation, request_seed, sglang_sampling_params, vllm_sampling_kwargs
 from recipe.common.eval_report import compare_table, results_table
@@ -271,7 +272,7 @@ def test_resolve_model_hf_dir_and_fsdp_merge_cache(tmp_path, monkeypatch):
     assert len(calls) == 1
 
     (merged / "model.safetensors").unlink()  # an incomplete cache entry is never overwritten
-    with pytest.raises(RuntimeError, match="no complete merged model"):
+    with pytest.raises(InputError, match="no complete merged model.*remove it"):
         resolve_model(str(actor), merge_cache=tmp_path / "cache")
     with pytest.raises(ValueError, match="neither a Hugging Face model directory"):
         resolve_model(str(tmp_path / "ckpt"), merge_cache=tmp_path / "cache")
