@@ -239,7 +239,8 @@ def check_writable(paths: Iterable[Path], *, overwrite: bool) -> None:
 
 
 def write_parquet(rows: Sequence[Mapping], out: Path, *, overwrite: bool, counts: Counts | None = None) -> None:
-    """Write ``rows``; an empty result is an input error naming the drop reasons in ``counts``."""
+    """Write ``rows``; an empty result is an input error naming the input (``counts.notes["input"]``)
+    and the drop reasons in ``counts``."""
     import pandas as pd
 
     out = Path(out)
@@ -247,8 +248,8 @@ def write_parquet(rows: Sequence[Mapping], out: Path, *, overwrite: bool, counts
     if not rows:
         reasons = ", ".join(f"{reason} {n}" for reason, n in (counts.drops.most_common(3) if counts else []))
         raise cli.InputError(
-            "no rows left to write" + (f"; rows dropped: {reasons}" if reasons else ""), file=out,
-            hint="check the input file and the column / filter options",
+            f"no rows left to write to {out}" + (f"; rows dropped: {reasons}" if reasons else ""),
+            file=counts.notes.get("input") if counts else None, hint="check the input file and the column / filter options",
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")

@@ -47,7 +47,7 @@ def deduplicate(records: list[dict], counts: Counts) -> list[dict]:
 
 def build(args: argparse.Namespace) -> dict:
     raw = load_records(str(args.input), limit=args.limit)
-    counts = Counts()
+    counts = Counts(notes={"input": raw.name})
     counts.stages["source_rows"] = len(raw.rows)
     records = normalise_fields(
         raw.rows, columns={"problem": args.problem_key, "answer": args.answer_key}, required=("problem", "answer"),

@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_writable([out, sidecar_path(out, "summary")], overwrite=args.overwrite)
     rows = read_parquet_rows(args.input)
     tokenizer = load_tokenizer(args.tokenizer, args.chat_template)
-    counts = Counts()
+    counts = Counts(notes={"input": str(args.input)})
     counts.stages["input_rows"] = len(rows)
     kept = filter_rows(
         rows, tokenizer, student_mode=_mode(args.student_mode), teacher_mode=_mode(args.teacher_mode),

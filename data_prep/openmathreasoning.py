@@ -57,7 +57,7 @@ def build(args: argparse.Namespace) -> dict:
     if (args.solution_tokens or args.max_source_tokens) and not args.tokenizer:
         raise cli.InputError("--solution-tokens / --max-source-tokens count tokens", hint="pass --tokenizer")
     raw = load_records(args.input, split=args.split, limit=args.limit)
-    counts = Counts()
+    counts = Counts(notes={"input": raw.name})
     counts.stages["source_rows"] = len(raw.rows)
     records = normalise_fields(
         raw.rows, columns={"problem": args.problem_key, "solution": args.generated_solution_key, "answer": args.answer_key},

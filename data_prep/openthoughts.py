@@ -32,7 +32,7 @@ DEFAULT_SOURCE = "siyanzhao/Openthoughts_math_30k_opsd"
 
 def build(args: argparse.Namespace) -> dict:
     raw = load_records(args.input, split=args.split, limit=args.limit)
-    counts = Counts()
+    counts = Counts(notes={"input": raw.name})
     counts.stages["source_rows"] = len(raw.rows)
     columns = {"problem": args.problem_key, "solution": args.solution_key, "answer": args.answer_key, "cot": args.cot_key}
     required = tuple(f.strip() for f in args.required.split(",") if f.strip())

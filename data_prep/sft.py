@@ -43,7 +43,7 @@ def build(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     check_writable([out, sidecar_path(out, "summary")], overwrite=args.overwrite)
     rows = read_parquet_rows(args.input)
-    counts = Counts()
+    counts = Counts(notes={"input": str(args.input)})
     counts.stages["input_rows"] = len(rows)
     candidates = []
     for row in rows:

@@ -43,7 +43,7 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 def moving_average(values: Sequence[float], window: int) -> list[float]:
     """Trailing mean over the last ``window`` values (fewer at the start)."""
     if window < 1:
-        raise ValueError(f"moving_average: window must be >= 1, got {window}")
+        raise InputError(f"moving-average window (--smooth) must be >= 1, got {window}")
     out, total = [], 0.0
     for i, value in enumerate(values):
         total += value
@@ -136,7 +136,8 @@ def plot_training_dynamics(
             panels.append((key, label, series))
     if not panels:
         wanted = [key for key, _ in metrics]
-        raise ValueError(f"plot_training_dynamics: none of {wanted} was logged by any run")
+        raise InputError(f"none of the metrics {wanted} was logged by any run (from step {start_step})",
+                         hint="choose panels with --metric KEY, or pass the runs' file-logger .jsonl")
     ncols = min(len(panels), 2)
     nrows = math.ceil(len(panels) / ncols)
     fig = Figure(figsize=(5.0 * ncols, 3.2 * nrows + 0.5), layout="constrained")
@@ -244,7 +245,7 @@ def plot_position_windows(
             if row["window"] not in labels and row.get("count", 1) and row.get("mean") is not None:
                 labels.append(row["window"])
     if not labels:
-        raise ValueError("plot_position_windows: every window is empty")
+        raise InputError("every response-position window is empty in the signals.json files")
     fig = Figure(figsize=(9.0, 4.2), layout="constrained")
     ax_mean, ax_snr = fig.subplots(1, 2)
     for i, (name, rows) in enumerate(windows.items()):

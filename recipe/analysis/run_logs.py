@@ -92,7 +92,7 @@ def read_jsonl_metrics(path: str | Path) -> list[dict[str, float]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as err:
                 if not line.endswith("\n"):  # only the last line can lack its newline
                     break  # the logger is writing this line right now

@@ -19,6 +19,7 @@ silently: ``--overwrite`` or another path).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -74,11 +75,12 @@ class InputError(ValueError):
     def located(self, *, file: str | os.PathLike | None = None, line: int | None = None,
                 row: str | None = None) -> InputError:
         """A copy of this error with the location parts it lacks filled in (same class)."""
-        copy = type(self).__new__(type(self))
-        InputError.__init__(copy, self.what, file=self.file if self.file is not None else file,
-                            line=self.line if self.line is not None else line,
-                            row=self.row if self.row is not None else row, hint=self.hint)
-        return copy
+        new = copy.copy(self)
+        new.file = self.file if self.file is not None else file
+        new.line = self.line if self.line is not None else line
+        new.row = self.row if self.row is not None else row
+        new.args = (new.message,)
+        return new
 
 
 class MissingInputError(InputError, FileNotFoundError):
@@ -130,7 +132,9 @@ def reraise_as_input(*types: type[BaseException], file: str | os.PathLike | None
     try:
         yield
     except InputError as err:
-        raise err.located(file=file) from err
+        if err.file is None and file is not None:
+            raise err.located(file=file) from err
+        raise
     except types as err:
         what = str(err) if str(err) else type(err).__name__
         if file is not None and what.startswith(f"{file}: "):
@@ -163,7 +167,7 @@ def iter_jsonl(path: str | os.PathLike, *, what: str = "JSONL file") -> Iterator
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(line.rstrip("\r\n"))  # columns of a cut-off line point at its end
             except json.JSONDecodeError as err:
                 raise InputError(_json_error(err), file=path, line=line_no,
                                  hint="fix or delete the line; one JSON object per line") from None

@@ -306,6 +306,7 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
     from recipe.common.chat import render_ids
     from recipe.common.eval_backends import PromptRequest, make_backend
 
+    datasets = {name: load_benchmark(path, limit=config.limit) for name, path in config.benchmark_paths.items()}
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     current = run_config(config)
@@ -321,7 +322,6 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
 
     records = load_generations(generations_path)
     done = {(r["dataset"], r["problem_id"], r["sample"]) for r in records}
-    datasets = {name: load_benchmark(path, limit=config.limit) for name, path in config.benchmark_paths.items()}
     pending = [
         (name, row, [s for s in range(config.n) if (name, row["id"], s) not in done])
         for name, rows in datasets.items()
