@@ -6,6 +6,7 @@ on a bad input the test writes (none of them trains, samples or builds the toy s
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +19,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args, env=None, timeout=180):
-    """``python <args>`` (a module ``-m x`` or a script path relative to the repo) from the repo root."""
+    """``python <args>`` (a module ``-m x`` or a script path relative to the repo) from the repo root.
+
+    In its own process group, killed whole on timeout: a regression that starts real work (the toy
+    student's SFT run) must not outlive the test.
+    """
     command = [sys.executable, *args] if args[0] != "bash" else list(args)
-    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=timeout,
-                          env={**os.environ, "OPSD_DEBUG": "", "HF_HUB_OFFLINE": "1", **(env or {})})
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True,
+                            env={**os.environ, "OPSD_DEBUG": "", "HF_HUB_OFFLINE": "1", **(env or {})})
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def one_error_line(proc) -> str:
