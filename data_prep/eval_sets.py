@@ -31,14 +31,14 @@ def build(eval_dir: Path, out_dir: Path, *, overwrite: bool) -> dict:
     check_writable([*outs, summary_path], overwrite=overwrite)
     summary: dict = {"sets": {}}
     for path, out in zip(files, outs):
-        counts = Counts()
+        counts = Counts(notes={"input": str(path)})
         # evaluation rows are never dropped silently: a bad row is an error
         records = normalise_fields(
             [row for _, row in cli.iter_jsonl(path, what="evaluation file")], columns={"problem": "problem", "answer": "answer"},
             required=("problem", "answer"), id_prefix=path.stem, id_column="id", counts=counts, strict=True, source=str(path),
         )
         rows = [make_row(r, data_source=path.stem, split="test", prompt=eval_messages(r["problem"])) for r in records]
-        write_parquet(rows, out, overwrite=overwrite)
+        write_parquet(rows, out, overwrite=overwrite, counts=counts)
         summary["sets"][path.stem] = {"source": str(path), "output": str(out), "rows": len(rows)}
     summary["total_rows"] = sum(s["rows"] for s in summary["sets"].values())
     write_json(summary, summary_path, overwrite=overwrite)

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with cli.reraise_as_input(ValueError):  # the options' validation (SignalAnalysisConfig.__post_init__)
         config = sa.SignalAnalysisConfig(
-        num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt, temperature=args.temperature,
+            num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt, temperature=args.temperature,
             top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
             student_mode=args.student_mode, conditions=tuple(args.conditions), signal_temperature=args.signal_temperature,
             clip_tau=args.clip_tau, entropy_fraction=args.entropy_fraction, top_tokens=args.top_tokens,

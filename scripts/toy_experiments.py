@@ -37,13 +37,13 @@ def main(argv: list[str] | None = None) -> int:
         check_model_dir(args.model)
     if args.data is not None:
         cli.require_file(args.data, what="training parquet")
+    with cli.reraise_as_input(ValueError):  # the options' validation (SignalAnalysisConfig.__post_init__)
+        config = signal_config(num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt,
+                               temperature=args.temperature, seed=args.seed)
     if args.model is None or args.data is None:
         root = build_student(StudentConfig())
         args.model = args.model or str(root / "student")
         args.data = args.data or str(root / "data" / "train.parquet")
-    with cli.reraise_as_input(ValueError):  # the options' validation (SignalAnalysisConfig.__post_init__)
-        config = signal_config(num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt,
-                               temperature=args.temperature, seed=args.seed)
     result = initial_signals(args.model, args.data, config=config, model_name=Path(args.model).name)
     print(context_table(result))
     print(markdown_report(result))

@@ -311,6 +311,44 @@ def check_path(path: str | Path) -> str:
     return "model directory"
 
 
+def verl_resume_dir(*, resume_mode: str, default_local_dir: str | Path | None,
+                    resume_from_path: str | Path | None = None) -> Path | None:
+    """The ``global_step_N`` directory verl 0.9.1 will resume from (``RayPPOTrainer._load_checkpoint``), or None.
+
+    ``disable``: None; ``auto``: the step in ``<default_local_dir>/latest_checkpointed_iteration.txt``
+    when that directory exists; ``resume_path``: ``resume_from_path``. Relative paths are taken
+    from the working directory, as verl does.
+    """
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "resume_path":
+        if not resume_from_path or "global_step_" not in str(resume_from_path):
+            raise cli.InputError(f"trainer.resume_from_path={resume_from_path!r} must name a global_step_N directory",
+                                 hint="or set trainer.resume_mode=auto")
+        return Path(resume_from_path).absolute()
+    if default_local_dir is None:
+        return None
+    tracker = Path(default_local_dir).absolute() / "latest_checkpointed_iteration.txt"
+    if not tracker.is_file():
+        return None
+    step = tracker.read_text().strip()
+    if not step.isdigit():
+        raise cli.InputError(f"holds {step!r}, not a step number", file=tracker, hint="fix or delete the file")
+    folder = tracker.parent / f"global_step_{step}"
+    return folder if folder.is_dir() else None  # verl then trains from scratch
+
+
+def check_training_inputs(*, model_path: str | Path, resume_dir: str | Path | None) -> None:
+    """Before Ray starts: the (local) model directory, and the checkpoint a run resumes from (complete, same model)."""
+    local_model = Path(model_path).expanduser().exists()
+    if local_model:
+        check_model_dir(model_path)
+    if resume_dir is not None:
+        check_fsdp_checkpoint(resume_dir)
+        if local_model:
+            check_same_model(model_path, resume_dir)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipe.common.checkpoints", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="Hugging Face model directory, or a verl global_step_N (or its actor/)")

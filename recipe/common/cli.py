@@ -163,7 +163,14 @@ def iter_jsonl(path: str | os.PathLike, *, what: str = "JSONL file") -> Iterator
     """``(line number, object)`` of every non-blank line; a bad line is an error naming file and line."""
     path = require_file(path, what=what)
     with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
+        lines = enumerate(handle, 1)
+        while True:
+            try:
+                line_no, line = next(lines)
+            except StopIteration:
+                return
+            except UnicodeDecodeError:
+                raise InputError("not UTF-8 text", file=path, hint=f"pass a UTF-8 {what}") from None
             if not line.strip():
                 continue
             try:
@@ -180,7 +187,10 @@ def iter_jsonl(path: str | os.PathLike, *, what: str = "JSONL file") -> Iterator
 def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> Any:
     """The value of a JSON file; missing file or bad JSON is an error naming file and line."""
     path = require_file(path, what=what)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text", file=path, hint=f"pass a UTF-8 {what}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:

@@ -169,3 +169,27 @@ def test_checkpoints_cli_one_line(tiny, tmp_path):
     ok = subprocess.run([sys.executable, "-m", "recipe.common.checkpoints", str(tiny)], capture_output=True, text=True,
                         cwd=REPO, timeout=120)
     assert ok.returncode == 0 and ok.stdout.strip() == f"ok: {tiny} (model directory)"
+
+
+def test_resume_dir_as_verl_finds_it_and_the_training_check(tiny, tmp_path, monkeypatch):
+    from recipe.common.checkpoints import check_training_inputs, verl_resume_dir
+
+    run_dir = tmp_path / "run"
+    assert verl_resume_dir(resume_mode="auto", default_local_dir=run_dir) is None  # nothing saved yet
+    assert verl_resume_dir(resume_mode="disable", default_local_dir=run_dir) is None
+    step = fake_fsdp_checkpoint(run_dir, tiny)
+    (run_dir / "latest_checkpointed_iteration.txt").write_text("5")
+    monkeypatch.chdir(tmp_path)
+    assert verl_resume_dir(resume_mode="auto", default_local_dir="run") == step
+    assert verl_resume_dir(resume_mode="resume_path", default_local_dir=None, resume_from_path="run/global_step_5") == step
+    with pytest.raises(InputError, match="must name a global_step_N directory"):
+        verl_resume_dir(resume_mode="resume_path", default_local_dir=None, resume_from_path="run")
+    check_training_inputs(model_path=tiny, resume_dir=step)
+    check_training_inputs(model_path="Qwen/Qwen3-1.7B", resume_dir=step)  # a hub id: only the checkpoint is checked
+    other = copy(tiny, tmp_path, "other")
+    edit_json(other / "config.json", num_attention_heads=1)
+    with pytest.raises(InputError, match="num_attention_heads is 2 but 1 in"):
+        check_training_inputs(model_path=other, resume_dir=step)
+    (step / "actor" / "fsdp_config.json").unlink()
+    with pytest.raises(InputError, match="no fsdp_config.json"):
+        check_training_inputs(model_path=tiny, resume_dir=step)

@@ -92,6 +92,9 @@ def test_iter_jsonl_names_file_and_line(tmp_path):
         list(cli.iter_jsonl(tmp_path / "nope.jsonl"))
     with pytest.raises(InputError, match="is a directory"):
         list(cli.iter_jsonl(tmp_path))
+    path.write_bytes(b'{"a": 1}\n\xff\xfe\n')
+    with pytest.raises(InputError, match=r"d.jsonl: not UTF-8 text"):
+        list(cli.iter_jsonl(path))
 
 
 def test_read_json_names_the_line(tmp_path):
