@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from data_prep.common import DEFAULT_DAPO_PATH, Counts, add_build_args, load_records, normalise_fields
 from data_prep.decontaminate import exact_key
 from data_prep.pipeline import finish_build, make_index
+from recipe.common import cli
 
 DATA_SOURCE = "dapo_math_17k"
 
@@ -45,14 +46,12 @@ def deduplicate(records: list[dict], counts: Counts) -> list[dict]:
 
 
 def build(args: argparse.Namespace) -> dict:
-    raw = load_records(str(args.input))
-    if args.limit is not None:
-        raw = raw.select(range(min(args.limit, len(raw))))
-    counts = Counts()
-    counts.stages["source_rows"] = len(raw)
+    raw = load_records(str(args.input), limit=args.limit)
+    counts = Counts(notes={"input": raw.name})
+    counts.stages["source_rows"] = len(raw.rows)
     records = normalise_fields(
-        raw, columns={"problem": args.problem_key, "answer": args.answer_key}, required=("problem", "answer"),
-        id_prefix="dapo", id_column=args.id_key, counts=counts, strict=args.strict,
+        raw.rows, columns={"problem": args.problem_key, "answer": args.answer_key}, required=("problem", "answer"),
+        id_prefix="dapo", id_column=args.id_key, counts=counts, strict=args.strict, source=raw.name,
     )
     counts.stages["after_field_normalisation"] = len(records)
     records = deduplicate(records, counts)
@@ -80,4 +79,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep.common import DEFAULT_EVAL_DIR, read_parquet_rows
+from recipe.common import cli
 
 _SPACING = re.compile(
     r"\\(?:quad|qquad|thinspace|medspace|thickspace|enspace|negthinspace|displaystyle|textstyle|left|right|limits)(?![a-z])"
@@ -77,15 +78,13 @@ def load_eval_items(eval_dir: str | Path = DEFAULT_EVAL_DIR) -> list[EvalItem]:
     eval_dir = Path(eval_dir)
     files = sorted(eval_dir.glob("*.jsonl"))
     if not files:
-        raise FileNotFoundError(f"no evaluation *.jsonl files in {eval_dir}")
+        raise cli.MissingInputError("no evaluation *.jsonl files", file=eval_dir,
+                                    hint="pass --eval-dir with the evaluation sets (default: data/eval)")
     items = []
     for path in files:
-        for line_no, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
+        for line_no, row in cli.iter_jsonl(path, what="evaluation file"):
             if not row.get("id") or not row.get("problem"):
-                raise ValueError(f"{path}:{line_no}: evaluation row needs 'id' and 'problem'")
+                raise cli.InputError("evaluation row needs 'id' and 'problem'", file=path, line=line_no)
             items.append(EvalItem(id=str(row["id"]), problem=str(row["problem"])))
     return items
 
@@ -202,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--eval-dir", type=Path, default=DEFAULT_EVAL_DIR)
     parser.add_argument("--ngram", type=int, default=13)
     parser.add_argument("--ngram-threshold", type=float, default=0.5)
+    cli.add_debug_argument(parser)
     args = parser.parse_args(argv)
     index = EvalIndex(load_eval_items(args.eval_dir), n=args.ngram, threshold=args.ngram_threshold)
     total = 0
@@ -213,4 +213,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from data_prep.common import Counts, add_output_args, check_writable, print_summary, read_parquet_rows, sidecar_path, write_json, write_parquet
+from recipe.common import cli
 from recipe.common.chat import render
 from recipe.common.prompts import TEACHER_CONTEXTS, build_prompt_pair, student_style
 
@@ -41,11 +42,11 @@ def parse_context_spec(spec: str) -> tuple[str, int]:
     """``"full_solution"`` -> (full_solution, 1024); ``"cot_solution:12288"`` -> (cot_solution, 12288)."""
     name, _, cap = spec.partition(":")
     if name not in TEACHER_CONTEXTS:
-        raise ValueError(f"--teacher-context {spec!r}: {name!r} is not one of {list(TEACHER_CONTEXTS)}")
+        raise cli.InputError(f"--teacher-context {spec!r}: {name!r} is not one of {list(TEACHER_CONTEXTS)}")
     if not cap:
         return name, DEFAULT_TEACHER_CAPS.get(name, DEFAULT_PROMPT_CAP)
     if not cap.isdigit() or int(cap) < 1:
-        raise ValueError(f"--teacher-context {spec!r}: cap {cap!r} must be a positive integer")
+        raise cli.InputError(f"--teacher-context {spec!r}: cap {cap!r} must be a positive integer")
     return name, int(cap)
 
 
@@ -68,13 +69,18 @@ def filter_rows(
     max_prompt_length: int = DEFAULT_PROMPT_CAP,
     counts: Counts,
     strict: bool = False,
+    source: str | None = None,
 ) -> list[dict]:
-    """Rows whose rendered prompts all fit their caps (see the module docstring)."""
+    """Rows whose rendered prompts all fit their caps (see the module docstring).
+
+    ``strict``: a row missing a field its teacher context needs is an ``InputError`` naming
+    ``source`` (the input path) and the row id, instead of a counted drop.
+    """
     if max_prompt_length < 1:
-        raise ValueError(f"max_prompt_length={max_prompt_length} must be >= 1")
+        raise cli.InputError(f"--max-prompt-length {max_prompt_length}: must be >= 1")
     styles = {student_style(name) for name, _ in teacher_contexts}
     if len(styles) > 1:
-        raise ValueError(
+        raise cli.InputError(
             f"teacher contexts {[n for n, _ in teacher_contexts]} imply different student messages "
             f"(styles {sorted(map(str, styles))}); filter them in separate runs"
         )
@@ -89,7 +95,8 @@ def filter_rows(
                 student, teachers[name] = build_prompt_pair(name, extra)
         except ValueError as err:
             if strict:
-                raise ValueError(f"row {row_id!r}: {err}") from None
+                raise cli.InputError(str(err), file=source, row=row_id,
+                                     hint="fix the row, or leave out --strict to count and skip such rows") from None
             counts.drop(f"teacher_{name}_missing_field", row_id)
             continue
         candidates.append({**row, "prompt": student})
@@ -120,11 +127,22 @@ def filter_rows(
 
 
 def load_tokenizer(path: str, chat_template: Path | None):
+    """The tokenizer of a local folder (checked first) or a hub name; a failure names the path."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if chat_template is not None:
-        tokenizer.chat_template = Path(chat_template).read_text()
+    from recipe.common.checkpoints import check_tokenizer_files
+
+    if Path(path).expanduser().exists() or str(path).startswith((".", "/", "~")):
+        check_tokenizer_files(Path(path).expanduser())
+    template = cli.require_file(chat_template, what="chat template") if chat_template is not None else None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:  # transformers: OSError (not found / offline), ValueError (bad repo id)
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise cli.InputError(f"could not load a tokenizer: {type(err).__name__}: {first}", file=path,
+                             hint="pass a local model or tokenizer folder; hub names need network") from err
+    if template is not None:
+        tokenizer.chat_template = template.read_text()
     return tokenizer
 
 
@@ -149,19 +167,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     contexts = [parse_context_spec(spec) for spec in args.teacher_context]
     if len({name for name, _ in contexts}) != len(contexts):
-        p.error("each --teacher-context may be given once")
+        raise cli.InputError("each --teacher-context may be given once")
     out = Path(args.out)
     check_writable([out, sidecar_path(out, "summary")], overwrite=args.overwrite)
     rows = read_parquet_rows(args.input)
     tokenizer = load_tokenizer(args.tokenizer, args.chat_template)
-    counts = Counts()
+    counts = Counts(notes={"input": str(args.input)})
     counts.stages["input_rows"] = len(rows)
     kept = filter_rows(
         rows, tokenizer, student_mode=_mode(args.student_mode), teacher_mode=_mode(args.teacher_mode),
         teacher_contexts=contexts, max_prompt_length=args.max_prompt_length, counts=counts, strict=args.strict,
+        source=str(args.input),
     )
     counts.stages["written"] = len(kept)
-    write_parquet(kept, out, overwrite=args.overwrite)
+    write_parquet(kept, out, overwrite=args.overwrite, counts=counts)
     summary = {
         "input": str(args.input), "output": str(out), "tokenizer": args.tokenizer,
         "chat_template": str(args.chat_template) if args.chat_template else "tokenizer's own",
@@ -175,4 +194,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

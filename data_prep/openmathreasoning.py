@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from data_prep.common import Counts, add_build_args, load_records, normalise_fields
 from data_prep.pipeline import UNRELATED_CHOICES, finish_build, make_index
+from recipe.common import cli
 
 DATA_SOURCE = "openmathreasoning_cot"
 DEFAULT_SOURCE = "nvidia/OpenMathReasoning"
@@ -47,26 +48,29 @@ def split_generated_solution(text: str) -> tuple[str, str] | str:
 def parse_range(spec: str) -> tuple[int, int]:
     lo, sep, hi = spec.partition(":")
     if not sep or not lo.isdigit() or not hi.isdigit() or int(lo) > int(hi):
-        raise ValueError(f"--solution-tokens {spec!r}: expected LO:HI with integers 0 <= LO <= HI")
+        raise cli.InputError(f"--solution-tokens {spec!r}: expected LO:HI with integers 0 <= LO <= HI")
     return int(lo), int(hi)
 
 
 def build(args: argparse.Namespace) -> dict:
-    raw = load_records(args.input, split=args.split)
-    if args.limit is not None:
-        raw = raw.select(range(min(args.limit, len(raw))))
-    counts = Counts()
-    counts.stages["source_rows"] = len(raw)
+    lo_hi = parse_range(args.solution_tokens) if args.solution_tokens else None
+    if (args.solution_tokens or args.max_source_tokens) and not args.tokenizer:
+        raise cli.InputError("--solution-tokens / --max-source-tokens count tokens", hint="pass --tokenizer")
+    raw = load_records(args.input, split=args.split, limit=args.limit)
+    counts = Counts(notes={"input": raw.name})
+    counts.stages["source_rows"] = len(raw.rows)
     records = normalise_fields(
-        raw, columns={"problem": args.problem_key, "solution": args.generated_solution_key, "answer": args.answer_key},
-        required=("problem", "solution", "answer"), id_prefix="omr", id_column=args.id_key, counts=counts, strict=args.strict,
+        raw.rows, columns={"problem": args.problem_key, "solution": args.generated_solution_key, "answer": args.answer_key},
+        required=("problem", "solution", "answer"), id_prefix="omr", id_column=args.id_key, counts=counts,
+        strict=args.strict, source=raw.name,
     )
     split_records = []
     for record in records:
         parts = split_generated_solution(record["solution"])
         if isinstance(parts, str):
             if args.strict:
-                raise ValueError(f"row {record['id']!r}: generated_solution: {parts}")
+                raise cli.InputError(f"{args.generated_solution_key}: {parts}", file=raw.name, row=record["id"],
+                                     hint="fix the row, or leave out --strict to count and skip such rows")
             counts.drop(parts, record["id"])
             continue
         if args.integer_answers_only and not _INTEGER.fullmatch(record["answer"]):
@@ -76,15 +80,13 @@ def build(args: argparse.Namespace) -> dict:
         split_records.append(record)
     counts.stages["after_think_split"] = len(split_records)
     if args.solution_tokens or args.max_source_tokens:
-        if not args.tokenizer:
-            raise ValueError("--solution-tokens / --max-source-tokens need --tokenizer")
         from data_prep.length_filter import load_tokenizer, token_counts
 
         tokenizer = load_tokenizer(args.tokenizer, None)
         kept = []
         sol_lengths = token_counts(tokenizer, [r["solution"] for r in split_records])
         src_lengths = token_counts(tokenizer, [r["source_solution"] for r in split_records]) if args.max_source_tokens else None
-        lo, hi = parse_range(args.solution_tokens) if args.solution_tokens else (0, None)
+        lo, hi = lo_hi or (0, None)
         for i, record in enumerate(split_records):
             if hi is not None and not lo <= sol_lengths[i] <= hi:
                 counts.drop(f"solution_tokens_outside_{lo}:{hi}", record["id"])
@@ -130,4 +132,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -24,28 +24,27 @@ from collections.abc import Sequence
 
 from data_prep.common import Counts, add_build_args, load_records, normalise_fields
 from data_prep.pipeline import UNRELATED_CHOICES, finish_build, make_index
+from recipe.common import cli
 
 DATA_SOURCE = "openthoughts_math_30k"
 DEFAULT_SOURCE = "siyanzhao/Openthoughts_math_30k_opsd"
 
 
 def build(args: argparse.Namespace) -> dict:
-    raw = load_records(args.input, split=args.split)
-    if args.limit is not None:
-        raw = raw.select(range(min(args.limit, len(raw))))
-    counts = Counts()
-    counts.stages["source_rows"] = len(raw)
+    raw = load_records(args.input, split=args.split, limit=args.limit)
+    counts = Counts(notes={"input": raw.name})
+    counts.stages["source_rows"] = len(raw.rows)
     columns = {"problem": args.problem_key, "solution": args.solution_key, "answer": args.answer_key, "cot": args.cot_key}
     required = tuple(f.strip() for f in args.required.split(",") if f.strip())
     for target in required:
-        if columns.get(target) not in raw.column_names:
-            raise ValueError(
-                f"{args.input}: no column {columns.get(target)!r} for required field {target!r}; "
-                f"columns are {raw.column_names} (set --{target}-key)"
+        if columns.get(target) not in raw.columns:
+            raise cli.InputError(
+                f"no column {columns.get(target)!r} for required field {target!r}; columns are {raw.columns}",
+                file=raw.name, hint=f"set --{target}-key, or leave {target} out of --required",
             )
     records = normalise_fields(
-        raw, columns=columns, required=required, id_prefix="openthoughts", id_column=args.id_key,
-        counts=counts, strict=args.strict,
+        raw.rows, columns=columns, required=required, id_prefix="openthoughts", id_column=args.id_key,
+        counts=counts, strict=args.strict, source=raw.name,
     )
     index = make_index(args.eval_dir, n=args.ngram, threshold=args.ngram_threshold)
     return finish_build(
@@ -79,4 +78,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -20,6 +20,7 @@ from data_prep.common import (
 )
 from data_prep.decontaminate import EvalIndex, assert_no_overlap, decontaminate, load_eval_items
 from data_prep.unrelated import assign_unrelated, build_pool
+from recipe.common import cli
 from recipe.common.prompts import student_messages
 
 UNRELATED_CHOICES = ("dapo", "self", "none")
@@ -42,15 +43,15 @@ def _pool_records(spec: str, *, records: list[dict], dapo_path: Path) -> tuple[l
         raw = load_records(str(dapo_path))
         pool_counts = Counts()
         pool = normalise_fields(
-            raw, columns={"problem": "problem", "answer": "answer"}, required=("problem", "answer"),
-            id_prefix="dapo", id_column="id", counts=pool_counts,
+            raw.rows, columns={"problem": "problem", "answer": "answer"}, required=("problem", "answer"),
+            id_prefix="dapo", id_column="id", counts=pool_counts, source=raw.name,
         )
         return pool, "answer", f"dapo: {dapo_path} (DAPO-Math-17k has no worked solutions; unrelated_solution = its final answer)"
     raw = load_records(spec)
     pool_counts = Counts()
     pool = normalise_fields(
-        raw, columns={"problem": "problem", "solution": "solution"}, required=("problem", "solution"),
-        id_prefix="pool", id_column="id" if "id" in raw.column_names else None, counts=pool_counts,
+        raw.rows, columns={"problem": "problem", "solution": "solution"}, required=("problem", "solution"),
+        id_prefix="pool", id_column="id" if "id" in raw.columns else None, counts=pool_counts, source=raw.name,
     )
     return pool, "solution", f"file: {spec}"
 
@@ -79,6 +80,10 @@ def finish_build(
     if unrelated != "none":
         pool_source, solution_field, description = _pool_records(unrelated, records=kept, dapo_path=dapo_path)
         pool, pool_counts = build_pool(pool_source, index=index, solution_field=solution_field)
+        if not pool:
+            raise cli.InputError(f"--unrelated-pool {unrelated}: no usable unrelated pairs ({pool_counts})",
+                                 file={"dapo": dapo_path, "self": None}.get(unrelated, unrelated),
+                                 hint="pass a file of problem/solution rows, or --unrelated-pool none")
         assign_unrelated(kept, pool, seed=seed)
         counts.notes["unrelated_pool"] = {"source": description, "seed": seed, **pool_counts}
     rows = [make_row(r, data_source=data_source, split=split, prompt=student_messages(r["problem"])) for r in kept]
@@ -86,7 +91,7 @@ def finish_build(
     counts.notes["second_pass_rows_checked"] = assert_no_overlap(rows, index, what=str(out))
     counts.notes["second_pass_overlaps"] = 0
     counts.notes["decontamination"] = {"eval_items": len(index.items), "ngram": index.n, "threshold": index.threshold}
-    write_parquet(rows, out, overwrite=overwrite)
+    write_parquet(rows, out, overwrite=overwrite, counts=counts)
     summary = {"output": str(out), "data_source": data_source, **counts.as_dict()}
     write_json(summary, sidecar_path(out, "summary"), overwrite=overwrite)
     write_json([m.as_dict() for m in removed], sidecar_path(out, "decontamination"), overwrite=overwrite)

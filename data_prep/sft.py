@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from data_prep.common import Counts, add_output_args, check_writable, print_summary, read_parquet_rows, sidecar_path, write_json, write_parquet
+from recipe.common import cli
 from recipe.common.prompts import student_messages
 
 
@@ -42,7 +43,7 @@ def build(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     check_writable([out, sidecar_path(out, "summary")], overwrite=args.overwrite)
     rows = read_parquet_rows(args.input)
-    counts = Counts()
+    counts = Counts(notes={"input": str(args.input)})
     counts.stages["input_rows"] = len(rows)
     candidates = []
     for row in rows:
@@ -66,7 +67,7 @@ def build(args: argparse.Namespace) -> dict:
             else:
                 kept.append(row)
     counts.stages["written"] = len(kept)
-    write_parquet(kept, out, overwrite=args.overwrite)
+    write_parquet(kept, out, overwrite=args.overwrite, counts=counts)
     summary = {"input": str(args.input), "output": str(out), "tokenizer": args.tokenizer,
                "max_length": args.max_length if args.tokenizer else None, "user_prompt": args.user_prompt, **counts.as_dict()}
     write_json(summary, sidecar_path(out, "summary"), overwrite=args.overwrite)
@@ -92,4 +93,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

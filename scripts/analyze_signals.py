@@ -20,13 +20,14 @@ Logic: recipe/analysis/signal_analysis.py.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 
 from recipe.analysis import signal_analysis as sa
+from recipe.common import cli
+from recipe.common.checkpoints import check_model_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--rollouts", default=None, help="rollouts.json of an earlier run to rescore instead of sampling")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs in --out-dir")
+    cli.add_debug_argument(p)
     args = p.parse_args(argv)
     if args.combine:
-        print(sa.combined_table([json.loads(Path(path).read_text()) for path in args.combine]))
+        with cli.reraise_as_input(ValueError, KeyError, hint="pass signals.json files of scripts/analyze_signals.py"):
+            print(sa.combined_table([cli.read_json(path, what="signals.json") for path in args.combine]))
         return 0
     missing = [flag for flag, value in (("--model", args.model), ("--data", args.data), ("--out-dir", args.out_dir)) if not value]
     if missing:
@@ -72,31 +75,36 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    config = sa.SignalAnalysisConfig(
-        num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt, temperature=args.temperature,
-        top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
-        student_mode=args.student_mode, conditions=tuple(args.conditions), signal_temperature=args.signal_temperature,
-        clip_tau=args.clip_tau, entropy_fraction=args.entropy_fraction, top_tokens=args.top_tokens,
-        teacher_max_prompt_length=args.teacher_max_prompt_length, chunk_size=args.chunk_size,
-        sample_batch_size=args.sample_batch_size, score_batch_size=args.score_batch_size, backend=args.backend,
-        windows=_windows(args.windows) if args.windows else defaults.windows,
-    )
+    with cli.reraise_as_input(ValueError):  # the options' validation (SignalAnalysisConfig.__post_init__)
+        config = sa.SignalAnalysisConfig(
+            num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt, temperature=args.temperature,
+            top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
+            student_mode=args.student_mode, conditions=tuple(args.conditions), signal_temperature=args.signal_temperature,
+            clip_tau=args.clip_tau, entropy_fraction=args.entropy_fraction, top_tokens=args.top_tokens,
+            teacher_max_prompt_length=args.teacher_max_prompt_length, chunk_size=args.chunk_size,
+            sample_batch_size=args.sample_batch_size, score_batch_size=args.score_batch_size, backend=args.backend,
+            windows=_windows(args.windows) if args.windows else defaults.windows,
+        )
     out_dir = Path(args.out_dir)
     rollouts_out = out_dir / "rollouts.json"
     if rollouts_out.exists() and not args.overwrite and args.rollouts != str(rollouts_out):
-        raise SystemExit(f"{rollouts_out} exists; pass --overwrite, --rollouts {rollouts_out}, or another --out-dir")
-    existing = [str(out_dir / name) for name in sa.OUTPUT_FILES if (out_dir / name).exists()]
-    if existing and not args.overwrite:
-        raise SystemExit(f"refusing to overwrite {existing}; pass --overwrite or another --out-dir")
+        raise cli.OutputExistsError("exists", file=rollouts_out,
+                                    hint=f"pass --overwrite, --rollouts {rollouts_out}, or another --out-dir")
+    cli.refuse_overwrite([out_dir / name for name in sa.OUTPUT_FILES], overwrite=args.overwrite, other="another --out-dir")
     model_name = args.model_name or Path(args.model).resolve().name
-    rows = sa.load_rows(args.data)
+    check_model_dir(args.model)
+    with cli.reraise_as_input(ValueError, file=args.data):  # the parquet's schema checks
+        rows = sa.load_rows(cli.require_file(args.data, what="training parquet"))
     tokenizer = sa.load_tokenizer(args.model)
     model = None
     if args.rollouts:
-        items, rollouts, meta = sa.load_rollouts(args.rollouts, rows, tokenizer, config=config)
+        with cli.reraise_as_input(ValueError, KeyError, file=args.rollouts, hint="pass a rollouts.json of the same data and model"):
+            items, rollouts, meta = sa.load_rollouts(cli.require_file(args.rollouts, what="rollouts file"), rows,
+                                                     tokenizer, config=config)
         print(f"rescoring {len(rollouts)} saved rollouts from {args.rollouts} (sampled with {meta.get('sampling')})")
     else:
-        items, skipped = sa.build_prompt_items(rows, tokenizer, config=config)
+        with cli.reraise_as_input(ValueError, file=args.data):  # no row can be scored under the conditions
+            items, skipped = sa.build_prompt_items(rows, tokenizer, config=config)
         print(f"sampling {len(items)} prompts x {config.rollouts_per_prompt} rollouts (skipped rows: {skipped or 'none'})")
         if config.backend == "hf":
             model = sa.load_model(args.model, device=args.device, dtype=args.dtype)
@@ -118,11 +126,8 @@ def _windows(specs: list[str]) -> tuple[tuple[int, int], ...]:
     try:
         return tuple((int(lo), int(hi)) for lo, hi in (spec.split(":") for spec in specs))
     except ValueError:
-        raise SystemExit(f"--windows takes LO:HI integer pairs, got {specs}") from None
+        raise cli.InputError(f"--windows takes LO:HI integer pairs, got {specs}") from None
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (FileExistsError, FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"error: {err}") from None
+    sys.exit(cli.run(main))

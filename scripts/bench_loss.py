@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 
+from recipe.common import cli
+
 IMPLS = ("naive", "chunked", "fused", "fused_sum")
 BETA, CLIP_TAU, TEMPERATURE = 0.0, 0.05, 1.1
 
@@ -114,7 +116,7 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096], help="numbers of positions N")
     ap.add_argument("--vocab", type=int, default=151_936, help="vocabulary size V (Qwen3: 151,936)")
@@ -126,12 +128,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    cli.add_debug_argument(ap)
+    args = ap.parse_args(argv)
+    for flag, values in (("--n", args.n), ("--vocab", [args.vocab]), ("--hidden", [args.hidden]),
+                         ("--chunk-size", [args.chunk_size]), ("--repeats", [args.repeats]), ("--ref-rows", [args.ref_rows])):
+        if min(values) < 1:
+            raise cli.InputError(f"{flag} must be >= 1, got {min(values)}")
+    if args.ref_rows > min(args.n):
+        raise cli.InputError(f"--ref-rows {args.ref_rows} exceeds the smallest --n {min(args.n)}")
 
     if args.worker:
         res = _worker(args.impls[0], args.n[0], args.vocab, args.hidden, args.chunk_size, args.repeats, args.ref_rows, args.threads)
         print(json.dumps(res))
-        return
+        return 0
 
     print(f"V={args.vocab} H={args.hidden} chunk={args.chunk_size} repeats={args.repeats} "
           f"beta={BETA} clip_tau={CLIP_TAU} T={TEMPERATURE}; float32 inputs, fwd+bwd incl. lm_head matmuls", flush=True)
@@ -161,7 +170,8 @@ def main() -> None:
             print(rows[-1], file=sys.stderr, flush=True)
     print(header)
     print("\n".join(rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main))

@@ -9,11 +9,11 @@ the problems of the CPU demo `tiny`).
 
 import argparse
 import sys
-
+from recipe.common import cli
 from recipe.models.tiny import build_tiny_model
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", required=True, help="directory for the HF model + tokenizer")
     parser.add_argument("--seed", type=int, default=0)
@@ -24,14 +24,11 @@ def main() -> int:
     parser.add_argument("--intermediate-size", type=int, default=128)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing model in --out-dir")
     parser.add_argument("--data-dir", default=None, help="also write the tiny demo's train/val/sft parquet here")
-    args = parser.parse_args()
-    try:
-        path = build_tiny_model(args.out_dir, seed=args.seed, num_layers=args.num_layers, hidden_size=args.hidden_size,
-                                num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
-                                intermediate_size=args.intermediate_size, overwrite=args.overwrite)
-    except (FileExistsError, ValueError) as err:
-        print(f"build_tiny_model: {err}", file=sys.stderr)
-        return 2
+    cli.add_debug_argument(parser)
+    args = parser.parse_args(argv)
+    path = build_tiny_model(args.out_dir, seed=args.seed, num_layers=args.num_layers, hidden_size=args.hidden_size,
+                            num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                            intermediate_size=args.intermediate_size, overwrite=args.overwrite)
     print(f"tiny model: {path}")
     if args.data_dir:
         from recipe.toy.demo import write_tiny_data
@@ -41,4 +38,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -10,13 +10,15 @@ Logic: recipe.toy.student (verl SFT stage on CPU through the launcher's sft reci
 import argparse
 import json
 import os
+import sys
 
+from recipe.common import cli
 from recipe.launch.settings import Settings
 from recipe.toy.student import StudentConfig, build_student, evaluate_model
 from recipe.toy.task import TaskConfig
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     defaults = StudentConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "model_seed",
@@ -28,13 +30,15 @@ def main() -> None:
     parser.add_argument("--no-eval", action="store_true", help="build only")
     parser.add_argument("--eval-n", type=int, default=4, help="samples per problem of the sampled evaluation")
     parser.add_argument("--eval-limit", type=int, default=None, help="first N held-out problems only")
-    args = parser.parse_args()
-    task = TaskConfig(**{name: getattr(args, "task_" + name) for name in
-                         ("num_operands", "digits", "n_train", "n_heldout", "seed")})
-    config = StudentConfig(task=task, sft_mix=defaults.sft_mix, sft_lr=args.sft_lr, **{
-        name: getattr(args, name) for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                                               "intermediate_size", "model_seed", "sft_steps", "sft_batch_size",
-                                               "sft_seed")})
+    cli.add_debug_argument(parser)
+    args = parser.parse_args(argv)
+    with cli.reraise_as_input(ValueError):  # the options' validation (TaskConfig / StudentConfig / tiny config)
+        task = TaskConfig(**{name: getattr(args, "task_" + name) for name in
+                             ("num_operands", "digits", "n_train", "n_heldout", "seed")})
+        config = StudentConfig(task=task, sft_mix=defaults.sft_mix, sft_lr=args.sft_lr, **{
+            name: getattr(args, name) for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                                                   "intermediate_size", "model_seed", "sft_steps", "sft_batch_size",
+                                                   "sft_seed")})
     root = build_student(config, cache=Settings.from_environ(os.environ).cache_dir)
     if not args.no_eval:
         rows = []
@@ -55,7 +59,8 @@ def main() -> None:
                   f"| {100 * row[f'pass@{args.eval_n}']:.1f} | {row['mean_length']:.1f} |")
         print(json.dumps(json.loads((root / "BUILD.json").read_text())["times"]))
     print(root)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main))

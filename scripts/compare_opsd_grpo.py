@@ -9,7 +9,8 @@ the OPSD/GRPO compute ratio. Logic: recipe.experiments.toy_compare (docs/toy_wor
 
 import sys
 
+from recipe.common import cli
 from recipe.experiments.toy_compare import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -14,9 +14,11 @@ Thin CLI over ``recipe.evaluation.harness`` (see docs/evaluation.md).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from pathlib import Path
 
+from recipe.common import cli
+from recipe.common.checkpoints import check_path
 from recipe.evaluation.decoding_presets import PRESETS, get_preset
 from recipe.evaluation.report import compare_table, results_table
 from recipe.evaluation.harness import DEFAULT_BENCHMARKS, DEFAULT_MERGE_CACHE, EvalConfig, evaluate
@@ -60,14 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="Base vs checkpoint table with deltas")
     compare.add_argument("base", help="results.json of the base model")
     compare.add_argument("checkpoint", help="results.json of the checkpoint")
+    cli.add_debug_argument(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "compare":
-        with open(args.base) as base, open(args.checkpoint) as ckpt:
-            print(compare_table(json.load(base), json.load(ckpt)), end="")
+        base, ckpt = (cli.read_json(path, what="results.json") for path in (args.base, args.checkpoint))
+        for path, results in ((args.base, base), (args.checkpoint, ckpt)):
+            if not isinstance(results, dict) or "per_dataset" not in results:
+                raise cli.InputError("not a results.json of scripts/evaluate.py (no 'per_dataset')", file=path)
+        with cli.reraise_as_input(ValueError, file=args.checkpoint):  # results that cannot be compared
+            print(compare_table(base, ckpt), end="")
         return 0
     overrides = {
         key: getattr(args, key)
@@ -78,21 +85,24 @@ def main(argv: list[str] | None = None) -> int:
         overrides["top_k"] = None
     if overrides.get("mode") == "native":
         overrides["mode"] = None
-    preset = get_preset(args.preset).with_overrides(**overrides)
-    config = EvalConfig(
-        model=args.model,
-        out_dir=args.out_dir,
-        preset=preset,
-        benchmarks=args.benchmarks,
-        n=args.n,
-        seed=args.seed,
-        backend=args.backend,
-        limit=args.limit,
-        grade_timeout_s=args.grade_timeout,
-        merge_cache=args.merge_cache,
-        problems_per_call=args.problems_per_call,
-        pass_ks=args.pass_k,
-    )
+    with cli.reraise_as_input(ValueError):  # the options' validation (decoding preset, EvalConfig.__post_init__)
+        preset = get_preset(args.preset).with_overrides(**overrides)
+        config = EvalConfig(
+            model=args.model,
+            out_dir=args.out_dir,
+            preset=preset,
+            benchmarks=args.benchmarks,
+            n=args.n,
+            seed=args.seed,
+            backend=args.backend,
+            limit=args.limit,
+            grade_timeout_s=args.grade_timeout,
+            merge_cache=args.merge_cache,
+            problems_per_call=args.problems_per_call,
+            pass_ks=args.pass_k,
+        )
+    if Path(args.model).expanduser().exists():  # else a hub id
+        check_path(args.model)
     results = evaluate(config, progress=not args.no_progress)
     print(results_table(results), end="")
     print(f"wrote {args.out_dir}/results.json, results.md, generations.jsonl", file=sys.stderr)
@@ -100,8 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(cli.run(main))

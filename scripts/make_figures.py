@@ -20,23 +20,35 @@ Paths inside a spec JSON are relative to the spec file; each names an evaluation
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from recipe.analysis import plots
 from recipe.analysis.run_logs import read_run_metrics
 from recipe.analysis.signal_analysis import joint_pca
+from recipe.common import cli
 
 
-def _load_json(path: str) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise SystemExit(f"not found: {p}")
+def _load_spec(path: str) -> dict[str, dict]:
+    """A spec JSON: an object of models, each an object (see the module docstring)."""
+    spec = cli.read_json(path, what="spec JSON")
+    if not isinstance(spec, dict) or not all(isinstance(entry, dict) for entry in spec.values()):
+        raise cli.InputError("expected an object {model name: {...}}", file=path, hint="see --help for the spec layout")
+    return spec
+
+
+def _step(spec_path: str, name: str, key: str) -> int:
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as err:
-        raise SystemExit(f"{p}: not JSON ({err.msg} at line {err.lineno})") from None
+        return int(key)
+    except ValueError:
+        raise cli.InputError(f"model {name!r}: {key!r} is not an integer step / cap", file=spec_path) from None
+
+
+def _load_signals(path: str) -> dict:
+    result = cli.read_json(path, what="signals.json")
+    if not isinstance(result, dict) or not {"model", "conditions"} <= set(result):
+        raise cli.InputError("not a signals.json of scripts/analyze_signals.py (no 'model' / 'conditions')", file=path)
+    return result
 
 
 def _resolve(spec_path: str, target: str) -> Path:
@@ -49,7 +61,7 @@ def cmd_dynamics(args) -> Path:
     for item in args.run:
         name, sep, path = item.partition("=")
         if not sep:
-            raise SystemExit(f"--run takes NAME=LOG, got {item!r}")
+            raise cli.InputError(f"--run takes NAME=LOG, got {item!r}")
         runs[name] = read_run_metrics(path)
     metrics = plots.DYNAMICS_METRICS
     if args.metric:
@@ -61,25 +73,26 @@ def cmd_dynamics(args) -> Path:
 
 
 def cmd_accuracy(args) -> Path:
-    spec = _load_json(args.spec)
+    spec = _load_spec(args.spec)
     runs, n = {}, 8
     for name, points in spec.items():
         rows = []
         for step, target in points.items():
+            step = _step(args.spec, name, step)
             numbers = plots.read_eval_results(_resolve(args.spec, target), dataset=args.dataset)
             n = numbers["n"]
-            rows.append({"step": int(step), "avg": numbers["avg"], "pass": numbers["pass"]})
+            rows.append({"step": step, "avg": numbers["avg"], "pass": numbers["pass"]})
         runs[name] = rows
     return plots.plot_accuracy_vs_step(runs, args.out, n=n, overwrite=args.overwrite)
 
 
 def cmd_cap_sweep(args) -> Path:
-    spec = _load_json(args.spec)
+    spec = _load_spec(args.spec)
     models, n = {}, 8
     for name, entry in spec.items():
-        if "caps" not in entry:
-            raise SystemExit(f"{args.spec}: model {name!r} needs a 'caps' mapping cap -> results")
-        caps = sorted(entry["caps"], key=int)
+        if not isinstance(entry.get("caps"), dict):
+            raise cli.InputError(f"model {name!r} needs a 'caps' mapping cap -> results", file=args.spec)
+        caps = sorted(entry["caps"], key=lambda cap: _step(args.spec, name, cap))
         opsd = {"avg": [], "pass": [], "length": []}
         for cap in caps:
             numbers = plots.read_eval_results(_resolve(args.spec, entry["caps"][cap]), dataset=args.dataset)
@@ -92,18 +105,21 @@ def cmd_cap_sweep(args) -> Path:
 
 
 def cmd_pca(args) -> Path:
-    results = [_load_json(path) for path in args.analysis]
-    points, explained = joint_pca(results)
+    results = [_load_signals(path) for path in args.analysis]
+    with cli.reraise_as_input(ValueError, KeyError, hint="pass signals.json files of scripts/analyze_signals.py"):
+        points, explained = joint_pca(results)
     title = args.title or ("Joint PCA, features standardised within each model" if len(results) > 1 else results[0]["model"])
     return plots.plot_pca_scatter(points, args.out, explained=explained, title=title, overwrite=args.overwrite)
 
 
 def cmd_windows(args) -> Path:
-    results = [_load_json(path) for path in args.analysis]
     windows = {}
-    for result in results:
+    for path in args.analysis:
+        result = _load_signals(path)
         for cond, rep in result["conditions"].items():
-            label = cond if len(results) == 1 else f"{result['model']} {cond}"
+            label = cond if len(args.analysis) == 1 else f"{result['model']} {cond}"
+            if not isinstance(rep, dict) or "position_windows" not in rep:
+                raise cli.InputError(f"condition {cond!r} has no position_windows", file=path)
             windows[label] = rep["position_windows"]
     return plots.plot_position_windows(windows, args.out, overwrite=args.overwrite)
 
@@ -137,13 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     p = add("windows", cmd_windows, "forward KL by response-position window")
     p.add_argument("--analysis", nargs="+", required=True, help="signals.json files")
 
+    cli.add_debug_argument(parser)
     args = parser.parse_args(argv)
-    try:
-        print(f"wrote {args.func(args)}")
-    except (FileExistsError, FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"error: {err}") from None
+    if Path(args.out).suffix.lower() != ".png":
+        raise cli.InputError("--out must end in .png", file=args.out)
+    cli.refuse_overwrite([args.out], overwrite=args.overwrite, other="another --out")
+    print(f"wrote {args.func(args)}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -24,13 +24,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from recipe.analysis.run_logs import read_run_metrics
+from recipe.common import cli
 from recipe.opsd.monitor import DEFAULT_METRIC_KEYS, MonitorConfig, replay, window_table
 
 
 def _pair(text: str, sep: str, what: str) -> tuple[str, str]:
     left, found, right = text.partition(sep)
     if not found or not left or not right:
-        raise SystemExit(f"{what} must look like A{sep}B, got {text!r}")
+        raise cli.InputError(f"{what} must look like A{sep}B, got {text!r}")
     return left, right
 
 
@@ -54,21 +55,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clip-ratio-increase", type=float, default=defaults.clip_ratio_increase)
     p.add_argument("--boxed-ratio", type=float, default=defaults.boxed_rate_ratio_threshold)
     p.add_argument("--json", default=None, help="also write warnings and window means to this JSON file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     p.add_argument("--strict", action="store_true", help="exit 3 if any warning fired")
+    cli.add_debug_argument(p)
     args = p.parse_args(argv)
 
     if args.name and len(args.name) != len(args.logs):
-        raise SystemExit(f"--name given {len(args.name)} times for {len(args.logs)} logs")
+        raise cli.InputError(f"--name given {len(args.name)} times for {len(args.logs)} logs")
+    if args.json:
+        cli.refuse_overwrite([args.json], overwrite=args.overwrite, other="another --json path")
     names = args.name or [Path(log).stem for log in args.logs]
     metric_keys = dict(_pair(k, "=", "--metric-key") for k in args.metric_key)
-    early_start, early_end = (int(x) for x in _pair(args.early, ":", "--early"))
-    windows = [tuple(int(x) for x in _pair(w, ":", "--window")) for w in args.window] or [(1, 10), (91, 100)]
-    config = MonitorConfig(
-        early_start=early_start, early_end=early_end, recent_window=args.recent_window,
-        entropy_ratio_threshold=args.entropy_ratio, grad_norm_ratio_threshold=args.grad_norm_ratio,
-        length_ratio_threshold=args.length_ratio, clip_ratio_increase=args.clip_ratio_increase,
-        boxed_rate_ratio_threshold=args.boxed_ratio, metric_keys=metric_keys,
-    )
+    early_start, early_end = _steps(args.early, "--early")
+    windows = [_steps(w, "--window") for w in args.window] or [(1, 10), (91, 100)]
+    with cli.reraise_as_input(ValueError):  # the options' validation (MonitorConfig.__post_init__)
+        config = MonitorConfig(
+            early_start=early_start, early_end=early_end, recent_window=args.recent_window,
+            entropy_ratio_threshold=args.entropy_ratio, grad_norm_ratio_threshold=args.grad_norm_ratio,
+            length_ratio_threshold=args.length_ratio, clip_ratio_increase=args.clip_ratio_increase,
+            boxed_rate_ratio_threshold=args.boxed_ratio, metric_keys=metric_keys,
+        )
     # Events are printed below; keep the monitor's own logging.warning lines out of the output.
     logging.getLogger("recipe.opsd.monitor").setLevel(logging.ERROR)
     runs = {name: read_run_metrics(log) for name, log in zip(names, args.logs)}
@@ -91,15 +97,16 @@ def main(argv: list[str] | None = None) -> int:
             "windows": {f"{a}-{b}": monitor.window_means(a, b) for a, b in windows},
         }
     if args.json:
-        out = Path(args.json)
-        if out.exists():
-            raise SystemExit(f"{out} exists; choose another --json path")
-        out.write_text(json.dumps(report, indent=1))
+        Path(args.json).write_text(json.dumps(report, indent=1))
     return 3 if args.strict and any_warning else 0
 
 
+def _steps(text: str, what: str) -> tuple[int, int]:
+    start, end = _pair(text, ":", what)
+    if not (start.isdigit() and end.isdigit()):
+        raise cli.InputError(f"{what} takes START:END integer steps, got {text!r}")
+    return int(start), int(end)
+
+
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"error: {err}") from None
+    sys.exit(cli.run(main))

@@ -26,6 +26,7 @@ import json
 import sys
 from pathlib import Path
 
+from recipe.common import cli
 from recipe.experiments import sweep
 from recipe.launch.run import config_errors
 
@@ -60,12 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     collect = sub.add_parser("collect", help="write comparison.md / comparison.json / figures of a sweep")
     collect.add_argument("sweep_dir")
     sub.add_parser("list", help="list the experiment and model presets")
+    cli.add_debug_argument(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+    # the sweep reports every input problem as a ValueError (or a hydra / omegaconf composition error)
+    with cli.reraise_as_input(*config_errors()):
         if args.command == "list":
             print("experiment presets:", " ".join(sweep.available("experiment")))
             print("model presets:", " ".join(sweep.available("model")))
@@ -94,11 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 sweep.run_local(plans, sweep_dir=args.out)
                 print((Path(args.out) / "comparison.md").read_text())
-    except config_errors() as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from recipe.common import cli
 from recipe.experiments.toy_seeds import ARMS, seed_study, study_table
 from recipe.launch.settings import Settings
 from recipe.toy.demo import evaluate_toy
@@ -31,15 +32,19 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-limit", type=int, default=None)
     parser.add_argument("--run-root", default=None, help="default: <student cache dir>/runs/seeds_<UTC time>")
     parser.add_argument("--out", default=None, help="also write the markdown table here (results.json beside it)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file (and its .json)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for every launch (after --)")
+    cli.add_debug_argument(parser)
     args = parser.parse_args(argv)
+    if args.out:
+        cli.refuse_overwrite([args.out, Path(args.out).with_suffix(".json")], overwrite=args.overwrite,
+                             other="another --out")
+    cli.refuse_nonempty_dir(args.run_root, flag="--run-root")  # before the (minutes-long) student build
     cache = Path(Settings.from_environ(os.environ).cache_dir)
     root = build_student(StudentConfig(), cache=cache)
     run_root = Path(args.run_root) if args.run_root else root / "runs" / time.strftime("seeds_%Y%m%dT%H%M%SZ",
                                                                                         time.gmtime())
-    if run_root.exists() and any(run_root.iterdir()):
-        print(f"toy_seed_study: {run_root} is not empty; pass another --run-root", file=sys.stderr)
-        return 2
+    cli.refuse_nonempty_dir(run_root, flag="--run-root")
     print(f"[toy seeds] student {root / 'student'}; runs in {run_root}", flush=True)
     before = evaluate_toy(root / "student", root / "student_eval" / "none", benchmark=root / "data" / "heldout.jsonl",
                           eval_n=args.eval_n, eval_limit=args.eval_limit)
@@ -57,4 +62,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

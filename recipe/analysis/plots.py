@@ -18,7 +18,6 @@ pyplot global state) and writes one PNG, refusing to overwrite an existing file 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -28,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from recipe.analysis.run_logs import metric_series
+from recipe.common.cli import InputError, read_json, refuse_overwrite
 
 # Default training-dynamics panels: the four traces of the paper's "OPSD Training Dynamics".
 DYNAMICS_METRICS: tuple[tuple[str, str], ...] = (
@@ -43,7 +43,7 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 def moving_average(values: Sequence[float], window: int) -> list[float]:
     """Trailing mean over the last ``window`` values (fewer at the start)."""
     if window < 1:
-        raise ValueError(f"moving_average: window must be >= 1, got {window}")
+        raise InputError(f"moving-average window (--smooth) must be >= 1, got {window}")
     out, total = [], 0.0
     for i, value in enumerate(values):
         total += value
@@ -136,7 +136,8 @@ def plot_training_dynamics(
             panels.append((key, label, series))
     if not panels:
         wanted = [key for key, _ in metrics]
-        raise ValueError(f"plot_training_dynamics: none of {wanted} was logged by any run")
+        raise InputError(f"none of the metrics {wanted} was logged by any run (from step {start_step})",
+                         hint="choose panels with --metric KEY, or pass the runs' file-logger .jsonl")
     ncols = min(len(panels), 2)
     nrows = math.ceil(len(panels) / ncols)
     fig = Figure(figsize=(5.0 * ncols, 3.2 * nrows + 0.5), layout="constrained")
@@ -244,7 +245,7 @@ def plot_position_windows(
             if row["window"] not in labels and row.get("count", 1) and row.get("mean") is not None:
                 labels.append(row["window"])
     if not labels:
-        raise ValueError("plot_position_windows: every window is empty")
+        raise InputError("every response-position window is empty in the signals.json files")
     fig = Figure(figsize=(9.0, 4.2), layout="constrained")
     ax_mean, ax_snr = fig.subplots(1, 2)
     for i, (name, rows) in enumerate(windows.items()):
@@ -270,9 +271,7 @@ def read_eval_results(path: str | Path, *, dataset: str | None = None) -> dict[s
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"evaluation results not found: {path}")
-    results = json.loads(path.read_text())
+    results = read_json(path, what="evaluation results.json")
     try:
         n = int(results["n"])
         metrics = results["macro"] if dataset is None else results["per_dataset"][dataset]
@@ -283,8 +282,9 @@ def read_eval_results(path: str | Path, *, dataset: str | None = None) -> dict[s
             "boxed": 100.0 * metrics["boxed_rate"],
             "n": n,
         }
-    except KeyError as err:
-        raise ValueError(f"{path}: not an evaluation results.json (missing {err})") from None
+    except (KeyError, TypeError) as err:
+        raise InputError(f"not an evaluation results.json of scripts/evaluate.py (missing {err})", file=path,
+                         hint="--dataset must name a benchmark it holds" if dataset else None) from None
 
 
 def _cap_label(cap: float) -> str:
@@ -294,9 +294,8 @@ def _cap_label(cap: float) -> str:
 def _save(fig: Figure, out_path: str | Path, overwrite: bool) -> Path:
     out_path = Path(out_path)
     if out_path.suffix.lower() != ".png":
-        raise ValueError(f"figure path must end in .png, got {out_path}")
-    if out_path.exists() and not overwrite:
-        raise FileExistsError(f"{out_path} exists; pass overwrite=True (--overwrite) to replace it")
+        raise InputError("figure path must end in .png", file=out_path)
+    refuse_overwrite([out_path], overwrite=overwrite, other="another --out")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     fig.savefig(out_path, dpi=150)

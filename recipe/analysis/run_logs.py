@@ -24,6 +24,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from recipe.common.cli import InputError, require_file
+
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # `step:12 - ` anywhere on the line (Ray prefixes worker output with "(Actor pid=...) ").
 _STEP_RE = re.compile(r"(?:^|\s)step:(\d+)(?= - |\s*$)")
@@ -80,6 +82,8 @@ def read_jsonl_metrics(path: str | Path) -> list[dict[str, float]]:
     """Step rows from verl's file logger (``{"step": N, "data": {...}}`` per line).
 
     Flat lines ``{"step": N, key: value}`` are accepted too. Non-numeric values are dropped.
+    A last line without its newline that is not JSON is a write in progress (a running run)
+    and is skipped; any other bad line is an ``InputError`` naming the file and line.
     """
     path = Path(path)
     rows = []
@@ -88,14 +92,18 @@ def read_jsonl_metrics(path: str | Path) -> list[dict[str, float]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not a JSON line ({err.msg})") from None
-            if not isinstance(record, dict) or "step" not in record:
-                raise ValueError(f"{path}:{lineno}: expected an object with a `step` field")
+                if not line.endswith("\n"):  # only the last line can lack its newline
+                    break  # the logger is writing this line right now
+                raise InputError(f"not a JSON line ({err.msg}, column {err.colno})", file=path, line=lineno,
+                                 hint="fix or delete the line") from None
+            if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)):
+                raise InputError("expected an object with a numeric `step` field", file=path, line=lineno,
+                                 hint="pass verl's file-logger .jsonl (trainer.logger=[console,file])")
             data = record.get("data", record)
             if not isinstance(data, dict):
-                raise ValueError(f"{path}:{lineno}: `data` must be an object")
+                raise InputError("`data` must be an object", file=path, line=lineno)
             row: dict[str, float] = {"step": int(record["step"])}
             for key, value in data.items():
                 if key == "step":
@@ -109,14 +117,13 @@ def read_jsonl_metrics(path: str | Path) -> list[dict[str, float]]:
 
 def read_run_metrics(path: str | Path) -> list[dict[str, float]]:
     """Step rows from a ``.jsonl`` file log or any other file read as a console log."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"run log not found: {path}")
+    path = require_file(path, what="run log")
     if path.suffix == ".jsonl":
         return read_jsonl_metrics(path)
     rows = read_console_log(path)
     if not rows:
-        raise ValueError(f"{path}: no `step:N - key:value` lines found; is this a verl console log?")
+        raise InputError("no `step:N - key:value` lines found", file=path,
+                         hint="pass a verl console log or its file-logger .jsonl")
     return rows
 
 

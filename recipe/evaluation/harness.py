@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recipe.common import cli
 from recipe.evaluation import metrics as eval_metrics
 from recipe.evaluation.decoding_presets import DecodingPreset
 from recipe.evaluation.report import results_table
@@ -109,32 +110,27 @@ class EvalConfig:
             path = Path(spec) if spec.endswith(".jsonl") else EVAL_DATA_DIR / f"{spec}.jsonl"
             if not path.is_file():
                 known = sorted(p.stem for p in EVAL_DATA_DIR.glob("*.jsonl"))
-                raise ValueError(f"benchmark {spec!r}: {path} does not exist (shipped benchmarks: {known})")
+                raise cli.MissingInputError(f"benchmark {spec!r}: no such file", file=path,
+                                            hint=f"shipped benchmarks: {known}, or a path to a .jsonl file")
             if path.stem in self.benchmark_paths:
                 raise ValueError(f"benchmark name {path.stem!r} given twice")
             self.benchmark_paths[path.stem] = path
 
 
 def load_benchmark(path: Path, *, limit: int | None = None) -> list[dict]:
-    """Rows ``{id, problem, answer}`` of a JSONL benchmark; ValueError naming file and line."""
+    """Rows ``{id, problem, answer}`` of a JSONL benchmark; an InputError naming file and line."""
     rows, seen = [], set()
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({error})") from None
-            for key in ("id", "problem", "answer"):
-                if not isinstance(row.get(key), (str, int)) or str(row[key]).strip() == "":
-                    raise ValueError(f"{path}:{lineno}: field {key!r} is missing or empty")
-            if str(row["id"]) in seen:
-                raise ValueError(f"{path}:{lineno}: duplicate id {row['id']!r}")
-            seen.add(str(row["id"]))
-            rows.append({"id": str(row["id"]), "problem": str(row["problem"]), "answer": str(row["answer"])})
+    for lineno, row in cli.iter_jsonl(path, what="benchmark file"):
+        for key in ("id", "problem", "answer"):
+            if not isinstance(row.get(key), (str, int)) or str(row[key]).strip() == "":
+                raise cli.InputError(f"field {key!r} is missing or empty", file=path, line=lineno,
+                                     hint="every line needs id, problem and answer")
+        if str(row["id"]) in seen:
+            raise cli.InputError(f"duplicate id {row['id']!r}", file=path, line=lineno)
+        seen.add(str(row["id"]))
+        rows.append({"id": str(row["id"]), "problem": str(row["problem"]), "answer": str(row["answer"])})
     if not rows:
-        raise ValueError(f"{path}: no rows")
+        raise cli.InputError("no rows", file=path)
     return rows[:limit] if limit is not None else rows
 
 
@@ -175,21 +171,21 @@ def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> str:
     if not path.exists() and _looks_like_hub_id(model):
         return model
     if not path.is_dir():
-        raise FileNotFoundError(f"model {model!r} is not a directory (nor a hub id like 'Qwen/Qwen3-1.7B')")
+        raise cli.MissingInputError("not a directory (nor a hub id like 'Qwen/Qwen3-1.7B')", file=model,
+                                    hint="pass --model a model folder or a checkpoint .../global_step_N/actor")
     if _is_hf_model_dir(path):
         return str(path)
     if not list(path.glob("model_world_size_*_rank_*.pt")):
-        raise ValueError(
-            f"model {model!r} is neither a Hugging Face model directory (config.json + weights) nor an "
-            "FSDP checkpoint directory (model_world_size_*_rank_*.pt, e.g. .../global_step_N/actor)"
-        )
+        raise cli.InputError(
+            "neither a Hugging Face model directory (config.json + weights) nor an FSDP checkpoint directory "
+            "(model_world_size_*_rank_*.pt)", file=model, hint="pass a model folder or .../global_step_N/actor")
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
     name = "_".join(part for part in path.parts[-3:] if part not in ("/", ""))
     target = Path(merge_cache).expanduser() / f"{name}-{digest}"
     if target.exists():
         if _is_hf_model_dir(target):
             return str(target)
-        raise RuntimeError(f"{target} exists but holds no complete merged model; remove it to merge again")
+        raise cli.InputError("exists but holds no complete merged model", file=target, hint="remove it to merge again")
     partial = target.with_name(target.name + f".partial-{os.getpid()}")
     partial.parent.mkdir(parents=True, exist_ok=True)
     _run_merger(path, partial)
@@ -221,22 +217,18 @@ def check_resume_config(saved: dict, current: dict, *, where: Path) -> None:
         if isinstance(old, dict) and isinstance(new, dict):
             for sub in sorted(set(old) | set(new)):
                 if old.get(sub) != new.get(sub):
-                    raise ValueError(
-                        f"{where}: resume mismatch in field '{key}.{sub}': saved {old.get(sub)!r}, now "
-                        f"{new.get(sub)!r}; use another --out-dir or the saved settings"
-                    )
+                    raise cli.InputError(
+                        f"resume mismatch in field '{key}.{sub}': saved {old.get(sub)!r}, now {new.get(sub)!r}",
+                        file=where, hint="use another --out-dir or the saved settings")
         elif old != new:
-            raise ValueError(
-                f"{where}: resume mismatch in field '{key}': saved {old!r}, now {new!r}; "
-                "use another --out-dir or the saved settings"
-            )
+            raise cli.InputError(f"resume mismatch in field '{key}': saved {old!r}, now {new!r}", file=where,
+                                 hint="use another --out-dir or the saved settings")
     for name, info in current["benchmarks"].items():
         old = saved.get("benchmarks", {}).get(name)
         if old is not None and old["sha256"] != info["sha256"]:
-            raise ValueError(
-                f"{where}: resume mismatch in field 'benchmarks.{name}.sha256': the benchmark file changed "
-                f"({old['path']} -> {info['path']})"
-            )
+            raise cli.InputError(
+                f"resume mismatch in field 'benchmarks.{name}.sha256': the benchmark file changed "
+                f"({old['path']} -> {info['path']})", file=where, hint="use another --out-dir")
 
 
 def load_generations(path: Path) -> list[dict]:
@@ -257,7 +249,8 @@ def load_generations(path: Path) -> list[dict]:
                     handle.truncate(len(raw) - len(line))
                 print(f"{path}: dropped an incomplete last line (interrupted write)", file=sys.stderr)
                 break
-            raise ValueError(f"{path}:{lineno}: invalid JSON line") from None
+            raise cli.InputError("invalid JSON line", file=path, line=lineno,
+                                 hint="delete the line (that sample is generated again) or use another --out-dir") from None
         key = (record["dataset"], record["problem_id"], record["sample"])
         if key not in keys:
             keys.add(key)
@@ -314,21 +307,22 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
     from recipe.common.chat import render_ids
     from recipe.evaluation.backends import PromptRequest, make_backend
 
+    datasets = {name: load_benchmark(path, limit=config.limit) for name, path in config.benchmark_paths.items()}
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     current = run_config(config)
     config_path, generations_path = out_dir / CONFIG_FILE, out_dir / GENERATIONS_FILE
     if config_path.exists():
-        saved = json.loads(config_path.read_text())
+        saved = cli.read_json(config_path, what="run config")
         check_resume_config(saved, current, where=config_path)
         current["benchmarks"] = {**saved.get("benchmarks", {}), **current["benchmarks"]}
     elif generations_path.exists():
-        raise ValueError(f"{generations_path} exists without {config_path}; refusing to append to it")
+        raise cli.InputError(f"exists without {config_path.name}; refusing to append to it", file=generations_path,
+                             hint="use another --out-dir")
     config_path.write_text(json.dumps(current, indent=2) + "\n")
 
     records = load_generations(generations_path)
     done = {(r["dataset"], r["problem_id"], r["sample"]) for r in records}
-    datasets = {name: load_benchmark(path, limit=config.limit) for name, path in config.benchmark_paths.items()}
     pending = [
         (name, row, [s for s in range(config.n) if (name, row["id"], s) not in done])
         for name, rows in datasets.items()

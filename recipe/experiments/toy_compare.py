@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from recipe.common import cli
+
 METHODS = ("opsd", "grpo")
 
 
@@ -90,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-root", default=None, help="default: <student cache dir>/runs/compare_<UTC time>")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training launch")
     parser.add_argument("--out", default=None, help="also write the markdown table here (summary.json: in the run root)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for both launches (after --)")
+    cli.add_debug_argument(parser)
     return parser
 
 
@@ -101,12 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     from recipe.toy.student import StudentConfig, build_student
 
     args = build_parser().parse_args(argv)
+    if args.out:
+        cli.refuse_overwrite([args.out], overwrite=args.overwrite, other="another --out")
+    cli.refuse_nonempty_dir(args.run_root, flag="--run-root")  # before the (minutes-long) student build
     cache = Settings.from_environ(os.environ).cache_dir
     root = build_student(StudentConfig(), cache=cache)
     run_root = Path(args.run_root) if args.run_root else root / "runs" / time.strftime("compare_%Y%m%dT%H%M%SZ",
                                                                                         time.gmtime())
-    if run_root.exists() and any(run_root.iterdir()):
-        raise FileExistsError(f"{run_root} is not empty; pass another --run-root")
+    cli.refuse_nonempty_dir(run_root, flag="--run-root")
     results = {method: run_method(method, cache=cache, run_dir=run_root / method, steps=args.steps,
                                   extra=args.overrides, eval_n=args.eval_n, eval_limit=args.eval_limit,
                                   timeout_s=args.timeout)

@@ -6,14 +6,24 @@ CKPT may be a run directory (``trainer.default_local_dir``: its latest checkpoin
 ``latest_checkpointed_iteration.txt``), a ``global_step_N`` directory of an RL run (its ``actor/``
 shards) or of an SFT run (shards at its top level), or the shard directory itself. TARGET_DIR must
 not exist (nothing is overwritten). Works with or without the CPU plugin.
+
+Input errors (a partial save: missing / truncated rank shards, no ``fsdp_config.json``, no
+``huggingface/`` config and tokenizer; an existing TARGET_DIR) are one ``error: ...`` line and exit
+code 2, checked before the merger loads anything (``recipe.common.checkpoints``). The merger writes
+next to TARGET_DIR and the directory is renamed when complete: a killed merge never leaves a half
+model under TARGET_DIR.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from recipe.common import cli
+from recipe.common.checkpoints import check_fsdp_checkpoint
 
 
 def shard_dir(ckpt: str | Path) -> Path:
@@ -22,21 +32,18 @@ def shard_dir(ckpt: str | Path) -> Path:
     latest = path / "latest_checkpointed_iteration.txt"
     if latest.is_file():
         path = path / f"global_step_{latest.read_text().strip()}"
-    if (path / "actor").is_dir():
-        path = path / "actor"
-    if not any(path.glob("model_world_size_*_rank_0.pt")):
-        raise FileNotFoundError(f"no FSDP shards (model_world_size_*_rank_0.pt) in {path}")
-    return path
+    return check_fsdp_checkpoint(path)
 
 
 def merge_checkpoint(ckpt: str | Path, target: str | Path, *, log: Path | None = None,
                      python: str = sys.executable) -> Path:
     """Merge the shards ``ckpt`` designates into ``target`` (HF format); return ``target``."""
-    shards, target = shard_dir(ckpt), Path(target)
-    if target.exists():
-        raise FileExistsError(f"{target} exists; refusing to overwrite it")
+    target = Path(str(target).rstrip("/"))
+    cli.refuse_overwrite([target], overwrite=False, other="another TARGET_DIR; the merge never overwrites")
+    shards = shard_dir(ckpt)
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     command = [python, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(shards),
-               "--target_dir", str(target)]
+               "--target_dir", str(partial)]
     print(f"[merge] {shards} -> {target}" + (f" (log {log})" if log else ""), flush=True)
     start = time.time()
     if log is None:
@@ -47,6 +54,7 @@ def merge_checkpoint(ckpt: str | Path, target: str | Path, *, log: Path | None =
     if completed.returncode != 0:
         tail = log.read_text()[-3000:] if log else ""
         raise RuntimeError(f"verl.model_merger failed (exit {completed.returncode})" + (f"; log {log}:\n{tail}" if log else ""))
+    partial.rename(target)
     print(f"[merge] done in {time.time() - start:.0f} s", flush=True)
     return target
 
@@ -55,14 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m recipe.launch.merge CKPT TARGET_DIR", file=sys.stderr)
-        return 2
-    try:
-        merge_checkpoint(args[0], args[1])
-    except (FileNotFoundError, FileExistsError, RuntimeError) as err:
-        print(f"merge: {err}", file=sys.stderr)
-        return 1
+        return cli.EXIT_INPUT_ERROR
+    merge_checkpoint(args[0], args[1])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

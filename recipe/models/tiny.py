@@ -25,6 +25,8 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from recipe.common.cli import InputError, OutputExistsError, refuse_overwrite
+
 CHAT_TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "common" / "chat_templates" / "qwen3.jinja"
 
 ENDOFTEXT = "<|endoftext|>"
@@ -120,12 +122,12 @@ def tiny_qwen3_config(
 ) -> Qwen3Config:
     """Qwen3Config for the tiny model; head_dim = hidden_size / num_heads must be >= 32 (vLLM CPU kernels)."""
     if hidden_size % num_heads != 0:
-        raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+        raise InputError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
     head_dim = hidden_size // num_heads
     if head_dim < 32:
-        raise ValueError(f"head_dim = hidden_size / num_heads = {head_dim}; must be >= 32 (vLLM CPU attention)")
+        raise InputError(f"head_dim = hidden_size / num_heads = {head_dim}; must be >= 32 (vLLM CPU attention)")
     if num_heads % num_kv_heads != 0:
-        raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads}")
+        raise InputError(f"num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads}")
     return Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -163,7 +165,8 @@ def build_tiny_model(
     """
     out_path = Path(out_dir)
     if out_path.exists() and any(out_path.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out_path} is not empty; pass overwrite=True to replace the tiny model there")
+        raise OutputExistsError("is not empty", file=out_path,
+                                hint="pass --overwrite (overwrite=True) to replace the tiny model there, or another --out-dir")
     tokenizer = build_char_tokenizer(chat_template=chat_template, phrases=phrases)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(PAD)

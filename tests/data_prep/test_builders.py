@@ -218,12 +218,42 @@ def test_sft_export_round_trips_generated_solution(tmp_path, eval_dir, tokenizer
 
 def test_load_errors_name_the_source(tmp_path, monkeypatch):
     from data_prep.common import load_records
+    from recipe.common.cli import InputError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match="missing.jsonl: no such file"):
+    with pytest.raises(FileNotFoundError, match="missing.jsonl: no such input file"):
         load_records(str(tmp_path / "missing.jsonl"))
-    with pytest.raises(ValueError, match="unknown file type"):
+    with pytest.raises(InputError, match=r"x.txt: unknown file type '.txt'"):
         (tmp_path / "x.txt").write_text("a")
         load_records(str(tmp_path / "x.txt"))
-    with pytest.raises(RuntimeError, match="could not load dataset 'no-such-org/no-such-dataset'.*local"):
+    with pytest.raises(InputError, match=r"no-such-org/no-such-dataset: could not load dataset.*local"):
         load_records("no-such-org/no-such-dataset")
+
+
+def test_malformed_jsonl_line_is_named_by_file_and_line(tmp_path):
+    from data_prep.common import load_records
+    from recipe.common.cli import InputError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "a", "answer": "1"}\n\n{"problem": "b", "answer": 2,}\n')
+    with pytest.raises(InputError) as info:
+        load_records(str(bad))
+    assert str(info.value).startswith(f"{bad}:3: not valid JSON")
+    bad.write_text('{"problem": "a"}\n["not", "an", "object"]\n')
+    with pytest.raises(InputError, match=r"bad.jsonl:2: expected a JSON object, got list"):
+        load_records(str(bad))
+
+
+def test_local_formats_and_limit(tmp_path):
+    from data_prep.common import load_records
+
+    rows = [{"problem": f"P{i}", "answer": i} for i in range(5)]
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    pd.DataFrame(rows).to_parquet(tmp_path / "a.parquet")
+    (tmp_path / "a.csv").write_text("problem,answer\n" + "".join(f"P{i},{i}\n" for i in range(5)))
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    for name in ("a.json", "a.parquet", "a.csv", "a.jsonl"):
+        source = load_records(str(tmp_path / name), limit=3)
+        assert source.columns == ["problem", "answer"] and len(source.rows) == 3, name
+        assert [str(r["answer"]) for r in source.rows] == ["0", "1", "2"], name
+    assert len(load_records(str(tmp_path / "a.parquet")).rows) == 5

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from recipe.common.cli import InputError
 from recipe.evaluation import harness as evaluation
 from recipe.evaluation.decoding_presets import PRESETS, get_preset
 from recipe.evaluation.backends import Generation, request_seed, sglang_sampling_params, vllm_sampling_kwargs
@@ -271,7 +272,7 @@ def test_resolve_model_hf_dir_and_fsdp_merge_cache(tmp_path, monkeypatch):
     assert len(calls) == 1
 
     (merged / "model.safetensors").unlink()  # an incomplete cache entry is never overwritten
-    with pytest.raises(RuntimeError, match="no complete merged model"):
+    with pytest.raises(InputError, match="no complete merged model.*remove it"):
         resolve_model(str(actor), merge_cache=tmp_path / "cache")
     with pytest.raises(ValueError, match="neither a Hugging Face model directory"):
         resolve_model(str(tmp_path / "ckpt"), merge_cache=tmp_path / "cache")

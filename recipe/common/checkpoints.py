@@ -1,0 +1,366 @@
+"""Checks of model and checkpoint directories before anything loads them (pure stdlib).
+
+Reads only file names, sizes, JSON files and safetensors headers (no tensor data, no torch),
+so a CLI or a launcher can refuse a bad directory in well under a second, before Ray starts:
+
+- ``check_model_dir(path)``: a Hugging Face model directory: ``config.json``; every weight
+  shard the index lists is there, whole (the file is as long as its safetensors header says) and
+  holds the tensors the index puts in it; the embedding shape and the layer count agree with the
+  config; tokenizer files are there and their ids fit the config's ``vocab_size``.
+- ``check_fsdp_checkpoint(path)``: a verl FSDP checkpoint (``global_step_N`` or its ``actor/``):
+  every ``model_world_size_W_rank_R.pt`` for R < W, each a whole torch zip file,
+  ``fsdp_config.json`` (verl writes it last) and ``huggingface/`` with config and tokenizer.
+- ``check_same_model(reference, other)``: two directories hold the same architecture and
+  tokenizer (a checkpoint resumed on its own base model, a teacher and its student).
+
+Every failure is a :class:`recipe.common.cli.InputError` naming the file and how to fix it.
+CLI (used by ``scripts/merge_checkpoint.sh``)::
+
+    python -m recipe.common.checkpoints DIR [--same-as BASE_MODEL_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import struct
+import sys
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from recipe.common import cli
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_INDEX = "pytorch_model.bin.index.json"
+# Any one of these makes a tokenizer loadable by AutoTokenizer (with config.json's model_type).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer.tiktoken")
+# config.json keys two directories of the same model must agree on (when both have them).
+ARCHITECTURE_KEYS = ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim")
+_RANK_FILE = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt$")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_MAX_HEADER = 100 * 2**20  # safetensors caps its JSON header at 100 MB
+_RECOPY = "the copy or download is incomplete: copy the model directory again"
+
+
+def _dir(path: str | Path, what: str) -> Path:
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise cli.MissingInputError(f"no such {what}", file=path, hint="check the path")
+    if not path.is_dir():
+        raise cli.InputError(f"is not a directory, expected a {what}", file=path)
+    return path
+
+
+def read_config(model_dir: str | Path) -> dict:
+    """``config.json`` of a model directory as a dict (missing or malformed: an InputError)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise cli.MissingInputError(
+            "no config.json: not a Hugging Face model directory", file=model_dir,
+            hint="pass the model folder; merge an FSDP checkpoint first (scripts/merge_checkpoint.sh)")
+    config = cli.read_json(path, what="model config")
+    if not isinstance(config, dict):
+        raise cli.InputError("expected a JSON object", file=path)
+    return config
+
+
+# --------------------------------------------------------------------------- weights
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from a safetensors header; the file must be as long as the header says."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise cli.InputError(f"truncated: {size} bytes, not even a safetensors header", file=path, hint=_RECOPY)
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > _MAX_HEADER or 8 + header_len > size:
+            raise cli.InputError(f"truncated or not safetensors: {size} bytes, header claims {header_len}", file=path,
+                                 hint=_RECOPY)
+        try:
+            header = json.loads(handle.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise cli.InputError("not a safetensors file (its header is not JSON)", file=path, hint=_RECOPY) from None
+    tensors = {name: info for name, info in header.items() if name != "__metadata__"}
+    end = max((int(info["data_offsets"][1]) for info in tensors.values()), default=0)
+    if size < 8 + header_len + end:
+        raise cli.InputError(f"truncated: {size} bytes, its header needs {8 + header_len + end}", file=path,
+                             hint=_RECOPY)
+    return {name: list(info.get("shape", [])) for name, info in tensors.items()}
+
+
+def _check_torch_zip(path: Path) -> None:
+    """A torch.save file (zip format) whose central directory (at its end) is readable."""
+    try:
+        with zipfile.ZipFile(path):
+            pass
+    except (zipfile.BadZipFile, OSError):
+        raise cli.InputError(f"truncated or not a torch file ({path.stat().st_size} bytes)", file=path,
+                             hint="the save was interrupted or the copy is incomplete") from None
+
+
+def _index_map(index_path: Path) -> dict[str, str]:
+    index = cli.read_json(index_path, what="weight index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise cli.InputError("no 'weight_map' in the index", file=index_path, hint=_RECOPY)
+    return weight_map
+
+
+def weight_shapes(model_dir: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape over all weight files (empty for ``.bin`` weights, checked as whole files only)."""
+    index_path = model_dir / SAFETENSORS_INDEX
+    if index_path.is_file():
+        weight_map = _index_map(index_path)
+        shapes: dict[str, list[int]] = {}
+        for shard in sorted(set(weight_map.values())):
+            shard_path = model_dir / shard
+            if not shard_path.is_file():
+                raise cli.MissingInputError(f"weight shard listed in {SAFETENSORS_INDEX} is missing", file=shard_path,
+                                            hint=_RECOPY)
+            found = safetensors_shapes(shard_path)
+            absent = [name for name, where in weight_map.items() if where == shard and name not in found]
+            if absent:
+                raise cli.InputError(
+                    f"lacks {len(absent)} tensor(s) {SAFETENSORS_INDEX} puts there, e.g. {absent[0]!r}", file=shard_path,
+                    hint="the shard comes from another model or another save: copy the model directory again")
+            shapes.update(found)
+        return shapes
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return safetensors_shapes(single)
+    bin_index = model_dir / BIN_INDEX
+    bins = sorted(set(_index_map(bin_index).values())) if bin_index.is_file() else (
+        ["pytorch_model.bin"] if (model_dir / "pytorch_model.bin").is_file() else [])
+    if not bins:
+        raise cli.MissingInputError(
+            f"no model weights (model.safetensors, {SAFETENSORS_INDEX}, pytorch_model.bin)", file=model_dir,
+            hint="pass the model folder; merge an FSDP checkpoint first (scripts/merge_checkpoint.sh)")
+    for name in bins:
+        if not (model_dir / name).is_file():
+            raise cli.MissingInputError(f"weight shard listed in {BIN_INDEX} is missing", file=model_dir / name,
+                                        hint=_RECOPY)
+        _check_torch_zip(model_dir / name)
+    return {}
+
+
+def _text_config(config: Mapping) -> Mapping:
+    nested = config.get("text_config")
+    return nested if isinstance(nested, Mapping) else config
+
+
+def check_weights_match_config(model_dir: Path, config: Mapping, shapes: Mapping[str, list[int]]) -> None:
+    """Embedding shape ``[vocab_size, hidden_size]`` and layer count against ``config.json`` (when named so)."""
+    text = _text_config(config)
+    where = model_dir / "config.json"
+    embed = [name for name in shapes if name.endswith("embed_tokens.weight")]
+    vocab, hidden = text.get("vocab_size"), text.get("hidden_size")
+    if len(embed) == 1 and isinstance(vocab, int) and isinstance(hidden, int):
+        shape = shapes[embed[0]]
+        if len(shape) == 2 and shape != [vocab, hidden]:
+            raise cli.InputError(
+                f"vocab_size {vocab} / hidden_size {hidden} disagree with the weights' {embed[0]} of shape {shape}",
+                file=where, hint="config and weights come from different models: copy the model directory again")
+    layers = {int(match.group(1)) for name in shapes if (match := _LAYER.search(name))}
+    n_layers = text.get("num_hidden_layers")
+    if layers and isinstance(n_layers, int) and max(layers) + 1 != n_layers:
+        raise cli.InputError(
+            f"num_hidden_layers {n_layers} disagrees with the weights, which hold {max(layers) + 1} layers", file=where,
+            hint="config and weights come from different models: copy the model directory again")
+
+
+# --------------------------------------------------------------------------- tokenizer
+def check_tokenizer_files(model_dir: str | Path) -> None:
+    """At least one tokenizer file (``tokenizer.json``, ``tokenizer.model``, ``vocab.json``, ...)."""
+    model_dir = _dir(model_dir, "tokenizer directory")
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise cli.MissingInputError(
+            f"no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...)", file=model_dir,
+            hint="copy the tokenizer files of the base model into it (verl checkpoints keep them in "
+                 "global_step_N/actor/huggingface/)")
+
+
+def _tokenizer_json(model_dir: Path) -> dict | None:
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    data = cli.read_json(path, what="tokenizer file")
+    return data if isinstance(data, dict) else None
+
+
+def tokenizer_max_id(model_dir: Path) -> int | None:
+    """Largest token id of ``tokenizer.json`` (vocabulary and added tokens), or None without one."""
+    data = _tokenizer_json(model_dir)
+    if data is None:
+        return None
+    vocab = (data.get("model") or {}).get("vocab")
+    ids = []
+    if isinstance(vocab, dict):
+        ids.extend(v for v in vocab.values() if isinstance(v, int))
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+        ids.append(len(vocab) - 1)
+    ids.extend(t["id"] for t in data.get("added_tokens") or [] if isinstance(t, dict) and isinstance(t.get("id"), int))
+    return max(ids) if ids else None
+
+
+def tokenizer_fingerprint(model_dir: Path) -> str | None:
+    """Hash of ``tokenizer.json``'s vocabulary and added tokens (None without the file)."""
+    data = _tokenizer_json(model_dir)
+    if data is None:
+        return None
+    core = {"vocab": (data.get("model") or {}).get("vocab"),
+            "added": sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens") or [] if isinstance(t, dict))}
+    return hashlib.sha256(json.dumps(core, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- the checks
+def check_model_dir(path: str | Path, *, tokenizer: bool = True) -> None:
+    """Raise an InputError if the Hugging Face model directory ``path`` is incomplete or inconsistent."""
+    model_dir = _dir(path, "model directory")
+    if not (model_dir / "config.json").is_file() and (_rank_files(model_dir) or (model_dir / "actor").is_dir()):
+        raise cli.InputError("is an FSDP checkpoint, not a Hugging Face model directory", file=model_dir,
+                             hint="merge it first: bash scripts/merge_checkpoint.sh CKPT TARGET_DIR")
+    config = read_config(model_dir)
+    check_weights_match_config(model_dir, config, weight_shapes(model_dir))
+    if tokenizer:
+        check_tokenizer_files(model_dir)
+        max_id = tokenizer_max_id(model_dir)
+        vocab = _text_config(config).get("vocab_size")
+        if max_id is not None and isinstance(vocab, int) and max_id >= vocab:
+            raise cli.InputError(
+                f"has token id {max_id}, beyond the model's vocab_size {vocab}", file=model_dir / "tokenizer.json",
+                hint="the tokenizer comes from another model: copy the base model's tokenizer files")
+
+
+def _rank_files(directory: Path) -> dict[int, set[int]]:
+    """World size -> ranks of the ``model_world_size_W_rank_R.pt`` files in ``directory``."""
+    found: dict[int, set[int]] = {}
+    for entry in directory.glob("model_world_size_*_rank_*.pt"):
+        match = _RANK_FILE.search(entry.name)
+        if match:
+            found.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
+    return found
+
+
+def check_fsdp_checkpoint(path: str | Path) -> Path:
+    """Raise an InputError unless ``path`` (``global_step_N`` or its ``actor/``) is a complete verl save.
+
+    Returns the shard directory (``.../actor`` when given ``global_step_N``).
+    """
+    actor = _dir(path, "checkpoint directory")
+    if (actor / "actor").is_dir():
+        actor = actor / "actor"
+    ranks = _rank_files(actor)
+    if not ranks:
+        raise cli.MissingInputError("no FSDP model shards (model_world_size_W_rank_R.pt)", file=actor,
+                                    hint="pass a global_step_N directory of a verl run, or its actor/ directory")
+    if len(ranks) > 1:
+        raise cli.InputError(f"model shards of several world sizes {sorted(ranks)}", file=actor,
+                             hint="two saves were mixed in one directory; keep the shards of one")
+    (world_size, present), = ranks.items()
+    missing = sorted(set(range(world_size)) - present)
+    if missing:
+        raise cli.InputError(f"missing model shard(s) of rank {missing} (world size {world_size})", file=actor,
+                             hint="the save was interrupted; resume from an earlier global_step_N")
+    for rank in range(world_size):
+        _check_torch_zip(actor / f"model_world_size_{world_size}_rank_{rank}.pt")
+    if not (actor / "fsdp_config.json").is_file():
+        raise cli.InputError("no fsdp_config.json (verl writes it last)", file=actor,
+                             hint="the save was interrupted; resume from an earlier global_step_N")
+    hf_dir = actor / "huggingface"
+    read_config(_dir(hf_dir, "huggingface/ directory of the checkpoint"))
+    check_tokenizer_files(hf_dir)
+    return actor
+
+
+def check_same_model(reference: str | Path, other: str | Path) -> None:
+    """Raise an InputError if ``other`` is not the same architecture and tokenizer as ``reference``.
+
+    Either may be a model directory or a checkpoint (its ``[actor/]huggingface/`` is compared).
+    """
+    ref_dir, other_dir = (_config_dir(Path(p).expanduser()) for p in (reference, other))
+    ref_config, other_config = _text_config(read_config(ref_dir)), _text_config(read_config(other_dir))
+    for key in ARCHITECTURE_KEYS:
+        if key in ref_config and key in other_config and ref_config[key] != other_config[key]:
+            raise cli.InputError(
+                f"{key} is {other_config[key]!r} but {ref_config[key]!r} in {ref_dir / 'config.json'}",
+                file=other_dir / "config.json", hint="the two directories are different models; pass matching ones")
+    ref_tok, other_tok = tokenizer_fingerprint(ref_dir), tokenizer_fingerprint(other_dir)
+    if ref_tok is not None and other_tok is not None and ref_tok != other_tok:
+        raise cli.InputError(f"vocabulary differs from {ref_dir / 'tokenizer.json'}", file=other_dir / "tokenizer.json",
+                             hint="the two directories use different tokenizers; pass matching ones")
+
+
+def _config_dir(path: Path) -> Path:
+    for candidate in (path, path / "huggingface", path / "actor" / "huggingface"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    return path  # read_config names what is missing
+
+
+def check_path(path: str | Path) -> str:
+    """Check a model directory or an FSDP checkpoint, whichever ``path`` is; return which it was."""
+    directory = _dir(path, "model or checkpoint directory")
+    if _rank_files(directory) or (directory / "actor").is_dir():
+        check_fsdp_checkpoint(directory)
+        return "fsdp checkpoint"
+    check_model_dir(directory)
+    return "model directory"
+
+
+def verl_resume_dir(*, resume_mode: str, default_local_dir: str | Path | None,
+                    resume_from_path: str | Path | None = None) -> Path | None:
+    """The ``global_step_N`` directory verl 0.9.1 will resume from (``RayPPOTrainer._load_checkpoint``), or None.
+
+    ``disable``: None; ``auto``: the step in ``<default_local_dir>/latest_checkpointed_iteration.txt``
+    when that directory exists; ``resume_path``: ``resume_from_path``. Relative paths are taken
+    from the working directory, as verl does.
+    """
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "resume_path":
+        if not resume_from_path or "global_step_" not in str(resume_from_path):
+            raise cli.InputError(f"trainer.resume_from_path={resume_from_path!r} must name a global_step_N directory",
+                                 hint="or set trainer.resume_mode=auto")
+        return Path(resume_from_path).absolute()
+    if default_local_dir is None:
+        return None
+    tracker = Path(default_local_dir).absolute() / "latest_checkpointed_iteration.txt"
+    if not tracker.is_file():
+        return None
+    step = tracker.read_text().strip()
+    if not step.isdigit():
+        raise cli.InputError(f"holds {step!r}, not a step number", file=tracker, hint="fix or delete the file")
+    folder = tracker.parent / f"global_step_{step}"
+    return folder if folder.is_dir() else None  # verl then trains from scratch
+
+
+def check_training_inputs(*, model_path: str | Path, resume_dir: str | Path | None) -> None:
+    """Before Ray starts: the (local) model directory, and the checkpoint a run resumes from (complete, same model)."""
+    local_model = Path(model_path).expanduser().exists()
+    if local_model:
+        check_model_dir(model_path)
+    if resume_dir is not None:
+        check_fsdp_checkpoint(resume_dir)
+        if local_model:
+            check_same_model(model_path, resume_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m recipe.common.checkpoints", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", help="Hugging Face model directory, or a verl global_step_N (or its actor/)")
+    parser.add_argument("--same-as", default=None, help="also require the same architecture and tokenizer as this directory")
+    cli.add_debug_argument(parser)
+    args = parser.parse_args(argv)
+    kind = check_path(args.path)
+    if args.same_as:
+        check_same_model(args.same_as, args.path)
+    print(f"ok: {args.path} ({kind})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

@@ -1,0 +1,215 @@
+"""One clear line for a user's input error, in every command-line tool of the project (pure stdlib).
+
+A CLI raises :class:`InputError` for anything wrong in what the user gave it (a file, a line
+or row of it, an option); :func:`run` turns it into one line on stderr and exit code 2::
+
+    error: <file>[:<line> | :row '<id>']: <what is wrong> (<how to fix>)
+
+Any other exception is a bug of ours and keeps its traceback. ``--debug`` anywhere on the
+command line before a ``--`` (or ``OPSD_DEBUG=1`` in the environment) prints the traceback of
+an input error too. Each script ends with::
+
+    if __name__ == "__main__":
+        sys.exit(cli.run(main))        # main(argv: list[str]) -> int | None
+
+Readers the tools share: :func:`iter_jsonl` / :func:`read_json` (malformed JSON named by file
+and line), :func:`require_file`, and :func:`refuse_overwrite` (no tool replaces an output
+silently: ``--overwrite`` or another path).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "OPSD_DEBUG"
+EXIT_INPUT_ERROR = 2
+DEBUG_HELP = f"show the Python traceback of an input error (or set {DEBUG_ENV}=1)"
+
+
+class InputError(ValueError):
+    """Something wrong in what the user gave a tool, located and with a way out.
+
+    Args:
+        what: what is wrong, e.g. ``"not valid JSON: Expecting ',' delimiter (column 12)"``.
+        file: the file (or directory, or command-line option) it is about.
+        line: 1-based line number in ``file``.
+        row: row id in ``file`` (used when there is no line number).
+        hint: how to fix it, e.g. ``"pass --overwrite to replace it"``.
+
+    A ``ValueError`` so that library callers catching ``ValueError`` keep working.
+    """
+
+    def __init__(self, what: str, *, file: str | os.PathLike | None = None, line: int | None = None,
+                 row: str | None = None, hint: str | None = None):
+        self.what, self.file, self.line, self.row, self.hint = what, file, line, row, hint
+        super().__init__(self.message)
+
+    @property
+    def location(self) -> str:
+        where = str(self.file) if self.file is not None else ""
+        if self.line is not None:
+            where += f":{self.line}"
+        elif self.row is not None:
+            where += f":row {self.row!r}" if where else f"row {self.row!r}"
+        return where
+
+    @property
+    def message(self) -> str:
+        text = f"{self.location}: {self.what}" if self.location else self.what
+        if self.hint:
+            text += f" ({self.hint})"
+        return " ".join(text.split())  # one line, whatever the parts held
+
+    def __str__(self) -> str:
+        return self.message
+
+    def located(self, *, file: str | os.PathLike | None = None, line: int | None = None,
+                row: str | None = None) -> InputError:
+        """A copy of this error with the location parts it lacks filled in (same class)."""
+        new = copy.copy(self)
+        new.file = self.file if self.file is not None else file
+        new.line = self.line if self.line is not None else line
+        new.row = self.row if self.row is not None else row
+        new.args = (new.message,)
+        return new
+
+
+class MissingInputError(InputError, FileNotFoundError):
+    """An input file or directory that does not exist."""
+
+
+class OutputExistsError(InputError, FileExistsError):
+    """An output that exists and would be replaced without ``--overwrite``."""
+
+
+# --------------------------------------------------------------------------- running a CLI
+def split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """``argv`` without ``--debug`` (only before a ``--``), and whether it was there."""
+    argv = list(argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    head = [arg for arg in argv[:end] if arg != DEBUG_FLAG]
+    return head + argv[end:], len(head) != end
+
+
+def debug_enabled(flag: bool = False) -> bool:
+    return flag or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def add_debug_argument(parser) -> None:
+    """List ``--debug`` in ``parser``'s help (``run`` removes it from argv before parsing)."""
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
+
+
+def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> int:
+    """Call ``main(argv)``; an :class:`InputError` becomes one ``error: ...`` line and exit code 2."""
+    argv, flag = split_debug(sys.argv[1:] if argv is None else argv)
+    debug = debug_enabled(flag)
+    try:
+        return main(argv) or 0
+    except InputError as err:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {err.message}", file=sys.stderr, flush=True)
+        return EXIT_INPUT_ERROR
+
+
+@contextmanager
+def reraise_as_input(*types: type[BaseException], file: str | os.PathLike | None = None, hint: str | None = None):
+    """Inside the block, an exception of ``types`` is an input error about ``file``.
+
+    Use it around ONE call whose only failures of that type are input validation (a config
+    dataclass built from options, a loader of one user file), never around a whole program.
+    """
+    try:
+        yield
+    except InputError as err:
+        if err.file is None and file is not None:
+            raise err.located(file=file) from err
+        raise
+    except types as err:
+        what = str(err) if str(err) else type(err).__name__
+        if file is not None and what.startswith(f"{file}: "):
+            what = what[len(f"{file}: "):]
+        cls = MissingInputError if isinstance(err, FileNotFoundError) else (
+            OutputExistsError if isinstance(err, FileExistsError) else InputError)
+        raise cls(what, file=file, hint=hint) from err
+
+
+# --------------------------------------------------------------------------- inputs
+def require_file(path: str | os.PathLike, *, what: str = "file", hint: str | None = None) -> Path:
+    """``path`` as a Path if it is an existing file, else a :class:`MissingInputError`."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"is a directory, expected a {what}", file=path, hint=hint)
+    if not path.is_file():
+        raise MissingInputError(f"no such {what}", file=path, hint=hint or "check the path")
+    return path
+
+
+def _json_error(err: json.JSONDecodeError) -> str:
+    return f"not valid JSON: {err.msg} (column {err.colno})"
+
+
+def iter_jsonl(path: str | os.PathLike, *, what: str = "JSONL file") -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of every non-blank line; a bad line is an error naming file and line."""
+    path = require_file(path, what=what)
+    with open(path, encoding="utf-8") as handle:
+        lines = enumerate(handle, 1)
+        while True:
+            try:
+                line_no, line = next(lines)
+            except StopIteration:
+                return
+            except UnicodeDecodeError:
+                raise InputError("not UTF-8 text", file=path, hint=f"pass a UTF-8 {what}") from None
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line.rstrip("\r\n"))  # columns of a cut-off line point at its end
+            except json.JSONDecodeError as err:
+                raise InputError(_json_error(err), file=path, line=line_no,
+                                 hint="fix or delete the line; one JSON object per line") from None
+            if not isinstance(value, dict):
+                raise InputError(f"expected a JSON object, got {type(value).__name__}", file=path, line=line_no,
+                                 hint="one JSON object per line")
+            yield line_no, value
+
+
+def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> Any:
+    """The value of a JSON file; missing file or bad JSON is an error naming file and line."""
+    path = require_file(path, what=what)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text", file=path, hint=f"pass a UTF-8 {what}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(_json_error(err), file=path, line=err.lineno, hint=f"fix the {what}") from None
+
+
+# --------------------------------------------------------------------------- outputs
+def refuse_overwrite(paths: Iterable[str | os.PathLike], *, overwrite: bool, flag: str = "--overwrite",
+                     other: str = "another output path") -> None:
+    """Fail before any work when an output exists and ``overwrite`` is off (names the first one)."""
+    if overwrite:
+        return
+    existing = [Path(p) for p in paths if Path(p).exists()]
+    if existing:
+        more = f" and {len(existing) - 1} more output(s)" if len(existing) > 1 else ""
+        raise OutputExistsError(f"exists{more}", file=existing[0], hint=f"pass {flag} to replace it, or choose {other}")
+
+
+def refuse_nonempty_dir(path: str | os.PathLike | None, *, flag: str) -> None:
+    """Fail when ``path`` is a directory that already holds something (a run directory is never reused)."""
+    if path is not None and Path(path).is_dir() and any(Path(path).iterdir()):
+        raise OutputExistsError("is not empty", file=path, hint=f"pass another {flag}")
