@@ -104,7 +104,7 @@ def test_save_writes_a_png_and_never_overwrites_silently(tmp_path):
     out = plots.plot_accuracy_vs_step(acc, tmp_path / "fig" / "acc.png")
     assert out.read_bytes()[:8] == PNG_MAGIC
     before = out.read_bytes()
-    with pytest.raises(FileExistsError, match="overwrite=True"):
+    with pytest.raises(FileExistsError, match="pass --overwrite to replace it"):
         plots.plot_accuracy_vs_step({"other": acc["run"]}, out)
     assert out.read_bytes() == before
     plots.plot_accuracy_vs_step({"other": acc["run"]}, out, overwrite=True)
