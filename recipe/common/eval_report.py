@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 MACRO = "Macro avg"
 # Run-config fields a comparison expects to be equal (the paper: "All evaluation settings remain fixed").
-_FIXED_FIELDS = ("decoding", "n", "seed", "backend")
+_FIXED_FIELDS = ("decoding", "n", "seed", "backend", "grading")
 
 
 def _pct(value: float) -> str:

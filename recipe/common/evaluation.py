@@ -5,7 +5,8 @@ zero-shot with eight sampled completions and seed 42, the user message is
 ``{problem}\\n\\n`` + the boxed instruction (``recipe.common.prompts.eval_messages``)
 rendered with the model's chat template in the designated reasoning mode, decoding follows
 the model-specific preset (``recipe.common.decoding_presets``), and answers are graded
-with the one grader (``recipe.common.grader.grade``).
+with the one grader in its evaluation mode (``grade(..., mode="evaluation")``: the final
+balanced ``\\boxed{}`` only, no ``Answer:`` fallback).
 
 Outputs in ``out_dir``:
 - ``run_config.json``: what was run (model, decoding, mode, n, seed, backend, benchmark
@@ -37,7 +38,7 @@ from pathlib import Path
 from recipe.common import eval_metrics
 from recipe.common.decoding_presets import DecodingPreset
 from recipe.common.eval_report import results_table
-from recipe.common.grader import DEFAULT_TIMEOUT_S, MAX_WORKERS, grade
+from recipe.common.grader import DEFAULT_TIMEOUT_S, EVALUATION, MAX_WORKERS, grade
 
 EVAL_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
 DEFAULT_BENCHMARKS = ("aime2024", "aime2025", "aime2026", "hmmt_feb_2025")
@@ -49,8 +50,11 @@ CONFIG_FILE, GENERATIONS_FILE, RESULTS_FILE, TABLE_FILE = (
     "results.md",
 )
 # Run-config fields that must match on resume (benchmarks are checked one by one).
-_RESUME_FIELDS = ("model", "decoding", "n", "seed", "backend", "prompt")
+_RESUME_FIELDS = ("model", "decoding", "n", "seed", "backend", "prompt", "grading")
 PROMPT_VERSION = "eval_messages"
+# Grading rule recorded in run_config.json: runs graded before the evaluation mode existed (boxed,
+# \fbox, `\boxed 5`, then the Answer: line) have no such field and are not resumed into.
+GRADING = "final_balanced_boxed"
 
 
 @dataclass
@@ -208,6 +212,7 @@ def run_config(config: EvalConfig) -> dict:
         "seed": config.seed,
         "backend": config.backend,
         "prompt": PROMPT_VERSION,
+        "grading": GRADING,
         "benchmarks": {
             name: {"path": str(path), "sha256": _sha256(path)} for name, path in config.benchmark_paths.items()
         },
@@ -354,7 +359,8 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
                 ]
                 outputs = backend.generate(requests)
                 for (name, row, samples), request, generations in zip(chunk, requests, outputs, strict=True):
-                    grades = pool.map(lambda g: grade(g.text, row["answer"], timeout_s=config.grade_timeout_s),
+                    grades = pool.map(lambda g: grade(g.text, row["answer"], mode=EVALUATION,
+                                                        timeout_s=config.grade_timeout_s),
                                       generations)
                     for sample, generation, result in zip(samples, generations, list(grades), strict=True):
                         record = {
