@@ -41,7 +41,7 @@ import json
 import os
 import queue
 import re
-import select
+import selectors
 import subprocess
 import sys
 import threading
@@ -142,12 +142,17 @@ def extract_answer_line(text: str) -> str | None:
         pass
     if last is None:
         return None
-    answer = text[last.end() :].split("\n", 1)[0]
-    previous = None
-    while answer != previous:
-        previous = answer
-        answer = answer.strip().strip("*$").rstrip(".")
-    return answer or None
+    line_end = text.find("\n", last.end())
+    answer = text[last.end() : None if line_end < 0 else line_end]
+    # Strip to the fixed point of strip() / strip("*$") / rstrip("."): whitespace, `*`, `$` on the
+    # left and those plus `.` on the right, in one pass each (repeating the three strips until
+    # nothing changes is quadratic on a line like ".$.$.$...").
+    start, end = 0, len(answer)
+    while start < end and (answer[start].isspace() or answer[start] in "*$"):
+        start += 1
+    while end > start and (answer[end - 1].isspace() or answer[end - 1] in "*$."):
+        end -= 1
+    return answer[start:end] or None
 
 
 def extract_answer(text: str, *, mode: str = EVALUATION) -> str | None:
@@ -201,8 +206,12 @@ class _Worker:
     """One ``--serve`` subprocess answering JSON-line requests; killed on timeout."""
 
     def __init__(self):
+        self.owner_pid = os.getpid()
         self.proc: subprocess.Popen | None = None
         self._buffer = b""
+        # select.select() raises for descriptors >= FD_SETSIZE (1024), which a process with many
+        # open files (Ray, vLLM) reaches; the default selector (epoll on Linux) has no such limit.
+        self._selector: selectors.BaseSelector | None = None
 
     def _start(self) -> None:
         # The repository root goes first on the child's path, so the worker imports this very
@@ -218,6 +227,8 @@ class _Worker:
             env=env,
         )
         self._buffer = b""
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
         if self._read_line(time.monotonic() + WORKER_STARTUP_TIMEOUT_S) != b"ready":
             self.kill()
             raise RuntimeError(
@@ -229,7 +240,7 @@ class _Worker:
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            if remaining <= 0 or not self._selector.select(remaining):
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:  # worker died
@@ -256,6 +267,9 @@ class _Worker:
         return bool(json.loads(line)["ok"])
 
     def kill(self) -> None:
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
@@ -265,21 +279,24 @@ class _Worker:
 
 
 class _WorkerPool:
-    """At most ``MAX_WORKERS`` workers per process, shared by all threads."""
+    """At most ``MAX_WORKERS`` workers per process, shared by all threads.
+
+    A forked child starts with an empty pool (``_reset`` runs after every ``os.fork``): the
+    parent's pipes are not the child's, and a lock or queue another parent thread held at the
+    moment of the fork would stay held in the child forever.
+    """
 
     def __init__(self):
-        self._lock = threading.Lock()
         self._reset()
 
     def _reset(self) -> None:
+        self._lock = threading.Lock()
         self._pid = os.getpid()
         self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
         self._created = 0
 
     def acquire(self) -> _Worker:
         with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's pipes are not ours
-                self._reset()
             try:
                 return self._idle.get_nowait()
             except queue.Empty:
@@ -289,7 +306,7 @@ class _WorkerPool:
         return self._idle.get()
 
     def release(self, worker: _Worker) -> None:
-        if self._pid == os.getpid():
+        if worker.owner_pid == os.getpid():
             self._idle.put(worker)
 
     def close(self) -> None:
@@ -304,6 +321,7 @@ class _WorkerPool:
 
 _POOL = _WorkerPool()
 atexit.register(_POOL.close)
+os.register_at_fork(after_in_child=_POOL._reset)
 
 
 def answers_match(pred: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
