@@ -15,7 +15,8 @@ Outputs in ``out_dir``:
   finish reason, pred, acc, has_boxed; appended as problems finish, so an interrupted
   run resumes where it stopped;
 - ``results.json`` and ``results.md``: per-dataset and macro-average metrics
-  (``recipe.common.eval_metrics``).
+  (``recipe.common.eval_metrics``); results.json also holds each problem's Avg@n
+  (``per_problem``), the unit of the Base-vs-checkpoint bootstrap interval.
 
 Example (CPU, tiny model)::
 
@@ -286,11 +287,12 @@ def compute_results(
     """
     n = config["n"]
     ks = sorted({1, n, *pass_ks})
-    per_dataset = {}
+    per_dataset, per_problem = {}, {}
     for name in benchmarks:
         rows = [r for r in records if r["dataset"] == name]
         if rows:
             per_dataset[name] = eval_metrics.dataset_metrics(rows, ks=ks)
+            per_problem[name] = eval_metrics.problem_scores(rows)
     if not per_dataset:
         raise ValueError("no generations to summarise")
     return {
@@ -299,6 +301,8 @@ def compute_results(
         "config": config,
         "per_dataset": per_dataset,
         "macro": eval_metrics.macro_average(per_dataset),
+        # Avg@n of every problem, for the paired bootstrap of `compare` (recipe.evaluation.stats)
+        "per_problem": per_problem,
     }
 
 

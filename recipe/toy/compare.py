@@ -18,6 +18,10 @@ Toy preset (where it departs from the paper's values, and why; docs/toy_world.md
 - GRPO: 4 samples per prompt, lr 5e-5 (3e-4 collapses the toy student), no-think mode; the
   paper's other GRPO values are kept.
 
+Statistics: each accuracy change gets a 95% paired bootstrap interval over the held-out
+problems (``recipe.evaluation.stats``: the same problems resampled for both sides), after vs
+before for each method and OPSD vs GRPO after training.
+
 CLI: ``bash recipe/toy/run_toy.sh opsd`` (one method) and ``python scripts/compare_opsd_grpo.py``
 (both, one table).
 """
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipe.analysis.run_logs import parse_console_line
+from recipe.evaluation import stats
 from recipe.toy.student import REPO_ROOT, StudentConfig, build_student, evaluate_model
 
 METHODS = ("opsd", "grpo")
@@ -187,8 +192,33 @@ def evaluate_all(model: Path, root: Path, out_dir: Path, config: ToyRunConfig) -
     sampled = evaluate_model(model, benchmark, out_dir / f"sampled_n{config.eval_n}", greedy=False,
                              n=config.eval_n, limit=config.eval_limit)
     n = config.eval_n
+    per_problem = {"greedy": problem_scores(out_dir / "greedy"), f"avg@{n}": problem_scores(out_dir / f"sampled_n{n}")}
     return {"greedy": greedy["avg@1"], f"avg@{n}": sampled[f"avg@{n}"], f"pass@{n}": sampled[f"pass@{n}"],
-            "mean_length": sampled["mean_length"], "n_problems": sampled["n_problems"]}
+            "mean_length": sampled["mean_length"], "n_problems": sampled["n_problems"], "per_problem": per_problem}
+
+
+def problem_scores(eval_dir: Path) -> dict[str, float]:
+    """``{problem_id: Avg@n}`` of one evaluation directory (its results.json ``per_problem``)."""
+    results = json.loads((eval_dir / "results.json").read_text())
+    return {pid: score for scores in results["per_problem"].values() for pid, score in scores.items()}
+
+
+def change_interval(before: dict, afters: list[dict], metric: str) -> stats.Interval | None:
+    """Paired bootstrap interval of ``metric`` after - before over the held-out problems.
+
+    ``afters`` holds one evaluation per training seed (rows of the bootstrap); None when an
+    evaluation lacks per-problem scores (a summary written before they were kept).
+    """
+    if "per_problem" not in before or any("per_problem" not in after for after in afters):
+        return None
+    ids = list(before["per_problem"][metric])
+    return stats.paired_bootstrap(base_SP=[before["per_problem"][metric][pid] for pid in ids],
+                                  ckpt_SP=[[after["per_problem"][metric][pid] for pid in ids] for after in afters])
+
+
+def headline(metrics: dict) -> dict:
+    """The metrics without the per-problem scores (for progress lines)."""
+    return {key: value for key, value in metrics.items() if key != "per_problem"}
 
 
 def run_method(method: str, *, config: ToyRunConfig, root: Path, run_dir: Path, extra: list[str] = (),
@@ -207,13 +237,18 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}"
 
 
+def _ci(interval: stats.Interval | None) -> str:
+    return "-" if interval is None else interval.points()
+
+
 def table(before: dict, results: dict[str, dict], config: ToyRunConfig) -> str:
     """Markdown table: accuracy before/after, length, wall time, time per step, compute ratio."""
     n = config.eval_n
     lines = [
-        f"| method | greedy acc before -> after (%) | Avg@{n} before -> after (%) | Pass@{n} before -> after (%) "
+        f"| method | greedy acc before -> after (%) | Avg@{n} before -> after (%) | Avg@{n} change 95% CI (pts) "
+        f"| Pass@{n} before -> after (%) "
         f"| mean length before -> after | steps | wall time (s) | time/step (s) | time/step after step 1 (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, result in results.items():
         after, trained = result["after"], result["train"]
@@ -222,7 +257,7 @@ def table(before: dict, results: dict[str, dict], config: ToyRunConfig) -> str:
         steady = _mean(times[1:])
         lines.append(
             f"| {method} | {_pct(before['greedy'])} -> {_pct(after['greedy'])} "
-            f"| {_pct(before[f'avg@{n}'])} -> {_pct(after[f'avg@{n}'])} "
+            f"| {_pct(before[f'avg@{n}'])} -> {_pct(after[f'avg@{n}'])} | {_ci(change_interval(before, [after], f'avg@{n}'))} "
             f"| {_pct(before[f'pass@{n}'])} -> {_pct(after[f'pass@{n}'])} "
             f"| {before['mean_length']:.1f} -> {after['mean_length']:.1f} | {trained['steps']} "
             f"| {trained['wall_time_s']:.0f} | {per_step:.2f} | {steady:.2f} |"
@@ -234,8 +269,15 @@ def table(before: dict, results: dict[str, dict], config: ToyRunConfig) -> str:
                      f"{_mean(opsd['step_times_s']) / _mean(grpo['step_times_s']):.2f} "
                      f"({_mean(opsd['step_times_s'][1:]) / _mean(grpo['step_times_s'][1:]):.2f} after step 1), "
                      f"launch wall time {opsd['wall_time_s'] / grpo['wall_time_s']:.2f}")
+        opsd_after, grpo_after = results["opsd"]["after"], results["grpo"]["after"]
+        for metric, title in (("greedy", "greedy acc"), (f"avg@{n}", f"Avg@{n}")):
+            interval = change_interval(grpo_after, [opsd_after], metric)
+            if interval is not None:
+                lines.append(f"OPSD - GRPO after training, {title}: {100 * interval.estimate:+.1f} pts, "
+                             f"95% CI {interval.points()} (paired by problem)")
     lines.append(f"(held-out problems: {before['n_problems']}; greedy = top-k 1; Avg@{n}/Pass@{n}: T 1.0, "
-                 f"no-think mode, recipe.common.evaluation)")
+                 f"no-think mode, recipe.common.evaluation; 95% CI: paired percentile bootstrap over problems, "
+                 f"{stats.DEFAULT_RESAMPLES:,} resamples, recipe.evaluation.stats)")
     return "\n".join(lines) + "\n"
 
 
@@ -264,12 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         raise FileExistsError(f"{run_root} is not empty; pass another --run-root")
     print(f"[toy] student {root / 'student'}; runs in {run_root}", flush=True)
     before = evaluate_all(root / "student", root, root / "student_eval" / "none", config)
-    print(f"[toy] before: {before}", flush=True)
+    print(f"[toy] before: {headline(before)}", flush=True)
     results = {}
     for method in args.methods:
         results[method] = run_method(method, config=config, root=root, run_dir=run_root / method,
                                      extra=args.overrides, timeout_s=args.timeout)
-        print(f"[toy {method}] after: {results[method]['after']}", flush=True)
+        print(f"[toy {method}] after: {headline(results[method]['after'])}", flush=True)
     text = table(before, results, config)
     print(text, end="")
     summary = {"before": before, "config": {"steps": config.steps, "batch_size": config.batch_size},
