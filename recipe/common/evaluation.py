@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -51,10 +52,11 @@ CONFIG_FILE, GENERATIONS_FILE, RESULTS_FILE, TABLE_FILE = (
     "results.md",
 )
 # Run-config fields that must match on resume (benchmarks are checked one by one).
-_RESUME_FIELDS = ("model", "decoding", "n", "seed", "backend", "prompt", "grading")
+_RESUME_FIELDS = ("model", "decoding", "n", "seed", "backend", "prompt")
 PROMPT_VERSION = "eval_messages"
-# Grading rule recorded in run_config.json: runs graded before the evaluation mode existed (boxed,
-# \fbox, `\boxed 5`, then the Answer: line) have no such field and are not resumed into.
+# Grading rule recorded in run_config.json. A directory graded by another rule (before the
+# grader's modes: boxed, \fbox, `\boxed 5`, then the Answer: line; no such field) is regraded
+# on resume from its stored texts (``regrade_generations``), so one table never mixes rules.
 GRADING = "final_balanced_boxed"
 
 
@@ -271,6 +273,33 @@ def load_generations(path: Path) -> list[dict]:
     return records
 
 
+def regrade_generations(path: Path, *, old_rule: str, timeout_s: float) -> None:
+    """Regrade every stored generation with the current evaluation rule (``GRADING``).
+
+    The texts are kept; ``pred``, ``acc`` and ``has_boxed`` are recomputed. The previous file is
+    kept as ``<path>.graded-<old_rule>`` (refusing to overwrite one) and the new one replaces
+    ``path`` atomically.
+    """
+    records = load_generations(path)
+    if not records:
+        return
+    backup = path.with_name(f"{path.name}.graded-{old_rule}")
+    if backup.exists():
+        raise ValueError(f"{path}: cannot regrade, {backup} already exists (move it away first)")
+    with ThreadPoolExecutor(MAX_WORKERS) as pool:
+        results = list(pool.map(lambda r: grade(r["text"], r["answer"], mode=EVALUATION, timeout_s=timeout_s),
+                                records))
+    partial = path.with_name(path.name + ".regrading")
+    with open(partial, "w", encoding="utf-8") as sink:
+        for record, result in zip(records, results, strict=True):
+            record.update(pred=result.pred, acc=result.acc, has_boxed=result.has_boxed)
+            sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+    shutil.copy2(path, backup)
+    os.replace(partial, path)
+    print(f"{path}: regraded {len(records)} stored generations with the evaluation rule {GRADING!r} "
+          f"(was {old_rule!r}); the previous file is {backup}", file=sys.stderr)
+
+
 def _prompt_messages(problem: str, preset: DecodingPreset) -> list[dict]:
     from recipe.common.prompts import eval_messages
 
@@ -331,6 +360,9 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
         saved = json.loads(config_path.read_text())
         check_resume_config(saved, current, where=config_path)
         current["benchmarks"] = {**saved.get("benchmarks", {}), **current["benchmarks"]}
+        if saved.get("grading") != GRADING:  # before the new config is written: a kill here regrades again
+            regrade_generations(generations_path, old_rule=saved.get("grading", "before_grader_modes"),
+                                timeout_s=config.grade_timeout_s)
     elif generations_path.exists():
         raise ValueError(f"{generations_path} exists without {config_path}; refusing to append to it")
     config_path.write_text(json.dumps(current, indent=2) + "\n")

@@ -197,18 +197,37 @@ def test_resume_with_other_settings_names_the_field(fixture_run):
         evaluate(config, backend=ScriptedBackend(script), progress=False)
 
 
-def test_run_graded_with_the_older_rule_is_not_resumed_into(fixture_run):
-    # run_config.json records the grading rule; a directory written before it existed (boxed, \fbox,
-    # `\boxed 5`, then Answer:) has no such field, and mixing its grades with new ones is refused
+def test_run_graded_by_the_older_rule_is_regraded_on_resume(fixture_run, capsys):
+    # a directory written before the grader's modes (no `grading` in run_config.json) whose records were
+    # graded with the Answer: fallback: resuming regrades the stored texts and keeps the old file
     config, script = fixture_run
     evaluate(config, backend=ScriptedBackend(script), progress=False)
-    path = Path(config.out_dir) / "run_config.json"
-    saved = json.loads(path.read_text())
+    out = Path(config.out_dir)
+    saved = json.loads((out / "run_config.json").read_text())
     assert saved["grading"] == "final_balanced_boxed"
     del saved["grading"]
-    path.write_text(json.dumps(saved))
-    with pytest.raises(ValueError, match="field 'grading': saved None, now 'final_balanced_boxed'"):
-        evaluate(config, backend=ScriptedBackend(script), progress=False)
+    (out / "run_config.json").write_text(json.dumps(saved))
+    path = out / "generations.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        if line["text"] == "Answer: 5":  # as the old grader recorded it
+            line.update(pred="5", acc=True)
+    old_text = "".join(json.dumps(line) + "\n" for line in lines)
+    path.write_text(old_text)
+    backend = ScriptedBackend(script)
+    results = evaluate(config, backend=backend, progress=False)
+    assert backend.calls == []  # nothing generated again
+    assert results["per_problem"]["setA"]["a1"] == 0.5
+    regraded = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["pred"], r["acc"]) for r in regraded if r["text"] == "Answer: 5"] == [(None, False)]
+    assert [r["text"] for r in regraded] == [r["text"] for r in lines]
+    assert (out / "generations.jsonl.graded-before_grader_modes").read_text() == old_text
+    assert json.loads((out / "run_config.json").read_text())["grading"] == "final_balanced_boxed"
+    assert "regraded 12 stored generations" in capsys.readouterr().err
+    # a second old directory would need the backup name again: refused, nothing overwritten
+    (out / "run_config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="graded-before_grader_modes already exists"):
+        evaluate(config, backend=backend, progress=False)
 
 
 def test_resume_detects_changed_benchmark_file(fixture_run):
