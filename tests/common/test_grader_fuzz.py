@@ -16,7 +16,7 @@ change it. A bigger sweep, standalone (prints failures and the slowest cases)::
 
 Findings (each has a regression test in this file, failing before its fix):
 1. ``extract_answer_line`` repeated strip()/strip("*$")/rstrip(".") until nothing changed:
-   quadratic on an ``Answer:`` line like ``5.$.$.$...`` (4 s at 500k characters, 25 s at 1.2M).
+   quadratic on an ``Answer:`` line like ``5.$.$.$...`` (4 s at 500k characters; 75 s at 1.2M on the loaded shared machine, 0.3 s after the fix).
 2. ``select.select`` raised ``ValueError: filedescriptor out of range`` in a process with more
    than 1024 open files (Ray and vLLM workers): the worker pipes are now read through
    ``selectors.DefaultSelector`` (epoll).
@@ -196,7 +196,7 @@ def test_finding_1_answer_line_strip_is_linear(unit):
     response = "Answer: 5" + unit * (1_200_000 // len(unit))
     start = time.monotonic()
     assert grade(response, "5", mode="reward").acc
-    assert time.monotonic() - start < 2.0  # 25 s before the fix
+    assert time.monotonic() - start < 8.0  # 0.2-0.3 s after the fix, 75 s before it (shared machine)
 
 
 def test_finding_2_grading_with_more_than_1024_open_files():
