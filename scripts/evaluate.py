@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--grade-timeout", type=float, default=10.0, help="seconds per Math-Verify comparison")
     run.add_argument("--merge-cache", default=str(DEFAULT_MERGE_CACHE), help="where merged FSDP checkpoints go")
     run.add_argument("--no-progress", action="store_true")
-    compare = sub.add_parser("compare", help="Base vs checkpoint table with deltas")
+    compare = sub.add_parser("compare", help="Base vs checkpoint table with deltas and 95%% bootstrap intervals")
     compare.add_argument("base", help="results.json of the base model")
     compare.add_argument("checkpoint", help="results.json of the checkpoint")
     cli.add_debug_argument(parser)

@@ -1,18 +1,22 @@
-"""The one math grader: final balanced ``\\boxed{}`` answer, checked with Math-Verify.
+"""The one math grader, with two documented modes; Math-Verify decides equivalence.
 
-Every path of the toolkit grades with ``grade`` (the GRPO reward through
-``recipe.common.reward.compute_score``, evaluation, analysis), so training and
-evaluation never disagree on what counts as correct.
+Every path of the toolkit grades with ``grade(response, gold, mode=...)``: evaluation and
+analysis with ``mode="evaluation"``, the GRPO reward (``recipe.common.reward.compute_score``)
+with ``mode="reward"``. The mode is a required keyword, so no caller gets a rule by accident.
 
 Paper, appendix "Evaluation Protocol and Inference Settings": "Answers are extracted from
-the final balanced \\boxed{} expression and checked with Math-Verify."; GRPO recipe: "The
-reward extracts a boxed answer first and falls back to an Answer: pattern."
+the final balanced \\boxed{} expression and checked with Math-Verify."; appendix "GRPO
+Control Configuration": "The reward extracts a boxed answer first and falls back to an
+Answer: pattern. Correctness is checked with Math-Verify."
 
 Extraction (``extract_answer``):
-1. the LAST ``\\boxed{...}`` / ``\\fbox{...}`` whose braces balance (nested braces
-   allowed; an unclosed, truncated ``\\boxed{`` is skipped and the previous complete
-   one is used), or the ``\\boxed 5`` form (one whitespace-delimited token);
-2. otherwise the rest of the line after the last ``Answer:`` (case-insensitive).
+- ``evaluation``: the LAST ``\\boxed{...}`` whose braces balance (nested braces allowed,
+  whitespace between ``\\boxed`` and ``{`` allowed; an unclosed, truncated ``\\boxed{`` is
+  skipped and the previous complete one is used). Nothing else counts: no ``\\fbox``, no
+  ``\\boxed 5``, no ``Answer:`` line. A collapsed checkpoint that stops boxing its answers
+  scores 0 on those samples, as in the paper.
+- ``reward``: the same boxed answer first; without one, the rest of the line after the
+  last ``Answer:`` (case-insensitive).
 The whole response is searched, including any ``<think>`` block: the paper's rule is the
 final balanced boxed expression of the output, and a closing ``</think>`` is not required
 (a final answer after ``</think>`` is always the last one anyway).
@@ -37,7 +41,7 @@ import json
 import os
 import queue
 import re
-import select
+import selectors
 import subprocess
 import sys
 import threading
@@ -56,10 +60,26 @@ WORKER_MEMORY_BYTES = 4 * 1024**3
 MAX_WORKERS = int(os.environ.get("OPSD_GRADER_WORKERS", "2"))
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BOX_RE = re.compile(r"\\boxed(?![A-Za-z])")
 _ANSWER_RE = re.compile(r"(?<![A-Za-z])answer\s*:", re.IGNORECASE)
 _INT_RE = re.compile(r"[+-]?\d+")
 _SPACING_RE = re.compile(r"\\[,;:! ]|\\left|\\right|\s+")
+_BOX_GAP = " \t\r\n"  # whitespace allowed between `\boxed` and its `{`
+
+# Grading modes (``grade(..., mode=...)``): see the module docstring.
+EVALUATION = "evaluation"
+REWARD = "reward"
+MODES = (EVALUATION, REWARD)
+
+
+def check_mode(mode) -> str:
+    """``mode`` itself if it is one of ``MODES``, else ValueError naming the allowed values."""
+    if mode not in MODES:
+        raise ValueError(
+            f"grader mode must be one of {MODES} ('evaluation': final balanced \\boxed{{}} only, the paper's "
+            f"evaluation rule; 'reward': boxed, then the Answer: line, the paper's GRPO reward); got {mode!r}"
+        )
+    return mode
 
 
 @dataclass(frozen=True)
@@ -69,8 +89,10 @@ class GradeResult:
     Attributes:
         score: 1.0 if correct else 0.0.
         acc: whether the extracted answer equals the ground truth.
-        pred: the extracted answer (boxed content or ``Answer:`` text), None if none found.
-        has_boxed: whether a complete ``\\boxed{}`` / ``\\fbox{}`` answer was found.
+        pred: the extracted answer (boxed content, or the ``Answer:`` text in reward mode),
+            None if none found.
+        has_boxed: whether a complete (balanced) ``\\boxed{}`` answer was found; the same
+            in both modes (the paper's "Format", the boxed-answer rate).
     """
 
     score: float
@@ -98,24 +120,18 @@ def _match_braces(text: str) -> dict[int, int]:
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the last balanced ``\\boxed{...}`` / ``\\fbox{...}`` (or ``\\boxed x``), else None."""
+    """Content of the last balanced ``\\boxed{...}``, else None (``\\fbox`` and ``\\boxed 5`` do not count)."""
     starts = [m.end() for m in _BOX_RE.finditer(text)]
     if not starts:
         return None
     braces = _match_braces(text)
     for start in reversed(starts):
         pos = start
-        while pos < len(text) and text[pos] in " \t":
+        while pos < len(text) and text[pos] in _BOX_GAP:
             pos += 1
-        if pos < len(text) and text[pos] == "{":
-            close = braces.get(pos)
-            if close is not None:
-                return text[pos + 1 : close].strip()
-            continue
-        if pos > start:  # `\boxed 5`: one token after the space
-            token = re.match(r"[^\s$]+", text[pos:])
-            if token:
-                return token.group(0).rstrip(".,")
+        close = braces.get(pos) if pos < len(text) and text[pos] == "{" else None
+        if close is not None:
+            return text[pos + 1 : close].strip()
     return None
 
 
@@ -126,18 +142,30 @@ def extract_answer_line(text: str) -> str | None:
         pass
     if last is None:
         return None
-    answer = text[last.end() :].split("\n", 1)[0]
-    previous = None
-    while answer != previous:
-        previous = answer
-        answer = answer.strip().strip("*$").rstrip(".")
-    return answer or None
+    line_end = text.find("\n", last.end())
+    answer = text[last.end() : None if line_end < 0 else line_end]
+    # Strip to the fixed point of strip() / strip("*$") / rstrip("."): whitespace, `*`, `$` on the
+    # left and those plus `.` on the right, in one pass each (repeating the three strips until
+    # nothing changes is quadratic on a line like ".$.$.$...").
+    start, end = 0, len(answer)
+    while start < end and (answer[start].isspace() or answer[start] in "*$"):
+        start += 1
+    while end > start and (answer[end - 1].isspace() or answer[end - 1] in "*$."):
+        end -= 1
+    return answer[start:end] or None
 
 
-def extract_answer(text: str) -> str | None:
-    """Final balanced boxed answer, falling back to the ``Answer:`` pattern."""
+def extract_answer(text: str, *, mode: str = EVALUATION) -> str | None:
+    """The answer ``mode`` extracts: the final balanced boxed content, and in ``reward`` mode
+    the ``Answer:`` line when there is no boxed answer.
+
+    ``mode`` defaults to ``evaluation`` (boxed only) for callers that only ask whether an
+    answer is boxed (the trainer's ``opsd/rollout_boxed_rate``); ``grade`` has no default.
+    """
     boxed = extract_boxed(text)
-    return boxed if boxed is not None else extract_answer_line(text)
+    if check_mode(mode) == REWARD and boxed is None:
+        return extract_answer_line(text)
+    return boxed
 
 
 def _normalise(answer: str) -> str:
@@ -178,8 +206,12 @@ class _Worker:
     """One ``--serve`` subprocess answering JSON-line requests; killed on timeout."""
 
     def __init__(self):
+        self.owner_pid = os.getpid()
         self.proc: subprocess.Popen | None = None
         self._buffer = b""
+        # select.select() raises for descriptors >= FD_SETSIZE (1024), which a process with many
+        # open files (Ray, vLLM) reaches; the default selector (epoll on Linux) has no such limit.
+        self._selector: selectors.BaseSelector | None = None
 
     def _start(self) -> None:
         # The repository root goes first on the child's path, so the worker imports this very
@@ -195,6 +227,8 @@ class _Worker:
             env=env,
         )
         self._buffer = b""
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
         if self._read_line(time.monotonic() + WORKER_STARTUP_TIMEOUT_S) != b"ready":
             self.kill()
             raise RuntimeError(
@@ -206,7 +240,7 @@ class _Worker:
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            if remaining <= 0 or not self._selector.select(remaining):
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:  # worker died
@@ -233,6 +267,9 @@ class _Worker:
         return bool(json.loads(line)["ok"])
 
     def kill(self) -> None:
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
@@ -242,21 +279,24 @@ class _Worker:
 
 
 class _WorkerPool:
-    """At most ``MAX_WORKERS`` workers per process, shared by all threads."""
+    """At most ``MAX_WORKERS`` workers per process, shared by all threads.
+
+    A forked child starts with an empty pool (``_reset`` runs after every ``os.fork``): the
+    parent's pipes are not the child's, and a lock or queue another parent thread held at the
+    moment of the fork would stay held in the child forever.
+    """
 
     def __init__(self):
-        self._lock = threading.Lock()
         self._reset()
 
     def _reset(self) -> None:
+        self._lock = threading.Lock()
         self._pid = os.getpid()
         self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
         self._created = 0
 
     def acquire(self) -> _Worker:
         with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's pipes are not ours
-                self._reset()
             try:
                 return self._idle.get_nowait()
             except queue.Empty:
@@ -266,7 +306,7 @@ class _WorkerPool:
         return self._idle.get()
 
     def release(self, worker: _Worker) -> None:
-        if self._pid == os.getpid():
+        if worker.owner_pid == os.getpid():
             self._idle.put(worker)
 
     def close(self) -> None:
@@ -281,6 +321,7 @@ class _WorkerPool:
 
 _POOL = _WorkerPool()
 atexit.register(_POOL.close)
+os.register_at_fork(after_in_child=_POOL._reset)
 
 
 def answers_match(pred: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
@@ -297,20 +338,23 @@ def answers_match(pred: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S)
         _POOL.release(worker)
 
 
-def grade(response: str, ground_truth, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> GradeResult:
+def grade(response: str, ground_truth, *, mode: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> GradeResult:
     """Grade one response against its ground truth (str, or a number that is converted).
 
-    Returns GradeResult(score, acc, pred, has_boxed). Never raises on the response text;
-    the Math-Verify comparison is bounded by ``timeout_s`` seconds of wall-clock time
-    (plus a one-off worker start-up after a timeout).
+    ``mode`` (required): ``"evaluation"`` (final balanced ``\\boxed{}`` only) or ``"reward"``
+    (boxed, then the ``Answer:`` line); see the module docstring. Returns
+    GradeResult(score, acc, pred, has_boxed). Never raises on the response text; the
+    Math-Verify comparison is bounded by ``timeout_s`` seconds of wall-clock time (plus a
+    one-off worker start-up after a timeout).
     """
-    if timeout_s <= 0:
+    check_mode(mode)
+    if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if not isinstance(response, str):
         raise TypeError(f"response must be a str, got {type(response).__name__}")
     gold = str(ground_truth).strip()
     boxed = extract_boxed(response)
-    pred = boxed if boxed is not None else extract_answer_line(response)
+    pred = extract_answer_line(response) if boxed is None and mode == REWARD else boxed
     acc = pred is not None and gold != "" and answers_match(pred, gold, timeout_s=timeout_s)
     return GradeResult(score=1.0 if acc else 0.0, acc=acc, pred=pred, has_boxed=boxed is not None)
 

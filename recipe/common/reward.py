@@ -1,4 +1,8 @@
-"""verl custom reward function backed by the one grader (``recipe.common.grader.grade``).
+"""verl custom reward function backed by the one grader in its reward mode.
+
+``grade(..., mode="reward")``: the final balanced ``\\boxed{}`` answer, else the ``Answer:``
+line (paper, GRPO recipe: "The reward extracts a boxed answer first and falls back to an
+Answer: pattern"); evaluation uses ``mode="evaluation"`` (boxed only).
 
 Use in a verl config::
 
@@ -17,7 +21,7 @@ found (verl skips string fields when averaging and uses ``pred`` for majority vo
 
 from __future__ import annotations
 
-from recipe.common.grader import DEFAULT_TIMEOUT_S, grade
+from recipe.common.grader import DEFAULT_TIMEOUT_S, REWARD, grade
 
 
 def compute_score(
@@ -36,7 +40,7 @@ def compute_score(
     ``reward.custom_reward_function.reward_kwargs.timeout_s``; other keyword arguments verl
     passes (e.g. ``reward_router_address``) are ignored.
     """
-    result = grade(solution_str, ground_truth, timeout_s=timeout_s)
+    result = grade(solution_str, ground_truth, mode=REWARD, timeout_s=timeout_s)
     return {
         "score": result.score,
         "acc": float(result.acc),

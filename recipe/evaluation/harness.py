@@ -5,7 +5,8 @@ zero-shot with eight sampled completions and seed 42, the user message is
 ``{problem}\\n\\n`` + the boxed instruction (``recipe.common.prompts.eval_messages``)
 rendered with the model's chat template in the designated reasoning mode, decoding follows
 the model-specific preset (``recipe.evaluation.decoding_presets``), and answers are graded
-with the one grader (``recipe.common.grader.grade``).
+with the one grader in its evaluation mode (``grade(..., mode="evaluation")``: the final
+balanced ``\\boxed{}`` only, no ``Answer:`` fallback).
 
 Outputs in ``out_dir``:
 - ``run_config.json``: what was run (model, decoding, mode, n, seed, backend, benchmark
@@ -14,7 +15,8 @@ Outputs in ``out_dir``:
   finish reason, pred, acc, has_boxed; appended as problems finish, so an interrupted
   run resumes where it stopped;
 - ``results.json`` and ``results.md``: per-dataset and macro-average metrics
-  (``recipe.evaluation.metrics``).
+  (``recipe.evaluation.metrics``); results.json also holds each problem's Avg@n
+  (``per_problem``), the unit of the Base-vs-checkpoint bootstrap interval.
 
 Example (CPU, tiny model)::
 
@@ -27,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -38,7 +41,7 @@ from recipe.common import cli
 from recipe.evaluation import metrics as eval_metrics
 from recipe.evaluation.decoding_presets import DecodingPreset
 from recipe.evaluation.report import results_table
-from recipe.common.grader import DEFAULT_TIMEOUT_S, MAX_WORKERS, grade
+from recipe.common.grader import DEFAULT_TIMEOUT_S, EVALUATION, MAX_WORKERS, grade
 
 EVAL_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
 DEFAULT_BENCHMARKS = ("aime2024", "aime2025", "aime2026", "hmmt_feb_2025")
@@ -52,6 +55,10 @@ CONFIG_FILE, GENERATIONS_FILE, RESULTS_FILE, TABLE_FILE = (
 # Run-config fields that must match on resume (benchmarks are checked one by one).
 _RESUME_FIELDS = ("model", "decoding", "n", "seed", "backend", "prompt")
 PROMPT_VERSION = "eval_messages"
+# Grading rule recorded in run_config.json. A directory graded by another rule (before the
+# grader's modes: boxed, \fbox, `\boxed 5`, then the Answer: line; no such field) is regraded
+# on resume from its stored texts (``regrade_generations``), so one table never mixes rules.
+GRADING = "final_balanced_boxed"
 
 
 @dataclass
@@ -204,6 +211,7 @@ def run_config(config: EvalConfig) -> dict:
         "seed": config.seed,
         "backend": config.backend,
         "prompt": PROMPT_VERSION,
+        "grading": GRADING,
         "benchmarks": {
             name: {"path": str(path), "sha256": _sha256(path)} for name, path in config.benchmark_paths.items()
         },
@@ -258,6 +266,34 @@ def load_generations(path: Path) -> list[dict]:
     return records
 
 
+def regrade_generations(path: Path, *, old_rule: str, timeout_s: float) -> None:
+    """Regrade every stored generation with the current evaluation rule (``GRADING``).
+
+    The texts are kept; ``pred``, ``acc`` and ``has_boxed`` are recomputed. The previous file is
+    kept as ``<path>.graded-<old_rule>`` (refusing to overwrite one) and the new one replaces
+    ``path`` atomically.
+    """
+    records = load_generations(path)
+    if not records:
+        return
+    backup = path.with_name(f"{path.name}.graded-{old_rule}")
+    if backup.exists():
+        raise cli.OutputExistsError(f"cannot regrade {path.name}: the backup exists", file=backup,
+                                    hint="move it away first")
+    with ThreadPoolExecutor(MAX_WORKERS) as pool:
+        results = list(pool.map(lambda r: grade(r["text"], r["answer"], mode=EVALUATION, timeout_s=timeout_s),
+                                records))
+    partial = path.with_name(path.name + ".regrading")
+    with open(partial, "w", encoding="utf-8") as sink:
+        for record, result in zip(records, results, strict=True):
+            record.update(pred=result.pred, acc=result.acc, has_boxed=result.has_boxed)
+            sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+    shutil.copy2(path, backup)
+    os.replace(partial, path)
+    print(f"{path}: regraded {len(records)} stored generations with the evaluation rule {GRADING!r} "
+          f"(was {old_rule!r}); the previous file is {backup}", file=sys.stderr)
+
+
 def _prompt_messages(problem: str, preset: DecodingPreset) -> list[dict]:
     from recipe.common.prompts import eval_messages
 
@@ -274,11 +310,12 @@ def compute_results(
     """
     n = config["n"]
     ks = sorted({1, n, *pass_ks})
-    per_dataset = {}
+    per_dataset, per_problem = {}, {}
     for name in benchmarks:
         rows = [r for r in records if r["dataset"] == name]
         if rows:
             per_dataset[name] = eval_metrics.dataset_metrics(rows, ks=ks)
+            per_problem[name] = eval_metrics.problem_scores(rows)
     if not per_dataset:
         raise ValueError("no generations to summarise")
     return {
@@ -287,6 +324,8 @@ def compute_results(
         "config": config,
         "per_dataset": per_dataset,
         "macro": eval_metrics.macro_average(per_dataset),
+        # Avg@n of every problem, for the paired bootstrap of `compare` (recipe.evaluation.stats)
+        "per_problem": per_problem,
     }
 
 
@@ -316,6 +355,9 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
         saved = cli.read_json(config_path, what="run config")
         check_resume_config(saved, current, where=config_path)
         current["benchmarks"] = {**saved.get("benchmarks", {}), **current["benchmarks"]}
+        if saved.get("grading") != GRADING:  # before the new config is written: a kill here regrades again
+            regrade_generations(generations_path, old_rule=saved.get("grading", "before_grader_modes"),
+                                timeout_s=config.grade_timeout_s)
     elif generations_path.exists():
         raise cli.InputError(f"exists without {config_path.name}; refusing to append to it", file=generations_path,
                              hint="use another --out-dir")
@@ -348,7 +390,8 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
                 ]
                 outputs = backend.generate(requests)
                 for (name, row, samples), request, generations in zip(chunk, requests, outputs, strict=True):
-                    grades = pool.map(lambda g: grade(g.text, row["answer"], timeout_s=config.grade_timeout_s),
+                    grades = pool.map(lambda g: grade(g.text, row["answer"], mode=EVALUATION,
+                                                        timeout_s=config.grade_timeout_s),
                                       generations)
                     for sample, generation, result in zip(samples, generations, list(grades), strict=True):
                         record = {

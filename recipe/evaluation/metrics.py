@@ -134,6 +134,16 @@ def dataset_metrics(records: Sequence[Mapping], *, ks: Sequence[int] | None = No
     return metrics
 
 
+def problem_scores(records: Sequence[Mapping]) -> dict[str, float]:
+    """Avg@n of each problem, ``{problem_id: correct samples / samples}`` (the unit of the paired bootstrap)."""
+    counts: dict[str, list[int]] = {}
+    for record in records:
+        tally = counts.setdefault(str(record["problem_id"]), [0, 0])
+        tally[0] += bool(record["acc"])
+        tally[1] += 1
+    return {pid: correct / total for pid, (correct, total) in counts.items()}
+
+
 def macro_average(per_dataset: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     """Unweighted mean over datasets of every metric they share (max for ``max_line_run``)."""
     if not per_dataset:

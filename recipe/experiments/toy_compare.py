@@ -1,5 +1,9 @@
 """OPSD vs GRPO on the toy student: the toy demo of both recipes, one table (docs/toy_world.md).
 
+Statistics: each accuracy change gets a 95% paired bootstrap interval over the held-out
+problems (``recipe.evaluation.stats``: the same problems resampled for both sides), after vs
+before for each method and OPSD vs GRPO after training.
+
 ``run_method("opsd" | "grpo", ...)`` is one toy-demo launch (``recipe.launch.demos.train_demo``
 with ``recipe.toy.demo.toy``): the toy preset of the recipe (``config/demo/toy.yaml``), the
 toy student, a given run directory; it returns the held-out evaluation before/after and the
@@ -18,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recipe.common import cli
+from recipe.evaluation import stats
+from recipe.toy.demo import change_interval
 
 METHODS = ("opsd", "grpo")
 
@@ -53,13 +59,23 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}"
 
 
+def _ci(interval: stats.Interval | None) -> str:
+    return "-" if interval is None else interval.points()
+
+
+def headline(metrics: dict) -> dict:
+    """The metrics without the per-problem scores (for progress lines)."""
+    return {key: value for key, value in metrics.items() if key != "per_problem"}
+
+
 def table(before: dict, results: dict[str, dict], *, eval_n: int) -> str:
-    """Markdown table: accuracy before/after, length, wall time, time per step, compute ratio."""
+    """Markdown table: accuracy before/after (+ 95% CI of the change), length, wall time, time per step, ratio."""
     n = eval_n
     lines = [
-        f"| method | greedy acc before -> after (%) | Avg@{n} before -> after (%) | Pass@{n} before -> after (%) "
+        f"| method | greedy acc before -> after (%) | Avg@{n} before -> after (%) | Avg@{n} change 95% CI (pts) "
+        f"| Pass@{n} before -> after (%) "
         f"| mean length before -> after | steps | wall time (s) | time/step (s) | time/step after step 1 (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, result in results.items():
         after, trained = result["after"], result["train"]
@@ -67,6 +83,7 @@ def table(before: dict, results: dict[str, dict], *, eval_n: int) -> str:
         lines.append(
             f"| {method} | {_pct(before['greedy'])} -> {_pct(after['greedy'])} "
             f"| {_pct(before[f'avg@{n}'])} -> {_pct(after[f'avg@{n}'])} "
+            f"| {_ci(change_interval(before, [after], f'avg@{n}'))} "
             f"| {_pct(before[f'pass@{n}'])} -> {_pct(after[f'pass@{n}'])} "
             f"| {before['mean_length']:.1f} -> {after['mean_length']:.1f} | {trained['steps']} "
             f"| {trained['wall_time_s']:.0f} | {_mean(times):.2f} | {_mean(times[1:]):.2f} |"
@@ -78,8 +95,15 @@ def table(before: dict, results: dict[str, dict], *, eval_n: int) -> str:
                      f"{_mean(opsd['step_times_s']) / _mean(grpo['step_times_s']):.2f} "
                      f"({_mean(opsd['step_times_s'][1:]) / _mean(grpo['step_times_s'][1:]):.2f} after step 1), "
                      f"launch wall time {opsd['wall_time_s'] / grpo['wall_time_s']:.2f}")
+        opsd_after, grpo_after = results["opsd"]["after"], results["grpo"]["after"]
+        for metric, title in (("greedy", "greedy acc"), (f"avg@{n}", f"Avg@{n}")):
+            interval = change_interval(grpo_after, [opsd_after], metric)
+            if interval is not None:
+                lines.append(f"OPSD - GRPO after training, {title}: {100 * interval.estimate:+.1f} pts, "
+                             f"95% CI {interval.points()} (paired by problem)")
     lines.append(f"(held-out problems: {before['n_problems']}; greedy = top-k 1; Avg@{n}/Pass@{n}: T 1.0, "
-                 f"no-think mode, recipe.evaluation.harness)")
+                 f"no-think mode, recipe.evaluation.harness; 95% CI: paired percentile bootstrap over problems, "
+                 f"{stats.DEFAULT_RESAMPLES:,} resamples, recipe.evaluation.stats)")
     return "\n".join(lines) + "\n"
 
 

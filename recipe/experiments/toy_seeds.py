@@ -4,7 +4,9 @@
 student, same steps; the seed is verl's ``data.seed``, i.e. the order of the training problems)
 and reads, per run, the held-out accuracy after training and the training signal of the metrics
 jsonl. ``study_table`` prints one row per arm: greedy / Avg@n gain in points (mean +- sample sd
-over seeds, and each seed), and the training divergence of the first vs last 10 steps.
+over seeds, and each seed, and a 95% paired bootstrap interval that resamples both the
+held-out problems and the seeds: ``recipe.evaluation.stats``), and the training divergence of
+the first vs last 10 steps.
 
 Arms (hydra overrides on top of the OPSD toy preset, ``recipe/opsd/config/demo/toy.yaml``):
 - ``full_solution``: the toy preset (teacher = frozen student with the reference solution);
@@ -23,6 +25,7 @@ import statistics
 from pathlib import Path
 
 from recipe.experiments.toy_compare import run_method
+from recipe.toy.demo import change_interval
 
 ARMS = {
     "full_solution": (),
@@ -84,22 +87,27 @@ def study_table(results: dict[str, dict[int, dict]], before: dict, *, eval_n: in
     """Markdown: per arm, greedy and Avg@n gains (mean +- sd, per seed) and the training signal windows."""
     avg = f"avg@{eval_n}"
     lines = [
-        f"| arm | greedy gain (pts), mean +- sd | per seed | Avg@{eval_n} gain (pts), mean +- sd "
+        f"| arm | greedy gain (pts), mean +- sd | per seed | greedy gain 95% CI | Avg@{eval_n} gain (pts), mean +- sd "
+        f"| Avg@{eval_n} gain 95% CI "
         f"| fwd_kl first {WINDOW} -> last {WINDOW} steps (change) | step-1 loss | top-1 agree first -> last |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, by_seed in results.items():
         mean, sd, gains = gain_stats(by_seed, before, "greedy")
         avg_mean, avg_sd, _ = gain_stats(by_seed, before, avg)
+        afters = [run["after"] for _, run in sorted(by_seed.items())]
+        intervals = {metric: change_interval(before, afters, metric) for metric in ("greedy", avg)}
+        ci = {metric: "-" if interval is None else interval.points() for metric, interval in intervals.items()}
         signals = [run["signal"] for run in by_seed.values()]
         first, last = _mean([s["fwd_kl_first"] for s in signals]), _mean([s["fwd_kl_last"] for s in signals])
         change = f"{100 * (last - first) / first:+.0f}%" if first > 0 else "-"
         lines.append(
-            f"| {arm} | {_mean_sd(mean, sd)} | {', '.join(f'{g:+.1f}' for g in gains)} "
-            f"| {_mean_sd(avg_mean, avg_sd)} | {first:.4f} -> {last:.4f} ({change}) "
+            f"| {arm} | {_mean_sd(mean, sd)} | {', '.join(f'{g:+.1f}' for g in gains)} | {ci['greedy']} "
+            f"| {_mean_sd(avg_mean, avg_sd)} | {ci[avg]} | {first:.4f} -> {last:.4f} ({change}) "
             f"| {_mean([s['step1_loss'] for s in signals]):.2g} "
             f"| {_mean([s['top1_agree_first'] for s in signals]):.3f} -> {_mean([s['top1_agree_last'] for s in signals]):.3f} |"
         )
     lines.append(f"(before training: greedy {100 * before['greedy']:.1f}%, Avg@{eval_n} {100 * before[avg]:.1f}% "
-                 f"on {before['n_problems']} held-out problems; seeds = verl data.seed)")
+                 f"on {before['n_problems']} held-out problems; seeds = verl data.seed; 95% CI: paired percentile "
+                 "bootstrap resampling problems and seeds, recipe.evaluation.stats)")
     return "\n".join(lines) + "\n"

@@ -13,12 +13,14 @@ What MODEL_PATH / TRAIN_FILES give is used instead and not built.
 
 from __future__ import annotations
 
+import json
 import time
 from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
+from recipe.evaluation import stats
 from recipe.launch.demos import DemoBuild
 from recipe.launch.run import DemoInputs
 from recipe.launch.settings import Settings
@@ -64,9 +66,30 @@ def evaluate_toy(model: Path, out_dir: Path, *, benchmark: Path, eval_n: int, ev
     """``{greedy, avg@n, pass@n, mean_length, n_problems}`` on the held-out problems (fractions; T 1.0 sampling)."""
     greedy = evaluate_model(model, benchmark, out_dir / "greedy", greedy=True, limit=eval_limit)
     sampled = evaluate_model(model, benchmark, out_dir / f"sampled_n{eval_n}", greedy=False, n=eval_n, limit=eval_limit)
+    per_problem = {"greedy": problem_scores(out_dir / "greedy"),
+                   f"avg@{eval_n}": problem_scores(out_dir / f"sampled_n{eval_n}")}
     return {"greedy": greedy["avg@1"], f"avg@{eval_n}": sampled[f"avg@{eval_n}"],
             f"pass@{eval_n}": sampled[f"pass@{eval_n}"], "mean_length": sampled["mean_length"],
-            "n_problems": sampled["n_problems"]}
+            "n_problems": sampled["n_problems"], "per_problem": per_problem}
+
+
+def problem_scores(eval_dir: Path) -> dict[str, float]:
+    """``{problem_id: Avg@n}`` of one evaluation directory (its results.json ``per_problem``)."""
+    results = json.loads((Path(eval_dir) / "results.json").read_text())
+    return {pid: score for scores in results["per_problem"].values() for pid, score in scores.items()}
+
+
+def change_interval(before: dict, afters: list[dict], metric: str) -> stats.Interval | None:
+    """Paired bootstrap interval of ``metric`` after - before over the held-out problems.
+
+    ``afters`` holds one evaluation per training seed (rows of the bootstrap); None when an
+    evaluation lacks per-problem scores (a summary written before they were kept).
+    """
+    if "per_problem" not in before or any("per_problem" not in after for after in afters):
+        return None
+    ids = list(before["per_problem"][metric])
+    return stats.paired_bootstrap(base_SP=[before["per_problem"][metric][pid] for pid in ids],
+                                  ckpt_SP=[[after["per_problem"][metric][pid] for pid in ids] for after in afters])
 
 
 def display_toy(metrics: dict, *, eval_n: int) -> dict[str, str]:

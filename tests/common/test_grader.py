@@ -1,4 +1,4 @@
-"""The one grader: extraction rules, Math-Verify equivalence, bounded time, thread safety."""
+"""The one grader: its two modes, extraction rules, Math-Verify equivalence, bounded time, thread safety."""
 
 import json
 import multiprocessing
@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from recipe.common.grader import (
+    EVALUATION,
+    MODES,
+    REWARD,
     GradeResult,
     extract_answer,
     extract_boxed,
@@ -31,11 +34,15 @@ def test_shipped_eval_sets_have_120_answers():
     assert len(_eval_rows()) == 120
 
 
-def test_every_eval_answer_verifies_against_itself():
+@pytest.mark.parametrize("mode", MODES)
+def test_every_eval_answer_verifies_against_itself(mode):
+    # each gold's own \boxed{gold}, bare and after a closed think block, grades correct in both modes
     failures = [
-        row["id"]
+        (row["id"], response)
         for row in _eval_rows()
-        if not grade(f"The answer is \\boxed{{{row['answer']}}}.", row["answer"]).acc
+        for response in (f"\\boxed{{{row['answer']}}}",
+                         f"<think>Let me see.</think>\nThe answer is $\\boxed{{{row['answer']}}}$.")
+        if not grade(response, row["answer"], mode=mode).acc
     ]
     assert failures == []
 
@@ -45,7 +52,7 @@ def test_wrong_answers_rejected():
     for row in _eval_rows():
         answer = row["answer"]
         bad = str(int(answer) + 1) if answer.lstrip("-").isdigit() else f"{answer}+1"
-        if grade(f"\\boxed{{{bad}}}", answer).acc:
+        if grade(f"\\boxed{{{bad}}}", answer, mode=EVALUATION).acc:
             wrong.append(row["id"])
     assert wrong == []
 
@@ -66,18 +73,18 @@ def test_wrong_answers_rejected():
     ],
 )
 def test_equivalent_forms_accepted(response, gold):
-    assert grade(response, gold).acc
+    assert grade(response, gold, mode=EVALUATION).acc
 
 
 def test_hmmt_two_element_answer_in_both_orders():
     gold = "\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}"
-    assert grade("\\boxed{\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}}", gold).acc
-    assert grade("\\boxed{\\frac{-1-\\sqrt{17}}{2}, \\frac{-1+\\sqrt{17}}{2}}", gold).acc
-    assert not grade("\\boxed{\\frac{-1+\\sqrt{17}}{2}}", gold).acc
+    assert grade("\\boxed{\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}}", gold, mode=EVALUATION).acc
+    assert grade("\\boxed{\\frac{-1-\\sqrt{17}}{2}, \\frac{-1+\\sqrt{17}}{2}}", gold, mode=EVALUATION).acc
+    assert not grade("\\boxed{\\frac{-1+\\sqrt{17}}{2}}", gold, mode=EVALUATION).acc
 
 
 def test_numeric_ground_truth_is_converted():
-    assert grade("\\boxed{204}", 204).acc
+    assert grade("\\boxed{204}", 204, mode=EVALUATION).acc
 
 
 @pytest.mark.parametrize(
@@ -85,19 +92,26 @@ def test_numeric_ground_truth_is_converted():
     [
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
         ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
-        ("x \\fbox{42} y", "42"),
-        ("so \\boxed 5.", "5"),
-        ("$\\boxed 17$", "17"),
+        ("\\boxed {42}", "42"),
+        ("\\boxed\n{42}", "42"),
         ("first \\boxed{1} then \\boxed{2}", "2"),
         ("\\boxed{7} and a truncated \\boxed{8", "7"),
         ("\\boxed{a^{b^{c}}}", "a^{b^{c}}"),
         ("\\boxed{x \\\\{y}}", "x \\\\{y}"),  # `\\` is a line break, the brace after it is structural
+        ("\\boxed{}", ""),
+        ("x \\fbox{42} y", None),  # not the paper's \boxed{}
+        ("so \\boxed 5.", None),  # no braces: not a balanced \boxed{} expression
+        ("$\\boxed 17$", None),
+        ("\\boxed{3} then \\fbox{4}", "3"),
+        ("\\boxed{12", None),  # unbalanced
+        ("\\boxed{\\}", None),  # the only closing brace is escaped
         ("no answer here", None),
         ("\\boxedx", None),
     ],
 )
 def test_extract_boxed(text, expected):
     assert extract_boxed(text) == expected
+    assert extract_answer(text, mode=EVALUATION) == expected
 
 
 @pytest.mark.parametrize(
@@ -108,26 +122,75 @@ def test_extract_boxed(text, expected):
         ("**Final Answer:** 17\nThanks", "17"),
         ("answer: 3\nAnswer: 4", "4"),
         ("Answer: 1 \\boxed{9}", "9"),  # boxed wins over the fallback
+        ("\\boxed{9} ... Answer: 1", "9"),  # wherever it is
+        ("\\boxed{12\nAnswer: 12", "12"),  # unbalanced box: the fallback
+        ("\\fbox{3}\nAnswer: 4", "4"),
         ("Answer:   \n", None),
     ],
 )
-def test_extract_answer_fallback(text, expected):
-    assert extract_answer(text) == expected
+def test_reward_mode_falls_back_to_the_answer_line(text, expected):
+    assert extract_answer(text, mode=REWARD) == expected
+
+
+def test_evaluation_mode_has_no_answer_line_fallback():
+    assert extract_answer("Work...\nAnswer: 42", mode=EVALUATION) is None
+    assert extract_answer("Work...\nAnswer: 42") is None  # the default of extract_answer is evaluation
 
 
 def test_grade_result_fields():
-    assert grade("\\boxed{5}", "5") == GradeResult(score=1.0, acc=True, pred="5", has_boxed=True)
-    assert grade("Answer: 5", "5") == GradeResult(score=1.0, acc=True, pred="5", has_boxed=False)
-    assert grade("\\boxed{6}", "5") == GradeResult(score=0.0, acc=False, pred="6", has_boxed=True)
-    assert grade("nothing", "5") == GradeResult(score=0.0, acc=False, pred=None, has_boxed=False)
+    for mode in MODES:
+        assert grade("\\boxed{5}", "5", mode=mode) == GradeResult(score=1.0, acc=True, pred="5", has_boxed=True)
+        assert grade("\\boxed{6}", "5", mode=mode) == GradeResult(score=0.0, acc=False, pred="6", has_boxed=True)
+        assert grade("nothing", "5", mode=mode) == GradeResult(score=0.0, acc=False, pred=None, has_boxed=False)
+    assert grade("Answer: 5", "5", mode=REWARD) == GradeResult(score=1.0, acc=True, pred="5", has_boxed=False)
+    assert grade("Answer: 5", "5", mode=EVALUATION) == GradeResult(score=0.0, acc=False, pred=None, has_boxed=False)
 
 
-def test_last_boxed_wins_including_think_block():
-    response = "<think>maybe \\boxed{3}</think>\nFinal: \\boxed{4}"
-    assert grade(response, "4").acc
-    assert not grade(response, "3").acc
-    # a truncated think block with an intermediate boxed answer is still graded (final balanced boxed)
-    assert grade("<think>try \\boxed{3} hmm", "3").acc
+# Collapsed-checkpoint style outputs: (response, gold, correct in evaluation mode, correct in reward mode)
+COLLAPSED = [
+    ("... so the total is 42.\nAnswer: 42", "42", False, True),  # no box, an Answer: line
+    ("The answer is \\fbox{42}", "42", False, False),
+    ("The answer is \\boxed 42", "42", False, False),
+    ("The answer is \\boxed 42\nAnswer: 42", "42", False, True),
+    ("The answer is \\boxed{42", "42", False, False),  # unbalanced (truncated)
+    ("\\boxed{4{2}", "42", False, False),
+    ("\\boxed{41} no wait \\boxed{42}", "42", True, True),  # several boxes: the last one counts
+    ("\\boxed{41} no wait \\boxed{42}", "41", False, False),
+    ("\\boxed{42} and then a truncated \\boxed{4", "42", True, True),
+    ("<think>it is \\boxed{42}</think>", "42", True, True),  # a box inside <think>
+    ("<think>it is \\boxed{42} hmm, no", "42", True, True),  # inside an unclosed <think>
+    ("<think>maybe \\boxed{41}</think>\nFinal: \\boxed{42}", "42", True, True),
+    ("<think>maybe \\boxed{41}</think>\nFinal: \\boxed{42}", "41", False, False),
+    ("Answer: 41\n\\boxed{42}", "41", False, False),  # a boxed answer beats the Answer: line
+]
+
+
+@pytest.mark.parametrize(("response", "gold", "evaluation", "reward"), COLLAPSED)
+def test_collapsed_style_outputs(response, gold, evaluation, reward):
+    assert grade(response, gold, mode=EVALUATION).acc is evaluation
+    assert grade(response, gold, mode=REWARD).acc is reward
+
+
+def test_answer_line_fallback_would_inflate_avg_at_8():
+    # 8 samples of a collapsed checkpoint: 2 boxed and right, 4 unboxed with a right Answer: line, 2 lost
+    samples = ["\\boxed{7}"] * 2 + ["...\nAnswer: 7"] * 4 + ["and so on and so on"] * 2
+    avg = {mode: sum(grade(s, "7", mode=mode).acc for s in samples) / 8 for mode in MODES}
+    assert avg == {EVALUATION: 0.25, REWARD: 0.75}
+
+
+@pytest.mark.parametrize("mode", ["eval", "", None, "EVALUATION", ["evaluation"]])
+def test_unknown_mode_is_a_clear_error(mode):
+    with pytest.raises(ValueError, match="grader mode must be one of \\('evaluation', 'reward'\\)"):
+        grade("\\boxed{1}", "1", mode=mode)
+    with pytest.raises(ValueError, match="grader mode must be one of"):
+        extract_answer("\\boxed{1}", mode=mode)
+
+
+def test_mode_is_a_required_keyword():
+    with pytest.raises(TypeError, match="mode"):
+        grade("\\boxed{1}", "1")
+    with pytest.raises(TypeError):
+        grade("\\boxed{1}", "1", EVALUATION)
 
 
 def test_fast_path():
@@ -152,7 +215,7 @@ def test_fast_path():
 )
 def test_hostile_inputs_are_false_and_bounded(response):
     start = time.monotonic()
-    result = grade(response, "5", timeout_s=2.0)
+    result = grade(response, "5", mode=REWARD, timeout_s=2.0)
     elapsed = time.monotonic() - start
     assert result.acc is False
     # 2 s comparison bound + extraction on 1 MB + a possible worker restart
@@ -160,15 +223,15 @@ def test_hostile_inputs_are_false_and_bounded(response):
 
 
 def test_grading_after_a_timeout_still_works():
-    grade("\\boxed{10^{10^{10^{10}}}}", "5", timeout_s=1.0)
-    assert grade("\\boxed{\\frac{\\sqrt{570}}{12}}", "\\sqrt{\\frac{95}{24}}").acc
+    grade("\\boxed{10^{10^{10^{10}}}}", "5", mode=EVALUATION, timeout_s=1.0)
+    assert grade("\\boxed{\\frac{\\sqrt{570}}{12}}", "\\sqrt{\\frac{95}{24}}", mode=EVALUATION).acc
 
 
 def test_grading_from_a_thread():
     results = {}
 
     def worker():
-        results["value"] = grade("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}")
+        results["value"] = grade("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", mode=EVALUATION)
 
     thread = threading.Thread(target=worker)
     thread.start()
@@ -180,12 +243,12 @@ def test_grading_from_a_thread_pool():
     cases = [("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", True), ("\\boxed{\\sqrt{4}}", "2", True),
              ("\\boxed{\\pi}", "3.14", False), ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", True)] * 3
     with ThreadPoolExecutor(max_workers=6) as pool:
-        accs = list(pool.map(lambda case: grade(case[0], case[1]).acc, cases))
+        accs = list(pool.map(lambda case: grade(case[0], case[1], mode=EVALUATION).acc, cases))
     assert accs == [case[2] for case in cases]
 
 
 def _grade_in_child(args):
-    return grade(*args).acc
+    return grade(*args, mode=EVALUATION).acc
 
 
 def test_grading_from_a_process_pool():
@@ -204,4 +267,4 @@ def test_grading_from_a_daemonic_pool_worker():
 
 def test_bad_timeout_rejected():
     with pytest.raises(ValueError, match="timeout_s"):
-        grade("\\boxed{1}", "1", timeout_s=0)
+        grade("\\boxed{1}", "1", mode=EVALUATION, timeout_s=0)

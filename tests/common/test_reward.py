@@ -50,3 +50,10 @@ def test_loads_through_verl_custom_reward_function_path():
     path = Path(__file__).resolve().parents[2] / "recipe" / "common" / "reward.py"
     loaded = load_extern_object(module_path=str(path), object_name="compute_score")
     assert loaded("aime", "\\boxed{5}", "5") == {"score": 1.0, "acc": 1.0, "pred": "5", "has_boxed": 1.0}
+
+
+def test_reward_uses_the_reward_mode():
+    # boxed first, then the Answer: line; \fbox and `\boxed 5` are not boxed answers in either mode
+    assert compute_score("dapo", "\\boxed{7}\nAnswer: 8", "7")["score"] == 1.0
+    assert compute_score("dapo", "\\fbox{7}", "7") == {"score": 0.0, "acc": 0.0, "pred": "", "has_boxed": 0.0}
+    assert compute_score("dapo", "\\boxed 7\nAnswer: 7", "7") == {"score": 1.0, "acc": 1.0, "pred": "7", "has_boxed": 0.0}

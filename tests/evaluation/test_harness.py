@@ -114,7 +114,7 @@ def fixture_run(tmp_path):
     bench_b = _write_benchmark(tmp_path / "setB.jsonl", [{"id": "b1", "problem": "What is 10*10?", "answer": "100"}])
     stop = "stop"
     script = {
-        # a1: 3 of 4 correct (one via Answer:), one wrong
+        # a1: 2 of 4 correct; the Answer: line does not count in evaluation (final balanced \boxed{} only)
         "a1": [Generation("so \\boxed{5}", 10, stop), Generation("Answer: 5", 20, stop),
                Generation("\\boxed{05}", 30, stop), Generation("\\boxed{6}", 40, stop)],
         # a2: 1 of 4 correct; two truncated loops without a box
@@ -137,30 +137,31 @@ def test_fixture_run_grades_and_tabulates(fixture_run):
     assert len(lines) == 12
     assert {k for k in lines[0]} >= {"dataset", "problem_id", "sample", "text", "num_tokens", "finish_reason",
                                      "pred", "acc", "has_boxed", "prompt_tokens"}
-    assert [r["acc"] for r in lines if r["problem_id"] == "a1"] == [True, True, True, False]
+    assert [r["acc"] for r in lines if r["problem_id"] == "a1"] == [True, False, True, False]
+    assert [r["pred"] for r in lines if r["problem_id"] == "a1"] == ["5", None, "05", "6"]
     assert [r["pred"] for r in lines if r["problem_id"] == "a2"] == ["0.75", "\\frac{1}{2}", None, None]
 
     a, b = results["per_dataset"]["setA"], results["per_dataset"]["setB"]
-    assert a["avg@4"] == pytest.approx((3 / 4 + 1 / 4) / 2)
+    assert a["avg@4"] == pytest.approx((2 / 4 + 1 / 4) / 2)
     assert a["pass@4"] == 1.0 and b["pass@4"] == 0.0
-    assert a["pass@1"] == pytest.approx(0.5)
-    # a1: 1 - C(1,2)/C(4,2) = 1; a2: 1 - C(3,2)/C(4,2) = 1/2
-    assert a["pass@2"] == pytest.approx((1 + 0.5) / 2)
+    assert a["pass@1"] == pytest.approx(0.375)
+    # a1: 1 - C(2,2)/C(4,2) = 5/6; a2: 1 - C(3,2)/C(4,2) = 1/2
+    assert a["pass@2"] == pytest.approx((5 / 6 + 0.5) / 2)
     assert a["mean_length"] == pytest.approx((25 + 300) / 2)
     assert a["boxed_rate"] == pytest.approx((3 / 4 + 2 / 4) / 2)
     assert a["truncated_rate"] == pytest.approx((0 + 2 / 4) / 2)
     assert a["repetitive_rate"] == pytest.approx((0 + 2 / 4) / 2)
     assert a["max_line_run"] == 30
     assert b["boxed_rate"] == 0.5 and b["avg@4"] == 0.0
-    assert results["macro"]["avg@4"] == pytest.approx((0.5 + 0.0) / 2)
+    assert results["macro"]["avg@4"] == pytest.approx((0.375 + 0.0) / 2)
     assert results["macro"]["mean_length"] == pytest.approx((162.5 + 60) / 2)
 
     saved = json.loads((out / "results.json").read_text())
     assert saved["per_dataset"] == results["per_dataset"]
     table = (out / "results.md").read_text()
     assert table.splitlines()[0].startswith("| Dataset | Problems | Avg@4 | Pass@1 | Pass@4 | Length | Boxed |")
-    assert "| setA | 2 | 50.0 | 50.0 | 100.0 | 162 | 62.5 | 25.0 |" in table
-    assert "| Macro avg | 3 | 25.0 |" in table
+    assert "| setA | 2 | 37.5 | 37.5 | 100.0 | 162 | 62.5 | 25.0 |" in table
+    assert "| Macro avg | 3 | 18.8 |" in table
 
 
 def test_resume_skips_done_generations(fixture_run):
@@ -197,6 +198,39 @@ def test_resume_with_other_settings_names_the_field(fixture_run):
         evaluate(config, backend=ScriptedBackend(script), progress=False)
 
 
+def test_run_graded_by_the_older_rule_is_regraded_on_resume(fixture_run, capsys):
+    # a directory written before the grader's modes (no `grading` in run_config.json) whose records were
+    # graded with the Answer: fallback: resuming regrades the stored texts and keeps the old file
+    config, script = fixture_run
+    evaluate(config, backend=ScriptedBackend(script), progress=False)
+    out = Path(config.out_dir)
+    saved = json.loads((out / "run_config.json").read_text())
+    assert saved["grading"] == "final_balanced_boxed"
+    del saved["grading"]
+    (out / "run_config.json").write_text(json.dumps(saved))
+    path = out / "generations.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        if line["text"] == "Answer: 5":  # as the old grader recorded it
+            line.update(pred="5", acc=True)
+    old_text = "".join(json.dumps(line) + "\n" for line in lines)
+    path.write_text(old_text)
+    backend = ScriptedBackend(script)
+    results = evaluate(config, backend=backend, progress=False)
+    assert backend.calls == []  # nothing generated again
+    assert results["per_problem"]["setA"]["a1"] == 0.5
+    regraded = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["pred"], r["acc"]) for r in regraded if r["text"] == "Answer: 5"] == [(None, False)]
+    assert [r["text"] for r in regraded] == [r["text"] for r in lines]
+    assert (out / "generations.jsonl.graded-before_grader_modes").read_text() == old_text
+    assert json.loads((out / "run_config.json").read_text())["grading"] == "final_balanced_boxed"
+    assert "regraded 12 stored generations" in capsys.readouterr().err
+    # a second old directory would need the backup name again: refused, nothing overwritten
+    (out / "run_config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="graded-before_grader_modes: cannot regrade generations.jsonl: the backup exists"):
+        evaluate(config, backend=backend, progress=False)
+
+
 def test_resume_detects_changed_benchmark_file(fixture_run):
     config, script = fixture_run
     evaluate(config, backend=ScriptedBackend(script), progress=False)
@@ -227,15 +261,43 @@ def test_compare_table_deltas_points_and_relative_length():
     base = _results([0.50, 0.30], [0.70, 0.50], [10_000, 20_000], [0.9, 0.8])
     ckpt = _results([0.475, 0.35], [0.70, 0.60], [12_000, 15_000], [0.95, 0.8])
     table = compare_table(base, ckpt)
-    assert table.splitlines()[0].startswith("| Dataset | Avg@8 Base | Avg@8 Ckpt | Δ | Pass@8 Base |")
-    assert "| d1 | 50.0 | 47.5 | -2.5 | 70.0 | 70.0 | +0.0 | 10,000 | 12,000 | +20.0% | 90.0 | 95.0 | +5.0 |" in table
-    assert "| d2 | 30.0 | 35.0 | +5.0 | 50.0 | 60.0 | +10.0 | 20,000 | 15,000 | -25.0% |" in table
-    assert "| Macro avg | 40.0 | 41.2 | +1.2 | 60.0 | 65.0 | +5.0 | 15,000 | 13,500 | -10.0% |" in table
+    assert table.splitlines()[0].startswith("| Dataset | Avg@8 Base | Avg@8 Ckpt | Δ | Δ 95% CI | Pass@8 Base |")
+    assert ("| d1 | 50.0 | 47.5 | -2.5 | - | 70.0 | 70.0 | +0.0 | 10,000 | 12,000 | +20.0% | 90.0 | 95.0 | +5.0 |"
+            in table)
+    assert "| d2 | 30.0 | 35.0 | +5.0 | - | 50.0 | 60.0 | +10.0 | 20,000 | 15,000 | -25.0% |" in table
+    assert "| Macro avg | 40.0 | 41.2 | +1.2 | - | 60.0 | 65.0 | +5.0 | 15,000 | 13,500 | -10.0% |" in table
+    assert "no interval where a results.json has no per-problem scores" in table
     assert "WARNING" not in table
     ckpt["config"]["decoding"]["temperature"] = 1.0
     assert "decoding.temperature: base=0.6 checkpoint=1.0" in compare_table(base, ckpt)
     with pytest.raises(ValueError, match="n differs"):
         compare_table(base, _results([0.5, 0.3], [0.7, 0.5], [1, 1], [1, 1], n=4))
+
+
+def test_compare_table_bootstrap_interval_column():
+    from recipe.evaluation.stats import paired_bootstrap
+
+    base = _results([0.5, 0.25], [1, 1], [1, 1], [1, 1])
+    ckpt = _results([1.0, 0.25], [1, 1], [1, 1], [1, 1])
+    # d1: differences (1, 0): the 95% interval of the mean of 2 resampled differences is [0, 1]
+    base["per_problem"] = {"d1": {"p1": 0.0, "p2": 1.0}, "d2": {"q1": 0.25, "q2": 0.5, "q3": 0.0}}
+    ckpt["per_problem"] = {"d1": {"p2": 1.0, "p1": 1.0}, "d2": {"q1": 0.125, "q2": 0.5, "q3": 0.125}}
+    table = compare_table(base, ckpt)
+    assert "| d1 | 50.0 | 100.0 | +50.0 | [+0.0, +100.0] | 100.0 |" in table
+    d2 = paired_bootstrap(base_SP=[0.25, 0.5, 0.0], ckpt_SP=[0.125, 0.5, 0.125])
+    macro = paired_bootstrap(base_SP=[0.0, 1.0, 0.25, 0.5, 0.0], ckpt_SP=[1.0, 1.0, 0.125, 0.5, 0.125],
+                             strata_P=["d1", "d1", "d2", "d2", "d2"])
+    assert f"| d2 | 25.0 | 25.0 | +0.0 | {d2.points()} |" in table
+    assert f"| Macro avg | 37.5 | 62.5 | +25.0 | {macro.points()} |" in table
+    assert "paired percentile bootstrap" in table and "Note:" not in table
+    del ckpt["per_problem"]["d2"]["q3"]
+    assert "the runs scored different problems" in compare_table(base, ckpt)
+
+
+def test_results_hold_per_problem_avg(fixture_run):
+    config, script = fixture_run
+    results = evaluate(config, backend=ScriptedBackend(script), progress=False)
+    assert results["per_problem"] == {"setA": {"a1": 0.5, "a2": 0.25}, "setB": {"b1": 0.0}}
 
 
 # ---------------------------------------------------------------- model resolution (FSDP merge)

@@ -2,6 +2,7 @@
 
 import math
 
+from recipe.evaluation.stats import paired_bootstrap
 from recipe.experiments.toy_seeds import ARMS, gain_stats, signal_windows, study_table
 
 
@@ -32,13 +33,31 @@ def test_study_table_rows():
     results = {"full_solution": {1: {"after": {"greedy": 0.2, "avg@4": 0.1}, "signal": signal}}}
     text = study_table(results, before, eval_n=4)
     row = text.splitlines()[2]
-    assert row.startswith("| full_solution | +10.0 (1 seed) | +10.0 | +5.0 (1 seed) | 0.2000 -> 0.1000 (-50%)")
+    assert row.startswith("| full_solution | +10.0 (1 seed) | +10.0 | - | +5.0 (1 seed) | - | 0.2000 -> 0.1000 (-50%)")
     assert "greedy 10.0%" in text and "256 held-out" in text
     results["full_solution"][2] = {"after": {"greedy": 0.3, "avg@4": 0.1}, "signal": signal}
     row = study_table(results, before, eval_n=4).splitlines()[2]
-    assert row.startswith("| full_solution | +15.0 +- 7.1 | +10.0, +20.0 | +5.0 +- 0.0 |")
+    assert row.startswith("| full_solution | +15.0 +- 7.1 | +10.0, +20.0 | - | +5.0 +- 0.0 | - |")
 
 
 def test_arms_are_overrides_of_the_toy_preset():
     assert ARMS["full_solution"] == () and ARMS["control"] == ("opsd.teacher_context=none",)
     assert ARMS["paper_clip"] == ("opsd.loss.clip_tau=0.05",)
+
+
+def test_study_table_interval_resamples_problems_and_seeds():
+    before = {"greedy": 0.5, "avg@4": 0.25, "n_problems": 2,
+              "per_problem": {"greedy": {"p1": 0.0, "p2": 1.0}, "avg@4": {"p1": 0.0, "p2": 0.5}}}
+    signal = {"fwd_kl_first": 0.2, "fwd_kl_last": 0.1, "top1_agree_first": 0.9, "top1_agree_last": 0.95,
+              "step1_loss": 0.2}
+    after = {2: {"greedy": 1.0, "avg@4": 0.5, "per_problem": {"greedy": {"p1": 1.0, "p2": 1.0},
+                                                               "avg@4": {"p1": 0.25, "p2": 0.75}}},
+             1: {"greedy": 0.5, "avg@4": 0.25, "per_problem": {"greedy": {"p1": 1.0, "p2": 0.0},
+                                                                "avg@4": {"p1": 0.0, "p2": 0.5}}}}
+    results = {"full_solution": {seed: {"after": a, "signal": signal} for seed, a in after.items()}}
+    row = study_table(results, before, eval_n=4).splitlines()[2]
+    greedy = paired_bootstrap(base_SP=[0.0, 1.0], ckpt_SP=[[1.0, 0.0], [1.0, 1.0]])  # rows in seed order 1, 2
+    avg = paired_bootstrap(base_SP=[0.0, 0.5], ckpt_SP=[[0.0, 0.5], [0.25, 0.75]])
+    assert row.startswith(f"| full_solution | +25.0 +- 35.4 | +0.0, +50.0 | {greedy.points()} | +12.5 +- 17.7 "
+                          f"| {avg.points()} |")
+    assert greedy.estimate == 0.25

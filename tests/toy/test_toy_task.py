@@ -52,8 +52,8 @@ def test_difficulty_knob_and_solutions_graded_correct(num_operands, digits):
         assert all(len(str(v)) == digits for v in operands)
         assert row["answer"] == str(sum(operands))
         assert row["cot"].count("\n") == num_operands - 2
-        assert grade(row["solution"], row["answer"]).acc
-        assert not grade(row["solution"], str(sum(operands) + 1)).acc
+        assert grade(row["solution"], row["answer"], mode="evaluation").acc
+        assert not grade(row["solution"], str(sum(operands) + 1), mode="evaluation").acc
 
 
 @pytest.mark.parametrize("field,value", [("num_operands", 1), ("digits", 0), ("n_train", 1), ("n_heldout", 0), ("digits", 2.0)])
