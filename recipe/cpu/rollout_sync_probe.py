@@ -6,9 +6,12 @@ tokens after a fixed prompt at temperature 1 with top-k / top-p off, so the retu
 (``processed_logprobs``) log-probs are the plain full-vocabulary ones, and compares them with a
 float32 Hugging Face forward of exactly the tensors the trainer pushed. One JSON line per push:
 ``{"global_steps", "replica_rank", "max_abs_logprob_diff", "mean_abs_logprob_diff", "response_ids",
-"rollout_log_probs", "trainer_log_probs"}``. A rollout that kept stale weights differs by the
-size of the update; one in sync differs by the engine's numerics only (vLLM bfloat16 vs float32
-reference: ~1e-2; vLLM float32: ~1e-5, docs/vllm_cpu.md).
+"rollout_log_probs", "trainer_log_probs", "update_max_abs_logprob_diff"}``. A rollout that kept
+stale weights differs by the size of the update; one in sync differs by the engine's numerics only
+(vLLM bfloat16 vs float32 reference: ~1e-2; vLLM float32: ~1e-6, docs/vllm_cpu.md).
+``update_max_abs_logprob_diff`` is the same comparison between the previous push's weights and
+this push's (null at the first push): how far a rollout that missed this push would be off, so a
+test can check that its tolerance could have failed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ PROBE_PROMPT_LENGTH = 16
 PROBE_NEW_TOKENS = 8
 
 _REFERENCE_MODELS: dict[int, torch.nn.Module] = {}
+# replica rank -> the weights of the previous push (for update_max_abs_logprob_diff)
+_PREVIOUS_PUSH: dict[int, dict[str, torch.Tensor]] = {}
 
 
 def probe_prompt_ids(*, vocab_size: int, length: int = PROBE_PROMPT_LENGTH) -> list[int]:
@@ -90,13 +95,20 @@ async def probe_and_log(*, server, hf_config, pushed: dict[str, torch.Tensor], g
     )
     if not output.token_ids or output.log_probs is None:
         raise RuntimeError(f"rollout sync probe: the server returned no tokens/log-probs ({output.stop_reason=})")
-    model = _reference_model(hf_config, pushed)
     token_ids_T = torch.tensor(prompt_ids + list(output.token_ids), dtype=torch.long)
-    with torch.no_grad():
-        logits_TV = model(input_ids=token_ids_T[None]).logits[0]
-    trainer_lp = response_log_probs(logits_TV=logits_TV, token_ids_T=token_ids_T, prompt_length=len(prompt_ids))
+
+    def reference_log_probs(state_dict: dict[str, torch.Tensor]) -> torch.Tensor:
+        model = _reference_model(hf_config, state_dict)
+        with torch.no_grad():
+            logits_TV = model(input_ids=token_ids_T[None]).logits[0]
+        return response_log_probs(logits_TV=logits_TV, token_ids_T=token_ids_T, prompt_length=len(prompt_ids))
+
+    trainer_lp = reference_log_probs(pushed)
     rollout_lp = torch.tensor(output.log_probs, dtype=torch.float64)
     diff = (rollout_lp - trainer_lp).abs()
+    previous = _PREVIOUS_PUSH.get(replica_rank)
+    update_diff = None if previous is None else (reference_log_probs(previous) - trainer_lp).abs().max().item()
+    _PREVIOUS_PUSH[replica_rank] = pushed
     record = {
         "global_steps": global_steps,
         "replica_rank": replica_rank,
@@ -105,6 +117,7 @@ async def probe_and_log(*, server, hf_config, pushed: dict[str, torch.Tensor], g
         "response_ids": [int(t) for t in output.token_ids],
         "rollout_log_probs": rollout_lp.tolist(),
         "trainer_log_probs": trainer_lp.tolist(),
+        "update_max_abs_logprob_diff": update_diff,
     }
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "a") as handle:

@@ -23,7 +23,7 @@ from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer, vllm_rol
 from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
 
 from recipe.cpu import rollout_sync_probe
-from recipe.cpu.vllm_rollout_shims import GuardedSocket, track_receiver, weight_sync_timeout_s
+from recipe.cpu.vllm_rollout_shims import GuardedSocket, check_receiver, track_receiver, weight_sync_timeout_s
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,10 @@ class GuardedBucketedWeightSender(bucketed_weight_transfer.BucketedWeightSender)
 
     def _init_socket(self):
         super()._init_socket()
-        self.socket = GuardedSocket(self.socket, self.zmq_handle, weight_sync_timeout_s())
+        handle = self.zmq_handle
+        self.socket = GuardedSocket(
+            self.socket, label=handle, timeout_s=weight_sync_timeout_s(), check_receiver=lambda: check_receiver(handle)
+        )
 
 
 # verl's ServerAdapter.update_weights builds its sender from this module-level name

@@ -24,7 +24,7 @@ exists, with the verl / vLLM file:line it works around: ``docs/vllm_cpu.md``.
    vLLM worker raises (as above) or the server is dead, the trainer waits forever. Platform
    independent: a GPU run meets it on any receiver-side error. ``GuardedSocket`` makes every
    wait poll in 1 s slices and check the receiver's ``collective_rpc`` future (registered by
-   ``track_receiver``): a finished future raises the receiver's own error at once; after
+   ``track_receiver``, checked by ``check_receiver``): a finished future raises the receiver's own error at once; after
    ``OPSD_WEIGHT_SYNC_TIMEOUT_S`` seconds (default 900) without progress it raises
    ``TimeoutError``. The run then exits non-zero instead of hanging. Used by
    ``recipe.cpu.vllm_adapter``, which ``register_vllm_adapter`` puts in verl's rollout registry
@@ -38,6 +38,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class WeightReceiverFailed(RuntimeError):
     """The rollout side of a weight push died or raised; the trainer stops instead of waiting."""
 
 
-def _check_receiver(zmq_handle: str) -> None:
+def check_receiver(zmq_handle: str) -> None:
     """Raise if the receiver of ``zmq_handle`` has finished (an error, or returned without an ack)."""
     future = _RECEIVER_FUTURES.get(zmq_handle)
     if future is None:
@@ -130,21 +131,26 @@ def _check_receiver(zmq_handle: str) -> None:
 
 
 class GuardedSocket:
-    """A ZMQ REQ socket whose blocking send/recv poll in slices, check the receiver, and time out."""
+    """A ZMQ socket whose blocking ``send_pyobj`` / ``recv`` wait in ``POLL_SLICE_MS`` slices.
 
-    def __init__(self, socket, zmq_handle: str, timeout_s: float):
+    Between slices ``check_receiver()`` runs (it raises when the peer is known to be gone); after
+    ``timeout_s`` seconds without the awaited event a ``TimeoutError`` names ``label``.
+    """
+
+    def __init__(self, socket, *, label: str, timeout_s: float, check_receiver: Callable[[], None]):
         self._socket = socket
-        self._zmq_handle = zmq_handle
+        self._label = label
         self._timeout_s = timeout_s
+        self._check_receiver = check_receiver
 
     def _wait(self, event: int, what: str) -> None:
         deadline = time.monotonic() + self._timeout_s
         while not self._socket.poll(POLL_SLICE_MS, event):
-            _check_receiver(self._zmq_handle)
+            self._check_receiver()
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"weight push to the rollout server: no {what} from the receiver ({self._zmq_handle}) "
-                    f"within {self._timeout_s:.0f} s ({WEIGHT_SYNC_TIMEOUT_ENV}); is the rollout server alive?"
+                    f"weight push to the rollout server: no {what} from the receiver ({self._label}) "
+                    f"within {self._timeout_s:g} s ({WEIGHT_SYNC_TIMEOUT_ENV}); is the rollout server alive?"
                 )
 
     def send_pyobj(self, obj, *args, **kwargs):
