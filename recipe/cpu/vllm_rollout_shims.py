@@ -107,7 +107,11 @@ class WeightReceiverFailed(RuntimeError):
 
 
 def check_receiver(zmq_handle: str) -> None:
-    """Raise if the receiver of ``zmq_handle`` has finished (an error, or returned without an ack)."""
+    """Raise if the receiver of ``zmq_handle`` has failed (its Ray future holds an error).
+
+    A receiver that finished without error has sent its last acknowledgement before returning
+    (verl's ``BucketedWeightReceiver``), so the sender keeps waiting for it (bounded by the timeout).
+    """
     future = _RECEIVER_FUTURES.get(zmq_handle)
     if future is None:
         return
@@ -124,10 +128,6 @@ def check_receiver(zmq_handle: str) -> None:
             f"weight push to the rollout server failed on the receiving side ({zmq_handle}): "
             f"{type(error).__name__}: {error}"
         ) from error
-    raise WeightReceiverFailed(
-        f"weight push to the rollout server: the receiver ({zmq_handle}) returned without "
-        "acknowledging the last bucket"
-    )
 
 
 class GuardedSocket:
