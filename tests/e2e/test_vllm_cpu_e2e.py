@@ -300,5 +300,6 @@ def test_killed_rollout_server_ends_the_run(vllm_venv, vllm_overrides, tiny_mode
     log = log_path.read_text(errors="replace")
     assert returncode is not None, f"the run still hung {kill_bound_s} s after its rollout server was killed:\n{log[-3000:]}"
     assert returncode != 0, log[-3000:]
-    assert "vLLMHttpServer" in log or "ActorDiedError" in log or "rollout server" in log, log[-3000:]
+    # the agent loop's next generate() on the dead actor raises (verl starts servers without restarts)
+    assert "ActorDiedError" in log, log[-3000:]
     print(f"[vllm_cpu] run exited {returncode} {exit_after_s:.0f} s after the server was killed")
