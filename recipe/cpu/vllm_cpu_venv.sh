@@ -40,7 +40,8 @@ MAIN_SITE="$("${MAIN_PYTHON}" -c 'import sysconfig; print(sysconfig.get_paths()[
 }
 
 start=${SECONDS}
-python3 -m venv "${VLLM_VENV}"
+# Same base interpreter as the main venv: its site-packages are shared through the .pth below.
+"${MAIN_PYTHON}" -m venv "${VLLM_VENV}"
 VPIP=("${VLLM_VENV}/bin/python" -m pip --disable-pip-version-check)
 constraint_args=()
 [[ -f "${CONSTRAINTS}" ]] && constraint_args=(-c "${CONSTRAINTS}")
@@ -65,7 +66,7 @@ printf 'opsd-verl\n' > "${DIST_INFO}/INSTALLER"
 # The main venv (verl, ray, TransferQueue, ...) and this repo, AFTER this venv's own packages
 # (so vLLM's transformers wins). site.addsitedir also runs the main venv's .pth files, which
 # holds the editable install of this repo (a plain path line would not: docs/vllm_cpu.md).
-printf 'import site; site.addsitedir(%s)\n' "$(python3 -c 'import sys; print(repr(sys.argv[1]))' "${MAIN_SITE}")" \
+printf 'import site; site.addsitedir(%s)\n' "$("${MAIN_PYTHON}" -c 'import sys; print(repr(sys.argv[1]))' "${MAIN_SITE}")" \
     > "${SITE}/zz_opsd_main_venv.pth"
 
 "${VLLM_VENV}/bin/python" - <<'PY'
