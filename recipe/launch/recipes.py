@@ -24,6 +24,8 @@ class Recipe:
     platform: the CPU option of the ``platform`` group. model_key / train_key / val_key: where
     MODEL_PATH / TRAIN_FILES / VAL_FILES go. torchrun: launched by torchrun, one process per GPU
     (verl's SFT trainer). reward: the project's grader is the verl reward (RL recipes).
+    vllm_platform: the CPU option with verl's vLLM rollout (CPU_ROLLOUT=vllm); None for a recipe
+    without a rollout (SFT), which has no use for the guarded weight push either (recipe.launch.verl_env).
     """
 
     name: str
@@ -36,6 +38,7 @@ class Recipe:
     val_key: str | None
     torchrun: bool = False
     reward: bool = True
+    vllm_platform: str | None = None
 
     def command(self, python: str, overrides: Sequence[str], *, nproc: int = 1) -> list[str]:
         """The argv that starts the trainer with ``overrides`` (each key once)."""
@@ -59,9 +62,9 @@ RECIPES = {
     recipe.name: recipe
     for recipe in (
         Recipe("opsd", REPO_ROOT / "recipe" / "opsd" / "config", "opsd_trainer", "recipe.opsd.main_opsd", "cpu",
-               "actor_rollout_ref.model.path", "data.train_files", "data.val_files"),
+               "actor_rollout_ref.model.path", "data.train_files", "data.val_files", vllm_platform="cpu_vllm"),
         Recipe("grpo", REPO_ROOT / "recipe" / "grpo_baseline" / "config", "grpo_trainer", "verl.trainer.main_ppo",
-               "cpu", "actor_rollout_ref.model.path", "data.train_files", "data.val_files"),
+               "cpu", "actor_rollout_ref.model.path", "data.train_files", "data.val_files", vllm_platform="cpu_vllm"),
         Recipe("sft", REPO_ROOT / "recipe" / "sft" / "config", "sft_trainer", "verl.trainer.sft_trainer", "cpu_sft",
                "model.path", "data.train_files", None, torchrun=True, reward=False),
     )

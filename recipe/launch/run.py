@@ -27,11 +27,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipe.cpu.env import cpu_environment
+from recipe.cpu import vllm_cpu
 from recipe.launch import compose as composer
 from recipe.launch.overrides import Override, OverrideList
 from recipe.launch.recipes import REPO_ROOT, Recipe
 from recipe.launch.settings import Settings, gpus_on_this_node
+from recipe.launch.verl_env import runtime_env_overrides, verl_environment
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,13 @@ class Launch:
     config_path: Path
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    verl_env: dict[str, str] = field(default_factory=dict)  # what the launcher added to env (recipe.launch.verl_env)
 
     def describe(self) -> str:
-        """The header printed once at start: command, replaced values, the effective settings."""
+        """The header printed once at start: command, environment set, replaced values, the effective settings."""
         lines = [f"[launch] {self.recipe.name} on {self.settings.device}: {shlex.join(self.command)}"]
+        if self.verl_env:
+            lines.append("[launch] environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.verl_env.items()))
         lines += [f"[launch] note: {note}" for note in self.notes]
         for key, old, old_source, new, new_source in self.overrides.replaced:
             lines.append(f"[launch] note: {key}={new} ({new_source}) replaces {key}={old} ({old_source})")
@@ -107,8 +111,13 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
             raise ValueError(f"the {recipe.name} recipe has no CPU demo {demo.name!r} "
                              f"({recipe.config_dir / 'demo'}: {recipe.presets('demo')})")
         overrides.add([f"+demo={demo.name}"], source=f"CPU demo {demo.name}")
+    vllm = settings.device == "cpu" and settings.cpu_rollout == "vllm" and recipe.vllm_platform is not None
     if settings.device == "cpu":
-        overrides.add([f"+platform={recipe.platform}"], source="DEVICE=cpu")
+        overrides.add([f"+platform={recipe.vllm_platform if vllm else recipe.platform}"],
+                      source="DEVICE=cpu CPU_ROLLOUT=vllm" if vllm else "DEVICE=cpu")
+    verl_env = verl_environment(recipe, device=settings.device, cpu_rollout=settings.cpu_rollout, environ=environ)
+    if vllm:
+        python = vllm_cpu.venv_python(settings.vllm_venv_dir)
 
     model = settings.model_path or (demo.model_path if demo else None)
     train = settings.train_files or (demo.train_files if demo else None)
@@ -121,7 +130,10 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     for key, value, source in env_values:
         if key and value is not None:
             overrides.add([f"{key}={value}"], source=source)
+    overrides.add(runtime_env_overrides(recipe, verl_env), source="launcher (VERL_USE_EXTERNAL_MODULES on every node)")
     overrides.add(values, source="command line")
+    if vllm and model:
+        vllm_cpu.check_head_dim(str(model))
 
     # Derived values come from a first composition (none of them changes what the others read),
     # then the final composition holds every override once.
@@ -147,15 +159,13 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     if recipe.torchrun and int(composer.select(cfg, "trainer.nnodes")) != 1:
         raise ValueError(f"the {recipe.name} launcher starts one node (torchrun --standalone); "
                          "for more nodes run torchrun on each node")
-    env = dict(environ)
-    if settings.device == "cpu":
-        env.update(cpu_environment(environ))
+    env = {**environ, **verl_env}
     env.setdefault("VERL_FILE_LOGGER_PATH", str(next_free_path(ckpt / "metrics", "jsonl")))
     env.setdefault("TENSORBOARD_DIR", str(ckpt / "tensorboard"))
     env.setdefault("WANDB_DIR", str(ckpt))
     return Launch(recipe=recipe, settings=settings, overrides=overrides, config=cfg, ckpt_dir=ckpt,
                   command=recipe.command(python, overrides.as_list(), nproc=nproc),
-                  config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes)
+                  config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes, verl_env=verl_env)
 
 
 @functools.lru_cache(maxsize=None)

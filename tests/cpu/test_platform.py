@@ -28,6 +28,11 @@ RL_MACHINERY = {
     "trainer.n_gpus_per_node", "ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.num_cpus",
     "data.dataloader_num_workers",
 }
+# verl's vLLM engine on the CPU (platform/cpu_vllm.yaml): eager mode, no sleep mode, engine step size.
+VLLM_MACHINERY = RL_MACHINERY | {
+    "actor_rollout_ref.rollout.enforce_eager", "actor_rollout_ref.rollout.free_cache_engine",
+    "actor_rollout_ref.rollout.enable_sleep_mode", "actor_rollout_ref.rollout.max_num_batched_tokens",
+}
 SFT_MACHINERY = {
     "model.override_config.attn_implementation", "model.use_remove_padding", "engine.strategy",
     "engine.use_torch_compile", "trainer.device", "trainer.nnodes", "trainer.n_gpus_per_node", "data.num_workers",
@@ -43,15 +48,30 @@ def _flat(tree, prefix=""):
     return out
 
 
-@pytest.mark.parametrize(("recipe", "machinery"), [("opsd", RL_MACHINERY), ("grpo", RL_MACHINERY), ("sft", SFT_MACHINERY)])
-def test_platform_changes_only_machinery(recipe, machinery):
+@pytest.mark.parametrize(("recipe", "platform", "machinery"), [
+    ("opsd", "cpu", RL_MACHINERY), ("grpo", "cpu", RL_MACHINERY), ("sft", "cpu_sft", SFT_MACHINERY),
+    ("opsd", "cpu_vllm", VLLM_MACHINERY), ("grpo", "cpu_vllm", VLLM_MACHINERY),
+])
+def test_platform_changes_only_machinery(recipe, platform, machinery):
     spec = get_recipe(recipe)
+    assert platform in (spec.platform, spec.vllm_platform)
     plain = _flat(OmegaConf.to_container(compose(spec, []), resolve=True))
-    cpu = _flat(OmegaConf.to_container(compose(spec, [f"+platform={spec.platform}"]), resolve=True))
+    cpu = _flat(OmegaConf.to_container(compose(spec, [f"+platform={platform}"]), resolve=True))
     changed = {k for k in plain.keys() | cpu.keys() if plain.get(k, "<absent>") != cpu.get(k, "<absent>")}
     assert changed, "the platform changed nothing"
     assert changed <= machinery, sorted(changed - machinery)
     assert cpu["trainer.device"] == "cpu"
+
+
+def test_cpu_vllm_is_the_cpu_platform_with_verls_vllm_engine():
+    spec = get_recipe("grpo")
+    cpu = _flat(OmegaConf.to_container(compose(spec, ["+platform=cpu"]), resolve=True))
+    vllm = _flat(OmegaConf.to_container(compose(spec, ["+platform=cpu_vllm"]), resolve=True))
+    changed = {k for k in cpu.keys() | vllm.keys() if cpu.get(k, "<absent>") != vllm.get(k, "<absent>")}
+    # the rollout engine (verl's distillation teacher engine interpolates it) and the vLLM options only
+    assert changed == VLLM_MACHINERY - RL_MACHINERY | {
+        "actor_rollout_ref.rollout.name", "distillation.teacher_models.teacher_model.inference.name"}
+    assert vllm["actor_rollout_ref.rollout.name"] == "vllm" and vllm["actor_rollout_ref.rollout.enable_sleep_mode"] is False
 
 
 def test_ray_gpus_follow_the_ranks():

@@ -37,7 +37,7 @@ def test_no_argument_run_is_one_launch_of_verl_with_each_key_once(tmp_path):
     args = [a for a in launch.command if "=" in a and not a.startswith("--")]
     keys = [Override.parse(a).key for a in args]
     assert len(keys) == len(set(keys)) and launch.overrides.replaced == []
-    assert [a for a in args if a.startswith("+")] == ["+demo=toy", "+platform=cpu"]
+    assert [a for a in args if Override.parse(a).is_group] == ["+demo=toy", "+platform=cpu"]
     cfg = launch.config
     assert cfg.actor_rollout_ref.model.path.endswith("/student") and cfg.actor_rollout_ref.rollout.name == "hf"
     assert (cfg.trainer.total_training_steps, cfg.trainer.save_freq, cfg.data.train_batch_size) == (150, 150, 64)

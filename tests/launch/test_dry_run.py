@@ -173,10 +173,11 @@ def test_run_sft_gpu_budget_covers_the_paper_rows():
 def test_cpu_platform_comes_after_the_presets():
     launch = plan(OPSD, Settings(device="cpu", model_path="/m", train_files="/t.parquet"), ["+model=qwen3_1p7b"],
                   environ={})
-    groups = [a for a in launch.command if a.startswith("+")]
+    groups = [a for a in launch.command if a.startswith("+") and Override.parse(a).is_group]
     assert groups == ["+model=qwen3_1p7b", "+platform=cpu"]
     assert launch.config.actor_rollout_ref.rollout.name == "hf" and launch.config.trainer.device == "cpu"
-    assert launch.env["VERL_PLATFORM"] == "cpu" and launch.env["VERL_USE_EXTERNAL_MODULES"] == "recipe.cpu.plugin"
+    assert launch.env["VERL_PLATFORM"] == "cpu"
+    assert launch.env["VERL_USE_EXTERNAL_MODULES"] == "recipe.cpu.plugin,recipe.rollout.extension"
 
 
 def _script(script: str, *args: str, **environ) -> subprocess.CompletedProcess:

@@ -25,6 +25,12 @@ def test_paths_are_absolute_and_hub_ids_stay(tmp_path):
     assert settings(tmp_path, MODEL_PATH="Qwen/Qwen3-1.7B").model_path == "Qwen/Qwen3-1.7B"
 
 
+def test_vllm_venv_defaults_to_the_cache(tmp_path):
+    assert settings(tmp_path, OPSD_CACHE="/c", CPU_ROLLOUT="vllm").vllm_venv_dir == "/c/venv_vllm_cpu"
+    assert settings(tmp_path, CPU_ROLLOUT="vllm", VLLM_VENV="v").vllm_venv_dir == str(tmp_path / "v")
+    assert settings(tmp_path).cpu_rollout == "hf"
+
+
 def test_cpu_demo_default_depends_on_what_is_given(tmp_path):
     assert settings(tmp_path).demo == "toy"  # the no-argument run
     assert settings(tmp_path, MODEL_PATH="/m").demo == "tiny"  # a given model on the CPU: tiny run sizes
@@ -39,7 +45,10 @@ def test_cpu_demo_default_depends_on_what_is_given(tmp_path):
         ({"STEPS": "0"}, "STEPS='0' must be a positive integer"),
         ({"STEPS": "ten"}, "STEPS='ten'"),
         ({"DEVICE": "cpu", "NGPUS": "2"}, "NGPUS / NNODES apply to DEVICE=gpu only"),
-        ({"DEVICE": "gpu", "CPU_DEMO": "toy"}, "CPU_DEMO / CPU_NUM_RANKS apply to DEVICE=cpu only"),
+        ({"DEVICE": "gpu", "CPU_DEMO": "toy"}, "CPU_DEMO / CPU_NUM_RANKS / CPU_ROLLOUT apply to DEVICE=cpu only"),
+        ({"DEVICE": "gpu", "CPU_ROLLOUT": "vllm"}, "CPU_ROLLOUT apply to DEVICE=cpu only"),
+        ({"DEVICE": "cpu", "CPU_ROLLOUT": "sglang"}, r"CPU_ROLLOUT='sglang' is not one of \['hf', 'vllm'\]"),
+        ({"DEVICE": "cpu", "VLLM_VENV": "/v"}, "VLLM_VENV applies to CPU_ROLLOUT=vllm only"),
         ({"OPSD_DEVICE": "gpu"}, r"OPSD_DEVICE \(use DEVICE\)"),
         ({"ROLLOUT_NAME": "sglang"}, r"ROLLOUT_NAME \(use actor_rollout_ref.rollout.name=<engine>\)"),
         ({"CACHE_DIR": "/c"}, r"CACHE_DIR \(use OPSD_CACHE\)"),

@@ -1,6 +1,6 @@
 """Does the rollout server serve the trainer's weights? A log-prob probe after every weight push.
 
-Enabled by ``OPSD_ROLLOUT_SYNC_PROBE_LOG=<path.jsonl>`` (a test hook of ``recipe.cpu.vllm_adapter``).
+Enabled by ``OPSD_ROLLOUT_SYNC_PROBE_LOG=<path.jsonl>`` (a test hook of ``recipe.rollout.vllm_adapter``).
 After each push the trainer-side adapter asks the rollout server to sample ``PROBE_NEW_TOKENS``
 tokens after a fixed prompt at temperature 1 with top-k / top-p off, so the returned
 (``processed_logprobs``) log-probs are the plain full-vocabulary ones, and compares them with a
@@ -12,6 +12,8 @@ stale weights differs by the size of the update; one in sync differs by the engi
 ``update_max_abs_logprob_diff`` is the same comparison between the previous push's weights and
 this push's (null at the first push): how far a rollout that missed this push would be off, so a
 test can check that its tolerance could have failed.
+The probe keeps a float32 CPU copy of every pushed tensor and runs the reference forward on the
+CPU: a hook for tests and small models (it works on a GPU run too, at that cost).
 """
 
 from __future__ import annotations

@@ -1,0 +1,52 @@
+"""What a launch adds to verl's environment (one copy: ``recipe.launch.run`` and the sweep use it).
+
+- RL recipes (a rollout), every device: ``recipe.rollout.extension`` in ``VERL_USE_EXTERNAL_MODULES``
+  (rollout ``vllm`` resolves to the guarded weight push: a rollout server that fails or dies ends
+  the run with its error instead of hanging the trainer; docs/vllm_cpu.md);
+- CPU: the CPU path's variables (``recipe.cpu.env``: the plugin first in that list);
+- CPU_ROLLOUT=vllm: vLLM-CPU's variables (``recipe.cpu.vllm_cpu``).
+
+Modules the user listed in ``VERL_USE_EXTERNAL_MODULES`` follow the project's, in their order.
+verl imports that list in the driver and in every Ray worker; a worker inherits the variable only
+on the driver's node, so ``runtime_env_overrides`` also passes it to every worker of the job
+through Ray's ``runtime_env`` (``ray_kwargs.ray_init.runtime_env.env_vars``: a cluster started
+with ``ray start`` on several nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from recipe.cpu.env import PLUGIN_MODULE, cpu_environment
+from recipe.cpu.vllm_cpu import vllm_cpu_environment
+from recipe.launch.recipes import Recipe
+
+ROLLOUT_EXTENSION = "recipe.rollout.extension"
+MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+RUNTIME_ENV_KEY = f"ray_kwargs.ray_init.runtime_env.env_vars.{MODULES_ENV}"
+
+
+def _modules(value: str | None) -> list[str]:
+    return [m.strip() for m in (value or "").split(",") if m.strip()]
+
+
+def verl_environment(recipe: Recipe, *, device: str, cpu_rollout: str = "hf",
+                     environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a launch of ``recipe`` sets on top of ``environ``."""
+    env: dict[str, str] = {}
+    if device == "cpu":
+        env.update(cpu_environment(environ))
+        if cpu_rollout == "vllm" and recipe.vllm_platform:
+            env.update(vllm_cpu_environment(environ))
+    if recipe.vllm_platform:
+        listed = _modules(env.get(MODULES_ENV, environ.get(MODULES_ENV)))
+        first = [m for m in listed if m == PLUGIN_MODULE] + [ROLLOUT_EXTENSION]
+        env[MODULES_ENV] = ",".join(first + [m for m in listed if m not in first])
+    return env
+
+
+def runtime_env_overrides(recipe: Recipe, env: Mapping[str, str]) -> list[str]:
+    """The hydra override that gives every Ray worker of the job the launch's module list (Ray recipes)."""
+    if recipe.torchrun or not env.get(MODULES_ENV):
+        return []
+    return [f'++{RUNTIME_ENV_KEY}="{env[MODULES_ENV]}"']
