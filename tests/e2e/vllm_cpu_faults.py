@@ -1,8 +1,9 @@
-"""Fault injection for tests/e2e/test_vllm_cpu_e2e.py, loaded as an extra verl external module.
+"""Fault injection for tests/e2e/test_vllm_cpu_e2e.py, loaded as a verl external module.
 
-    PYTHONPATH=tests/e2e EXTRA_VERL_MODULES=vllm_cpu_faults ...
+    PYTHONPATH=tests/e2e VERL_USE_EXTERNAL_MODULES=vllm_cpu_faults CPU_ROLLOUT=vllm ... run_grpo.sh
 
-Imported in every verl process after ``recipe.cpu.plugin`` (``cpu_env.sh`` lists it second):
+Imported in every verl process after ``recipe.cpu.plugin`` and ``recipe.rollout.extension`` (the
+launcher lists the user's modules after its own):
 
 - ``OPSD_TEST_UNDO_KEEP_WEIGHTS=1``: in vLLM processes, undo ``keep_cpu_linear_weights`` (vLLM-CPU
   packs the linear weights away again), so the first weight push raises on the receiving side,
