@@ -83,6 +83,12 @@ def _vllm_env(venv: Path, tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
+def _train_log(tmp_path: Path) -> str:
+    """verl's full output: a CPU demo launch writes it to $CKPT_DIR/train.log (its console shows progress only)."""
+    path = tmp_path / "ckpt" / "train.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def _read_probe(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
@@ -170,6 +176,7 @@ def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, env=None,
         timeout=timeout,
     )
     run.wall_s = time.monotonic() - start
+    run.log += _train_log(tmp_path)
     run.probe = _read_probe(probe_log)
     return run
 
@@ -283,7 +290,7 @@ def test_killed_rollout_server_ends_the_run(vllm_venv, tmp_path):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    log = log_path.read_text(errors="replace")
+    log = log_path.read_text(errors="replace") + _train_log(tmp_path)
     assert returncode is not None, f"the run still hung {kill_bound_s} s after its rollout server was killed:\n{log[-3000:]}"
     assert returncode != 0, log[-3000:]
     # the agent loop's next generate() on the dead actor raises (verl starts servers without restarts)
