@@ -27,8 +27,9 @@ from typing import Any, Iterable, Mapping
 from recipe.common.cli import InputError, require_file
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# `step:12 - ` anywhere on the line (Ray prefixes worker output with "(Actor pid=...) ").
-_STEP_RE = re.compile(r"(?:^|\s)step:(\d+)(?= - |\s*$)")
+# `step:12 - ` anywhere on the line (Ray prefixes worker output with "(Actor pid=...) "; verl's SFT
+# trainer prints it right after its tqdm bar, "...4.07s/it]step:110 - "), not `global_step:` / `s/step:`.
+_STEP_RE = re.compile(r"(?:^|[^\w/])step:(\d+)(?= - |\s*$)")
 # pprint of numpy / torch scalars: np.float64(0.5), np.int64(3), np.True_
 _WRAPPED_RE = re.compile(r"^(?:np|numpy)\.\w+\((.*)\)$")
 _NUMPY_BOOL = {"np.True_": 1.0, "np.False_": 0.0, "True": 1.0, "False": 0.0}

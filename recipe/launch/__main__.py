@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     except config_errors() as err:
         print(f"[launch] error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # a demo stage failed: the message carries the end of its log
+        print(f"[launch] {err}", file=sys.stderr)
+        return 1
     print(launch.describe(), flush=True)
     if dry_run:
         print(launch.resolved_yaml(), end="")

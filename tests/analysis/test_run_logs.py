@@ -43,6 +43,14 @@ def test_parse_console_line_fields():
     assert parse_console_line("Training Progress: step 3") is None
 
 
+def test_parse_console_line_after_a_progress_bar():
+    """verl's SFT trainer prints the step line right after its tqdm bar (same line)."""
+    line = "Epoch 2/100000:  17%|#7        | 16/93 [00:46<05:13,  4.07s/it]step:110 - train/loss:0.151 - train/lr:0.00196"
+    assert parse_console_line(line) == {"step": 110, "train/loss": 0.151, "train/lr": 0.00196}
+    # keys that end in "step" are values, not the step
+    assert parse_console_line("training/global_step:3 - timing_s/step:2.5") is None
+
+
 def test_read_console_log_merges_and_sorts(tmp_path):
     path = tmp_path / "run.log"
     path.write_text(CONSOLE_LOG)
