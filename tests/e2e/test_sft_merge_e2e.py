@@ -98,7 +98,8 @@ def test_sft_two_steps_then_merge_to_hf(run_cpu_verl, tiny_model_dir, sft_parque
     proc = subprocess.run(merge, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = subprocess.run(merge, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert again.returncode == 1 and "refusing to overwrite" in again.stderr
+    assert again.returncode == 2 and again.stderr.startswith(f"error: {merged}: exists"), again.stderr
+    assert [p.name for p in tmp_path.glob("sft_merged*")] == ["sft_merged"]  # written as .partial-<pid>, renamed
 
     model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
