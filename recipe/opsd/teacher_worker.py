@@ -31,8 +31,6 @@ Only FSDP2 without Ulysses sequence parallelism is supported (checked at start).
 from __future__ import annotations
 
 import contextlib
-import glob
-import os
 from functools import partial
 
 import torch
@@ -43,28 +41,10 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
-from recipe.common.heads import output_logit_scale, response_rows
+from recipe.common.heads import checkpoint_lm_head, output_logit_scale, response_rows
 from recipe.opsd.actor_loss import opsd_loss
 from recipe.opsd.signals import sampled_token_rank_from_hidden
 
-
-def _cpu_unpinned_teacher_offload() -> None:
-    """CPU path only: verl's FSDP2 forward-only engine (the ref = our teacher) always uses
-    ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an accelerator. Belongs in
-    recipe.common.cpu_plugin (requested); kept here until it moves there."""
-    from torch.distributed.fsdp import CPUOffloadPolicy
-
-    from verl.workers.engine.fsdp import transformer_impl
-
-    if os.environ.get("VERL_PLATFORM") == "cpu" and transformer_impl.CPUOffloadPolicy is CPUOffloadPolicy:
-
-        def unpinned(*args, **kwargs):
-            return CPUOffloadPolicy(*args, **(kwargs | {"pin_memory": False}))
-
-        transformer_impl.CPUOffloadPolicy = unpinned
-
-
-_cpu_unpinned_teacher_offload()
 
 OPSD_FORWARD_KEY = "opsd_forward"
 RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
@@ -94,23 +74,6 @@ def capture_final_hidden(module):
         yield store
     finally:
         handle.remove()
-
-
-def load_initial_lm_head(model_path: str, *, tie_word_embeddings: bool) -> torch.Tensor:
-    """The lm_head weight [V, H] of the checkpoint at ``model_path`` (safetensors), read once."""
-    from safetensors import safe_open
-
-    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors under {model_path}: cannot load the frozen teacher lm_head")
-    wanted = ("lm_head.weight",) + (("embed_tokens.weight",) if tie_word_embeddings else ())
-    for suffix in wanted:
-        for path in files:
-            with safe_open(path, framework="pt") as handle:
-                for key in handle.keys():
-                    if key.endswith(suffix):
-                        return handle.get_tensor(key)
-    raise KeyError(f"{model_path}: no tensor named *{' or *'.join(wanted)} in {files}")
 
 
 class OPSDEngineMixin:
@@ -197,6 +160,8 @@ class OPSDEngineMixin:
         # Student: the loss is computed INSIDE the model's forward, in place of its lm_head, so that
         # FSDP2 sees it as the forward output (its backward hooks re-gather the lm_head weight).
         # With logits_to_keep=0 the lm_head input is the final hidden state of every position.
+        # The model then multiplies its head's output by `scale` (Falcon-H1, Granite, Cohere), so the
+        # head hands it loss / scale: the output, its gradients and actor/grad_norm are the loss's.
         def loss_head(hidden):
             with torch.autocast(device_type=get_device_name(), enabled=False):
                 weight, bias = head_params()
@@ -204,7 +169,8 @@ class OPSDEngineMixin:
                 loss, captured["metrics"] = loss_function(
                     model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group()
                 )
-            return loss.reshape(1, 1, 1)
+            captured["loss"] = loss.detach()
+            return (loss / scale).reshape(1, 1, 1)
 
         head.forward = loss_head
         try:
@@ -213,7 +179,37 @@ class OPSDEngineMixin:
         finally:
             del head.forward
         loss = output.logits.reshape(())
+        _check_head_output(loss.detach(), captured["loss"], self.model_config.hf_config)
         return loss, {"model_output": {}, "loss": loss.detach().item(), "metrics": captured["metrics"]}
+
+
+def _check_head_output(output, loss, hf_config) -> None:
+    """The model's output must be the loss its head returned: a model that transforms the head's
+    output in a way ``output_logit_scale`` does not know would silently train on another loss."""
+    if not torch.allclose(output.double(), loss.double(), rtol=1e-4, atol=1e-12):
+        raise RuntimeError(
+            f"{type(hf_config).__name__}: the model transforms its lm_head output beyond the linear scale "
+            f"recipe.common.heads.output_logit_scale knows ({output_logit_scale(hf_config)}): the loss returned "
+            f"by the head is {float(loss):.6g}, the model output {float(output):.6g}; teach output_logit_scale "
+            "this model's head before training it with OPSD"
+        )
+
+
+def opsd_loss_function(loss_config, model_config, *, frozen_teacher_head: bool):
+    """The actor's verl loss function: ``actor_loss.opsd_loss`` with the teacher's lm_head.
+
+    ``frozen_teacher_head``: a frozen copy of the initial lm_head, read once from the checkpoint
+    (``actor_rollout_ref.model.path``: a directory or a Hub id), with the model's head scale folded
+    in; False (LoRA): the live lm_head, detached. Soft-capped heads are refused here, at start.
+    """
+    scale = output_logit_scale(model_config.hf_config)
+    teacher_weight = None
+    if frozen_teacher_head:
+        teacher_weight = checkpoint_lm_head(
+            model_config.local_path,
+            tie_word_embeddings=bool(getattr(model_config.hf_config, "tie_word_embeddings", False)),
+        ).to(get_device_id()) * scale
+    return partial(opsd_loss, loss_config=loss_config, teacher_weight_VH=teacher_weight)
 
 
 def _response_hidden(hidden, *, micro_batch, packed: bool):
@@ -277,17 +273,10 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         if self.opsd_config is None:
             raise ValueError("OPSDActorRolloutRefWorker needs the opsd config: build it with worker_class_for(opsd)")
         opsd_cfg = OPSDConfig.from_hydra(self.opsd_config)
-        model_config = self.actor.model_config
-        output_logit_scale(model_config.hf_config)  # refuses a soft-capped head before training starts
-        if self.ref is None:
-            # LoRA: the teacher is the actor with adapters disabled; the lm_head is not adapted
-            teacher_weight = None
-        else:
-            teacher_weight = load_initial_lm_head(
-                model_config.local_path,
-                tie_word_embeddings=bool(getattr(model_config.hf_config, "tie_word_embeddings", False)),
-            ).to(get_device_id()) * output_logit_scale(model_config.hf_config)
-        self.actor.set_loss_fn(partial(opsd_loss, loss_config=opsd_cfg.loss, teacher_weight_VH=teacher_weight))
+        # LoRA (no ref copy): the teacher is the actor with adapters disabled; the lm_head is not adapted
+        self.actor.set_loss_fn(
+            opsd_loss_function(opsd_cfg.loss, self.actor.model_config, frozen_teacher_head=self.ref is not None)
+        )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_teacher_hidden(self, data):

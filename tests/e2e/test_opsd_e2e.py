@@ -110,13 +110,41 @@ def _vocab_size(model_dir):
     return json.loads((model_dir / "config.json").read_text())["vocab_size"]
 
 
+HUB_ID = "opsd-test/tiny-qwen3"  # a fake Hub id: only the local cache below knows it
+
+
+def _hub_cache(model_dir, hf_home):
+    """``hf_home`` laid out as Hugging Face's cache holding ``model_dir`` under ``HUB_ID``
+    (``hub/models--org--name/refs/main`` -> ``snapshots/<revision>/``), its weights sharded with a
+    ``model.safetensors.index.json`` as large checkpoints are."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    repo = hf_home / "hub" / ("models--" + HUB_ID.replace("/", "--"))
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / revision
+    AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).save_pretrained(
+        snapshot, max_shard_size="150KB"
+    )
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(snapshot)
+    (snapshot / "generation_config.json").write_text((model_dir / "generation_config.json").read_text())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    assert (snapshot / "model.safetensors.index.json").is_file() and len(list(snapshot.glob("*.safetensors"))) > 1
+    return hf_home
+
+
 def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data, tmp_path):
+    """Also: the model is given by a Hub id (``MODEL_PATH=org/name``, as on GPU clusters) that
+    resolves offline from a local Hugging Face cache, sharded (issue 17a)."""
     ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
+    env = _env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
+    env |= {"MODEL_PATH": HUB_ID, "HF_HOME": str(_hub_cache(tiny_model_dir, tmp_path / "hf_home")),
+            "HF_HUB_OFFLINE": "1"}
     run = run_cpu_verl(
         SCRIPT,
         ["trainer.log_fingerprints=true", "trainer.save_freq=1"],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2"),
+        env=env,
         script=True,
         timeout=300,
     )
