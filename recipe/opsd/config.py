@@ -5,7 +5,7 @@ starts any worker, so a bad option fails in seconds with a message naming the fi
 the paper's ("Default OPSD Configuration": beta 0, tau_clip 0.05, temperature 1.1, full-solution
 teacher context, think/think modes, 1,024-token prompt caps).
 
-Pure: stdlib + the pure prompt / position modules; no verl or ray import.
+Pure: stdlib + the pure prompt / position / monitor modules; no verl or ray import.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from recipe.opsd.monitor import MonitorConfig
 
 # None = the model's native (only) mode: the prompt is rendered without the enable_thinking switch
 MODES = ("think", "no_think", None)
@@ -123,6 +125,7 @@ class OPSDConfig:
         ``enable_thinking`` switch (single-mode models: OLMo-3, DeepSeek-R1-Distill, ...).
     teacher_max_prompt_length: cap on the rendered teacher prompt in tokens (the paper: 1,024;
         8,192 for the CoT + solution context). A longer teacher prompt is an error, never truncated.
+    monitor: the collapse monitor's options (``recipe.opsd.monitor.MonitorConfig``).
     """
 
     teacher_context: str = "full_solution"
@@ -130,11 +133,13 @@ class OPSDConfig:
     teacher_mode: str = "think"
     teacher_max_prompt_length: int = 1024
     loss: OPSDLossConfig = field(default_factory=OPSDLossConfig)
-    monitor: dict = field(default_factory=dict)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def __post_init__(self):
         if isinstance(self.loss, Mapping):
             self.loss = _build(OPSDLossConfig, self.loss, prefix="opsd.loss")
+        if self.monitor is None or isinstance(self.monitor, Mapping):
+            self.monitor = _build(MonitorConfig, self.monitor or {}, prefix="opsd.monitor")
         allowed = _allowed_contexts()
         if self.teacher_context not in allowed:
             raise ValueError(f"opsd.teacher_context must be one of {list(allowed)}, got {self.teacher_context!r}")
@@ -152,7 +157,6 @@ class OPSDConfig:
         tmax = self.teacher_max_prompt_length
         if isinstance(tmax, bool) or int(tmax) != tmax or tmax < 1:
             raise ValueError(f"opsd.teacher_max_prompt_length must be an integer >= 1, got {tmax!r}")
-        self.monitor = dict(self.monitor or {})
 
     @property
     def student_enable_thinking(self) -> bool | None:

@@ -293,19 +293,44 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def param_checksums(self) -> dict:
-        """float64 sum and sum of squares of actor and teacher parameters (tests / drift checks)."""
-        out = {}
-        for name, worker in (("actor", self.actor), ("teacher", self.ref)):
-            if worker is None:
-                continue
-            total = torch.zeros(2, dtype=torch.float64)
-            with torch.no_grad():
-                for param in worker.engine.module.parameters():
-                    full = param.full_tensor() if isinstance(param, DTensor) else param
-                    full = full.detach().double().cpu()
-                    total += torch.stack([full.sum(), (full * full).sum()])
-            out[name] = total.tolist()
-        return out
+        """float64 sum and sum of squares of actor and teacher parameters (``trainer.log_fingerprints``:
+        tests and drift checks), ``{"actor": [sum, sqsum], "teacher": [...]}``, equal on every rank."""
+        return {
+            name: sharded_param_sums(worker.engine.module.parameters())
+            for name, worker in (("actor", self.actor), ("teacher", self.ref))
+            if worker is not None
+        }
+
+
+def sharded_param_sums(params, *, block: int = 1 << 22) -> list[float]:
+    """float64 (sum, sum of squares) over ``params`` without gathering them.
+
+    Each rank sums its local FSDP2 shards, ``block`` elements at a time (no float64 copy of a whole
+    parameter: memory O(block)), then the sums are all-reduced over the mesh dimensions a parameter
+    is sharded on (replicated dimensions hold copies and are not added). Every rank must call this
+    with the same parameters in the same order (FSDP modules do).
+    """
+    totals: dict[tuple, torch.Tensor] = {}
+    with torch.no_grad():
+        for param in params:
+            local, groups = param, ()
+            if isinstance(param, DTensor):
+                local = param.to_local()
+                mesh = param.device_mesh
+                groups = tuple(mesh.get_group(dim) for dim, p in enumerate(param.placements) if p.is_shard())
+            acc = totals.setdefault(groups, torch.zeros(2, dtype=torch.float64, device=local.device))
+            if acc.device != local.device:
+                acc = totals[groups] = acc.to(local.device)
+            for part in local.detach().reshape(-1).split(block):
+                part = part.double()
+                acc += torch.stack([part.sum(), (part * part).sum()])
+    total = torch.zeros(2, dtype=torch.float64)
+    for groups, acc in totals.items():
+        acc = acc.to(get_device_id())
+        for group in groups:
+            torch.distributed.all_reduce(acc, group=group)
+        total += acc.cpu()
+    return total.tolist()
 
 
 def _fsdp2_lazy_init(module) -> None:

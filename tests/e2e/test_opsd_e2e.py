@@ -188,6 +188,8 @@ RESUME_ARGS = [
     "trainer.log_fingerprints=true",
     "trainer.save_freq=1",
     "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
+] + [  # a 1-step early window and a 1-step recent window: the monitor compares step s with step 1
+    "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
 ]
 
 
@@ -242,6 +244,16 @@ def test_resume_continues_from_the_last_checkpoint(
     assert second.metrics[3]["opsd/teacher_param_checksum"] == first.metrics[2]["opsd/teacher_param_checksum"]
     assert second.metrics[3]["opsd/actor_param_sqsum"] != first.metrics[2]["opsd/actor_param_sqsum"]
     assert second.metrics[3]["actor/lr"] == first.metrics[2]["actor/lr"] == first.metrics[1]["actor/lr"] > 0
+
+    # The collapse monitor resumed with its window (saved with the step-2 checkpoint): step 3 is
+    # compared with step 1 of the first launch, as in an uninterrupted run.
+    def entropy(m):
+        return m["opsd/student_entropy"]
+
+    assert first.metrics[2]["opsd_monitor/entropy_ratio"] == pytest.approx(entropy(first.metrics[2]) / entropy(first.metrics[1]))
+    assert second.metrics[3]["opsd_monitor/entropy_ratio"] == pytest.approx(
+        entropy(second.metrics[3]) / entropy(first.metrics[1])
+    ), "after the resume the monitor's window must hold the steps before it"
     launches = [json.loads(line) for line in (ckpt / "run_times.jsonl").read_text().splitlines()]
     assert [(r["recipe"], r["exit_code"]) for r in launches] == [("opsd", 0), ("opsd", 0)]
 
@@ -284,14 +296,25 @@ def test_lora_teacher_is_the_base_model(
             f"actor_rollout_ref.model.lora_alpha={LORA_ALPHA}",
             # the HF rollout takes merged weights (it does not serve adapters)
             "actor_rollout_ref.model.lora.merge=True",
+            # Also (folded in to save a launch): the collapse monitor stops the run and a checkpoint is
+            # saved although no save_freq step or last step was reached. The "length" role is pointed at
+            # the step counter, so the signature fires at step 2 (2 / 1 >= length_ratio_threshold 1.5).
+            "trainer.save_freq=5",
+            "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
+            "+opsd.monitor.metric_keys.length=training/global_step", "+opsd.monitor.stop_on=[length]",
         ],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
+        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="3"),
         script=True,
         timeout=300,
     )
     assert run.returncode == 0, run.tail()
-    assert sorted(run.metrics) == [1, 2], run.tail()
+    assert sorted(run.metrics) == [1, 2], "the monitor must stop the 3-step run after step 2: " + run.tail()
+    assert run.metrics[2]["opsd_monitor/should_stop"] == 1.0 and run.metrics[1]["opsd_monitor/should_stop"] == 0.0
+    assert "[opsd] stopped by the collapse monitor: step 2: length signature" in run.log
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    saved = json.loads((ckpt / "global_step_2" / "opsd_monitor.json").read_text())
+    assert saved["should_stop"] and saved["stop_signature"] == "length" and len(saved["history"]) == 2
     lora1, full1 = run.metrics[1], full.metrics[1]
     assert lora1["training/data_index_sum"] == full1["training/data_index_sum"]  # same prompts
     # Step 1: student = base (B = 0) and teacher = base on the same teacher prompts, so the step-1
@@ -308,7 +331,7 @@ def test_lora_teacher_is_the_base_model(
     # no second copy of the model: the worker has no separate teacher parameters
     assert "opsd/teacher_param_checksum" not in lora1
     for step in (1, 2):
-        # no teacher copy; one checkpoint, at the last step
+        # no teacher copy; one checkpoint, at the stop
         absent = ("opsd/teacher_param_checksum",) + (("timing_s/save_checkpoint",) if step == 1 else ())
         _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir), not_logged=absent)
 

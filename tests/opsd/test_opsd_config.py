@@ -68,6 +68,10 @@ def test_student_mode_sets_enable_thinking_and_cannot_disagree():
         ("opsd.loss.positions=he:1.5", "opsd.loss.positions"),
         ("opsd.loss.positions=advt:0", "opsd.loss.positions"),
         ("+opsd.loss.variant_params.pmi_strength=1", "opsd.loss.variant_params"),
+        # the collapse monitor's options are typed and validated with the rest (before Ray starts)
+        ("+opsd.monitor.recent_window=0", "opsd.monitor.recent_window"),
+        ("+opsd.monitor.stop_on=[colapse]", "opsd.monitor.stop_on"),
+        ("+opsd.monitor.window=5", "opsd.monitor.window"),
     ],
 )
 def test_bad_options_fail_naming_the_field(override, field):
@@ -149,3 +153,36 @@ def test_null_modes_render_without_the_switch():
 def test_position_kinds():
     assert [OPSDLossConfig(positions=p).position_kind for p in ("all", "he:0.2", "le:0.8", "advt:4", "uniform:256")] == [
         "all", "he", "le", "advt", "uniform"]
+
+
+def test_monitor_options_become_a_monitor_config():
+    from recipe.opsd.monitor import MonitorConfig
+
+    opsd = prepare_config(_compose(["+opsd.monitor.stop_on=[collapse]", "+opsd.monitor.early_end=5"]))
+    assert opsd.monitor == MonitorConfig(enabled=True, stop_on=("collapse",), early_end=5)
+    assert prepare_config(_compose(["opsd.monitor.enabled=false"])).monitor.enabled is False
+
+
+def test_a_batch_that_does_not_divide_across_the_gpus_fails_at_start():
+    """verl's validate_config runs before Ray starts (verl's TaskRunner runs it; ours must too)."""
+    with pytest.raises(ValueError, match="validate_config.*train_batch_size.*divisible"):
+        prepare_config(_compose(["trainer.n_gpus_per_node=2", "data.train_batch_size=3"]))
+    prepare_config(_compose(["trainer.n_gpus_per_node=2", "data.train_batch_size=4"]))
+
+
+def test_fused_kernels_are_refused():
+    """verl's fused kernels replace model.forward: the OPSD loss head would never run."""
+    with pytest.raises(ValueError, match="use_fused_kernels must be False"):
+        prepare_config(_compose(["actor_rollout_ref.model.use_fused_kernels=true"]))
+
+
+def test_another_verl_version_is_refused_naming_the_private_apis(monkeypatch):
+    from recipe.opsd.main_opsd import ALLOW_OTHER_VERL_ENV, check_verl_version
+
+    check_verl_version()  # the installed one (pyproject pins 0.9.1)
+    monkeypatch.delenv(ALLOW_OTHER_VERL_ENV, raising=False)
+    with pytest.raises(ValueError, match=r"verl 0\.9\.2 is installed.*forward_step.*docs/verl_private_apis.md"):
+        check_verl_version("0.9.2")
+    monkeypatch.setenv(ALLOW_OTHER_VERL_ENV, "1")
+    with pytest.warns(RuntimeWarning, match="verl 0.9.2"):
+        check_verl_version("0.9.2")
