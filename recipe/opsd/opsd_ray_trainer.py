@@ -9,11 +9,13 @@ weight sync to the rollout servers, validation, checkpoints, logging -- is verl'
   ``chat.render_ids`` in ``opsd.teacher_mode``, at most ``opsd.teacher_max_prompt_length`` tokens)
   followed by the student's response ids (``chat.splice_teacher_inputs``: never decoded, no pad in
   between);
-- the frozen teacher returns its final hidden states at the response positions
-  (``compute_teacher_hidden``; for ``advt:K`` also the teacher rank of each sampled token), the
-  loss positions are selected (``positions.select_positions``; ``he:Q`` / ``le:Q`` are ranked by
-  the student entropy inside the actor's loss, see ``recipe.opsd.actor_loss``), and the actor is
-  updated with ``recipe.opsd.actor_loss.opsd_loss``;
+- the teacher inputs travel with the actor batch; inside ``update_actor`` each worker runs the
+  frozen teacher on its own rows and keeps its final hidden states at the response positions
+  (``teacher_worker.OPSDActorRolloutRefWorker.update_actor``; for ``advt:K`` the loss positions come
+  from the teacher's rank of each sampled token there), the other loss positions are selected here
+  (``positions.select_positions``; ``he:Q`` / ``le:Q`` are ranked by the student entropy inside the
+  actor's loss, see ``recipe.opsd.actor_loss``), and the actor is updated with
+  ``recipe.opsd.actor_loss.opsd_loss``;
 - ``variant: purified``: a second teacher forward on the reference-only prompt
   (``prompts.reference_only_messages``: the teacher prompt without the question) followed by the
   same response ids gives ``reference_hidden``; ``variant: beta_opsd``: the step's teacher weight
@@ -50,7 +52,14 @@ from recipe.opsd.actor_loss import TEACHER_WEIGHT_KEY
 from recipe.opsd.config import OPSDConfig
 from recipe.opsd.monitor import TrainingCollapseError, TrainingDynamicsMonitor
 from recipe.opsd.teacher_inputs import TeacherInputs
-from recipe.opsd.teacher_worker import OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY, TEACHER_RANK_CHUNK_KEY
+from recipe.opsd.teacher_worker import (
+    OPSD_FORWARD_KEY,
+    REFERENCE_INPUT_PREFIX,
+    RESPONSE_LENGTHS_KEY,
+    TEACHER_INPUT_FIELDS,
+    TEACHER_INPUT_PREFIX,
+    TEACHER_TIME_METRIC,
+)
 
 # the collapse monitor's state, saved next to verl's data.pt in every global_step_<s>/ folder
 MONITOR_STATE_FILE = "opsd_monitor.json"
@@ -77,39 +86,32 @@ class RayOPSDTrainer(RayPPOTrainer):
             [row[mask].tolist() for row, mask in zip(prompts_BP, mask_BP)], batch.non_tensor_batch["extra_info"]
         )
 
-    def _teacher_batch(self, batch: DataProto, *, reference_only: bool = False) -> DataProto:
-        """Teacher prompt + the student's response ids, in verl's left/right padded layout."""
+    def _add_teacher_inputs(self, batch: DataProto) -> None:
+        """Each row's teacher input -- its teacher prompt + the student's response ids, left/right
+        padded (``TeacherInputs.spliced``) -- as ``opsd_teacher_*`` tensors of the actor batch
+        (Purified OPSD: also the reference-only ``opsd_reference_*``). The worker runs the teacher on
+        them next to the update (``OPSDActorRolloutRefWorker.update_actor``)."""
         responses_BR = batch.batch["responses"]
         response_attention_BR = batch.batch["attention_mask"][:, -responses_BR.shape[1]:]
-        spliced = self.teacher_inputs.spliced(
-            batch.non_tensor_batch["extra_info"], responses_BR, response_attention_BR, reference_only=reference_only
-        )
-        return DataProto.from_dict(
-            tensors={
-                "input_ids": spliced["input_ids_BT"],
-                "attention_mask": spliced["attention_mask_BT"],
-                "position_ids": spliced["position_ids_BT"],
-                "responses": responses_BR,
-                "response_mask": batch.batch["response_mask"],
-                RESPONSE_LENGTHS_KEY: batch.batch[RESPONSE_LENGTHS_KEY],
-            },
-            meta_info={"temperature": self.opsd.loss.effective_teacher_temperature},
-        )
-
-    def _compute_teacher_hidden(self, batch: DataProto, *, reference_only: bool = False, rank: bool = False) -> dict:
-        """``teacher_hidden`` [B, R, H] (and ``teacher_rank`` [B, R] if ``rank``) of the frozen teacher."""
-        teacher_td = left_right_2_no_padding(self._teacher_batch(batch, reference_only=reference_only).to_tensordict())
-        if rank:
-            tu.assign_non_tensor(teacher_td, **{TEACHER_RANK_CHUNK_KEY: self.opsd.loss.chunk_size})
-        output = self.actor_rollout_wg.compute_teacher_hidden(teacher_td)
-        keys = ("teacher_hidden", "teacher_rank") if rank else ("teacher_hidden",)
-        return {key: torch.stack(list(tu.get(output, key).unbind())) for key in keys}
+        prefixes = {TEACHER_INPUT_PREFIX: False}
+        if self.opsd.loss.variant == "purified":
+            prefixes[REFERENCE_INPUT_PREFIX] = True
+        for prefix, reference_only in prefixes.items():
+            spliced = self.teacher_inputs.spliced(
+                batch.non_tensor_batch["extra_info"], responses_BR, response_attention_BR, reference_only=reference_only
+            )
+            for field in TEACHER_INPUT_FIELDS:
+                batch.batch[prefix + field] = spliced[f"{field}_BT"]
 
     # ------------------------------------------------------------------ actor update
-    def _loss_positions(self, batch: DataProto, *, teacher_rank_BT: torch.Tensor | None = None) -> torch.Tensor:
+    def _loss_positions(self, batch: DataProto) -> torch.Tensor:
+        """The loss mask [B, R] the actor batch carries (``advt:K``: all response positions here; the
+        worker replaces it with the teacher-rank selection after its teacher forward)."""
         from recipe.opsd.positions import select_positions
 
         response_mask_BT = batch.batch["response_mask"].bool()
+        if self.opsd.loss.position_kind == "advt":
+            return response_mask_BT
         entropy_BT = None
         if self.opsd.loss.position_kind in ("he", "le"):
             # ranked by the student entropy inside the actor's loss (recipe.opsd.actor_loss); here only
@@ -120,7 +122,6 @@ class RayOPSDTrainer(RayPPOTrainer):
             self.opsd.loss.positions,
             response_mask_BT=response_mask_BT,
             entropy_BT=entropy_BT,
-            teacher_rank_BT=teacher_rank_BT,
             seed=int(self.config.data.get("seed", 0) or 0) * 100003 + self.global_steps,
         )
 
@@ -136,7 +137,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             end=params.teacher_weight_end,
         )
 
-    def _update_opsd_actor(self, batch: DataProto, **non_tensors) -> dict:
+    def _update_opsd_actor(self, batch: DataProto, *, timing_raw: dict, **non_tensors) -> dict:
         batch.meta_info["temperature"] = self.opsd.loss.student_temperature
         batch_td = left_right_2_no_padding(batch.to_tensordict())
         batch_td["loss_mask"] = batch.batch["opsd_loss_mask"]
@@ -155,6 +156,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             **non_tensors,
         )
         output = tu.get(self.actor_rollout_wg.update_actor(batch_td), "metrics")
+        timing_raw["teacher"] = output.pop(TEACHER_TIME_METRIC)
         metrics = {}
         for key, value in output.items():
             if key == "mfu":
@@ -312,23 +314,20 @@ class RayOPSDTrainer(RayPPOTrainer):
                     batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
 
                     self._check_student_prompts(batch)
-                    with marked_timer("teacher", timing_raw, color="olive"):
-                        teacher = self._compute_teacher_hidden(batch, rank=self.opsd.loss.position_kind == "advt")
-                        if self.opsd.loss.variant == "purified":
-                            reference = self._compute_teacher_hidden(batch, reference_only=True)
-                            teacher["reference_hidden"] = reference["teacher_hidden"]
-                    teacher_rank_BT = teacher.pop("teacher_rank", None)
-                    batch.batch.update(teacher)
-                    batch.batch["opsd_loss_mask"] = self._loss_positions(batch, teacher_rank_BT=teacher_rank_BT)
+                    self._add_teacher_inputs(batch)
+                    batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
                     variant_inputs = {}
                     if self.opsd.loss.variant == "beta_opsd":
                         variant_inputs[TEACHER_WEIGHT_KEY] = self._teacher_weight()
                         metrics["opsd/teacher_weight"] = variant_inputs[TEACHER_WEIGHT_KEY]
 
+                    # the teacher forward runs inside the update, on the workers (timing_s/teacher:
+                    # its part of timing_s/update_actor)
                     with marked_timer("update_actor", timing_raw, color="red"):
-                        metrics.update(self._update_opsd_actor(batch, **variant_inputs))
-                    for key in teacher:
-                        batch.batch.pop(key)
+                        metrics.update(self._update_opsd_actor(batch, timing_raw=timing_raw, **variant_inputs))
+                    for prefix in (TEACHER_INPUT_PREFIX, REFERENCE_INPUT_PREFIX):
+                        for field in TEACHER_INPUT_FIELDS:
+                            batch.batch.pop(prefix + field, None)
 
                     # the monitor sees this step's metrics before the checkpoint, so that a stop is
                     # saved and the saved monitor state includes the step

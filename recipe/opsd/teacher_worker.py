@@ -2,11 +2,11 @@
 
 The teacher is verl's reference policy: ``ActorRolloutRefWorker`` already builds, in the same
 worker processes as the actor, a frozen FSDP copy of the initial student loaded from the same
-checkpoint (``actor_rollout_ref.model.path``), never given an optimizer, offloadable with
-``actor_rollout_ref.ref.fsdp_config.param_offload``. In LoRA mode verl builds no second copy and
+checkpoint (``actor_rollout_ref.model.path``), never given an optimizer, its parameters in host
+memory (verl's forward-only FSDP2 engine always uses ``CPUOffloadPolicy``). In LoRA mode verl builds no second copy and
 the teacher is the actor with its adapters disabled. We reuse that role instead of a separate pool
 (a separate pool would need its own GPUs or a second colocated worker group, and ship its output
-through the driver anyway); what OPSD changes is what the forward returns:
+through the driver); what OPSD changes is what the forward returns:
 
 - ``OPSDEngineMixin.forward_step`` (mixed into the FSDP engine of both actor and teacher when a
   micro-batch carries ``opsd_forward``) runs the unchanged HF model, captures the FINAL hidden
@@ -23,7 +23,9 @@ through the driver anyway); what OPSD changes is what the forward returns:
   Without ``opsd_forward`` the stock verl forward runs (log-probs for validation tools etc.).
 - ``OPSDActorRolloutRefWorker`` uses that engine for actor and teacher, sets the OPSD loss with a
   frozen copy of the initial lm_head (read once from the initial checkpoint; in LoRA mode the
-  lm_head is not adapted, so the live one is the initial one) and adds ``compute_teacher_hidden``.
+  lm_head is not adapted, so the live one is the initial one), and runs the teacher forward inside
+  ``update_actor``, on the rows verl dispatched to the rank, right before the update: the teacher's
+  hidden states [B, R, H] never travel through the driver (only its input ids do).
 
 Only FSDP2 without Ulysses sequence parallelism is supported (checked at start).
 """
@@ -31,6 +33,7 @@ Only FSDP2 without Ulysses sequence parallelism is supported (checked at start).
 from __future__ import annotations
 
 import contextlib
+import time
 from functools import partial
 
 import torch
@@ -51,6 +54,13 @@ RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
 RESPONSE_TOKENS_KEY = "opsd_response_tokens"
 # set on a teacher batch (to the chunk size) to also get the teacher rank of each sampled token
 TEACHER_RANK_CHUNK_KEY = "opsd_teacher_rank_chunk_size"
+# the teacher's inputs travel with the actor batch: <prefix><field> tensors [B, T_teacher], left/right
+# padded (recipe.opsd.teacher_inputs.TeacherInputs.spliced); the reference-only ones for Purified OPSD
+TEACHER_INPUT_PREFIX = "opsd_teacher_"
+REFERENCE_INPUT_PREFIX = "opsd_reference_"
+TEACHER_INPUT_FIELDS = ("input_ids", "attention_mask", "position_ids")
+# wall time of the teacher forward inside update_actor (max over ranks), reported with the update's metrics
+TEACHER_TIME_METRIC = "timing_s/teacher"
 
 
 def _unwrap_causal_lm(module):
@@ -272,24 +282,73 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
 
         if self.opsd_config is None:
             raise ValueError("OPSDActorRolloutRefWorker needs the opsd config: build it with worker_class_for(opsd)")
-        opsd_cfg = OPSDConfig.from_hydra(self.opsd_config)
+        self.opsd = OPSDConfig.from_hydra(self.opsd_config)
         # LoRA (no ref copy): the teacher is the actor with adapters disabled; the lm_head is not adapted
         self.actor.set_loss_fn(
-            opsd_loss_function(opsd_cfg.loss, self.actor.model_config, frozen_teacher_head=self.ref is not None)
+            opsd_loss_function(self.opsd.loss, self.actor.model_config, frozen_teacher_head=self.ref is not None)
         )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    def compute_teacher_hidden(self, data):
-        """Final hidden states [B, R, H] of the frozen teacher at the positions predicting the response
-        (and ``teacher_rank`` [B, R] when the batch sets ``opsd_teacher_rank_chunk_size``)."""
-        tu.assign_non_tensor(data, **{OPSD_FORWARD_KEY: "teacher_hidden", "compute_loss": False})
+    def update_actor(self, data):
+        """verl's actor update; for an OPSD batch the frozen teacher runs first, here, on this rank's
+        rows: no teacher hidden state ever leaves the worker.
+
+        The trainer sends each row's teacher input (``opsd_teacher_{input_ids, attention_mask,
+        position_ids}``: teacher prompt + the student's response ids, left/right padded; Purified
+        OPSD also ``opsd_reference_*``) with the actor batch, so verl's dispatch gives every dp rank
+        the teacher inputs of its own rows. The teacher's hidden states at the response positions
+        (and, for ``advt:K``, the loss mask from its ranks of the sampled tokens) are added to the
+        batch before verl's mini-batch loop; ``timing_s/teacher`` (max over ranks) is added to the
+        update's metrics.
+        """
+        if tu.get_non_tensor_data(data=data, key=OPSD_FORWARD_KEY, default=None) != "student_loss":
+            return super().update_actor(data)
+        start = time.perf_counter()
+        self._add_teacher_outputs(data)
+        seconds = torch.tensor(time.perf_counter() - start, dtype=torch.float64, device=get_device_id())
+        torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
+        output = super().update_actor(data)
+        if output is not None:
+            tu.get(output, "metrics")[TEACHER_TIME_METRIC] = float(seconds)
+        return output
+
+    def _add_teacher_outputs(self, data) -> None:
+        from recipe.opsd.positions import select_positions
+
+        loss = self.opsd.loss
+        rank = loss.position_kind == "advt"
+        teacher = self._teacher_forward(data, TEACHER_INPUT_PREFIX, rank_chunk=loss.chunk_size if rank else None)
+        data["teacher_hidden"] = teacher["teacher_hidden"]
+        if rank:  # AdvT: positions where the teacher ranks the sampled token in its top K
+            data["loss_mask"] = select_positions(
+                loss.positions, response_mask_BT=data["response_mask"].bool(), teacher_rank_BT=teacher["teacher_rank"]
+            )
+        if loss.variant == "purified":
+            data["reference_hidden"] = self._teacher_forward(data, REFERENCE_INPUT_PREFIX)["teacher_hidden"]
+
+    def _teacher_forward(self, data, prefix: str, *, rank_chunk: int | None = None) -> dict:
+        """Final hidden states [b, R, H] of the frozen teacher on the inputs ``prefix*`` of ``data``
+        (popped) at the positions predicting the response, and ``teacher_rank`` [b, R] if ``rank_chunk``."""
+        from verl import DataProto
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        tensors = {field: data.pop(prefix + field) for field in TEACHER_INPUT_FIELDS}
+        for key in ("responses", "response_mask", RESPONSE_LENGTHS_KEY):
+            tensors[key] = data[key]
+        teacher = left_right_2_no_padding(
+            DataProto.from_dict(tensors=tensors, meta_info={"temperature": tu.get(data, "temperature")}).to_tensordict()
+        )
+        tu.assign_non_tensor(teacher, **{OPSD_FORWARD_KEY: "teacher_hidden", "compute_loss": False})
+        if rank_chunk is not None:
+            tu.assign_non_tensor(teacher, **{TEACHER_RANK_CHUNK_KEY: int(rank_chunk)})
         if self.ref is not None:
-            output = self.ref.infer_batch(data=data)
+            output = self.ref.infer_batch(data=teacher)
         else:
             _fsdp2_lazy_init(self.actor.engine.module)
-            tu.assign_non_tensor(data, no_lora_adapter=True)
-            output = self.actor.infer_batch(data)
-        return output.cpu() if output is not None else None
+            tu.assign_non_tensor(teacher, no_lora_adapter=True)
+            output = self.actor.infer_batch(teacher)
+        keys = ("teacher_hidden", "teacher_rank") if rank_chunk is not None else ("teacher_hidden",)
+        return {key: torch.stack(list(tu.get(output, key).unbind())) for key in keys}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def param_checksums(self) -> dict:
