@@ -44,6 +44,10 @@ class OPSDLossConfig:
     variant_params: the variant's parameters (``recipe.opsd.variants.variant_params``): empty for
         ``opsd``; ``pmi_strength`` / ``pmi_clip`` for ``purified``; ``teacher_weight_start`` /
         ``teacher_weight_end`` / ``discount`` for ``beta_opsd`` (missing keys take the paper's values).
+    loss_agg_mode: how positions and rollouts are averaged into the mini-batch loss, with verl's
+        ``agg_loss`` names (``recipe.opsd.losses.LOSS_AGG_MODES``); ``seq-mean-token-mean`` (default)
+        is the paper's eq. "opd_obj" / "opsd_clipped": 1/N over each rollout's loss positions, then
+        the mean over rollouts; ``token-mean`` weighs every position of the mini-batch equally.
     """
 
     beta: float = 0.0
@@ -55,6 +59,7 @@ class OPSDLossConfig:
     chunk_size: int = 1024
     variant: str = "opsd"
     variant_params: dict = field(default_factory=dict)
+    loss_agg_mode: str = "seq-mean-token-mean"
 
     def __post_init__(self):
         if not 0.0 <= float(self.beta) <= 1.0:
@@ -72,6 +77,10 @@ class OPSDLossConfig:
             raise ValueError(f"opsd.loss.topk must be an integer >= 1 or null (full vocabulary), got {self.topk!r}")
         if isinstance(self.chunk_size, bool) or int(self.chunk_size) != self.chunk_size or self.chunk_size < 1:
             raise ValueError(f"opsd.loss.chunk_size must be an integer >= 1, got {self.chunk_size!r}")
+        from recipe.opsd.losses import LOSS_AGG_MODES
+
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"opsd.loss.loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
         if self.variant not in VARIANTS:
             raise ValueError(f"opsd.loss.variant must be one of {list(VARIANTS)}, got {self.variant!r}")
         if self.variant_params is not None and not isinstance(self.variant_params, Mapping):

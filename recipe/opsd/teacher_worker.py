@@ -45,13 +45,12 @@ from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from recipe.common.heads import checkpoint_lm_head, output_logit_scale, response_rows
-from recipe.opsd.actor_loss import opsd_loss
+from recipe.opsd.actor_loss import LOSS_SEQUENCES_KEY, RESPONSE_TOKENS_KEY, opsd_loss
 from recipe.opsd.signals import sampled_token_rank_from_hidden
 
 
 OPSD_FORWARD_KEY = "opsd_forward"
 RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
-RESPONSE_TOKENS_KEY = "opsd_response_tokens"
 # set on a teacher batch (to the chunk size) to also get the teacher rank of each sampled token
 TEACHER_RANK_CHUNK_KEY = "opsd_teacher_rank_chunk_size"
 # the teacher's inputs travel with the actor batch: <prefix><field> tensors [B, T_teacher], left/right
@@ -91,11 +90,15 @@ class OPSDEngineMixin:
 
     def forward_backward_batch(self, data, loss_function, forward_only=False):
         if tu.get_non_tensor_data(data=data, key=OPSD_FORWARD_KEY, default=None) == "student_loss":
-            # number of response tokens in the whole mini-batch (all dp ranks): the normaliser of
-            # the token-mean diagnostics, so they do not depend on micro-batching
-            count = data["response_mask"].sum().to(get_device_id())
-            torch.distributed.all_reduce(count, group=self.get_data_parallel_group())
-            tu.assign_non_tensor(data, **{RESPONSE_TOKENS_KEY: int(count.item())})
+            # over the whole mini-batch (all dp ranks): response tokens (the normaliser of the
+            # token-mean diagnostics) and rollouts with at least one loss position (of the
+            # per-rollout aggregation modes), so that neither depends on the micro-batch split
+            counts = torch.stack([data["response_mask"].sum(), (data["loss_mask"].sum(-1) > 0).sum()])
+            counts = counts.to(get_device_id())
+            torch.distributed.all_reduce(counts, group=self.get_data_parallel_group())
+            tu.assign_non_tensor(
+                data, **{RESPONSE_TOKENS_KEY: int(counts[0].item()), LOSS_SEQUENCES_KEY: int(counts[1].item())}
+            )
         return super().forward_backward_batch(data, loss_function, forward_only=forward_only)
 
     def forward_step(self, micro_batch, loss_function, forward_only):

@@ -39,14 +39,15 @@ def _probe(arch: str, out_dir: Path) -> dict:
 
 
 def _reference(model_dir: Path, result: dict, scale: float):
-    """(loss, {name: grad}) of the token-mean clipped divergence on the model's own float64 logits."""
+    """(loss, {name: grad}) of the clipped divergence on the model's own float64 logits, averaged as the
+    paper does (the default loss_agg_mode): over each rollout's positions, then over rollouts."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="eager")
     frozen_head = model.get_output_embeddings().weight.detach().clone() * scale
     batch, opts = result["batch"], result["loss_config"]
-    total, count = 0.0, 0
-    for i in range(batch["input_ids"].shape[0]):
+    total, rollouts = 0.0, batch["input_ids"].shape[0]
+    for i in range(rollouts):
         ids = batch["input_ids"][i][batch["attention_mask"][i].bool()]
         n = int(batch["response_mask"][i].sum())
         logits = model(ids[None], use_cache=False).logits[0, len(ids) - n - 1: len(ids) - 1]
@@ -54,9 +55,8 @@ def _reference(model_dir: Path, result: dict, scale: float):
         total = total + token_divergence(
             logits, teacher, beta=opts["beta"], clip_tau=opts["clip_tau"],
             student_temperature=opts["student_temperature"],
-        ).sum()
-        count += n
-    loss = total / count
+        ).mean()
+    loss = total / rollouts
     loss.backward()
     return float(loss), {name: p.grad for name, p in model.named_parameters()}
 

@@ -35,7 +35,7 @@ def test_composes_with_the_paper_defaults():
     assert (opsd.teacher_context, opsd.student_mode, opsd.teacher_mode) == ("full_solution", "think", "think")
     assert opsd.loss == OPSDLossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=None,
                                        topk=None, positions="all", chunk_size=1024, variant="opsd",
-                                       variant_params={})
+                                       variant_params={}, loss_agg_mode="seq-mean-token-mean")
     assert opsd.loss.params is None
     assert opsd.loss.effective_teacher_temperature == 1.1
 
@@ -63,6 +63,7 @@ def test_student_mode_sets_enable_thinking_and_cannot_disagree():
         ("opsd.loss.positions=middle:3", "opsd.loss.positions"),
         ("opsd.loss.topk=0", "opsd.loss.topk"),
         ("opsd.loss.variant=ppo", "opsd.loss.variant"),
+        ("opsd.loss.loss_agg_mode=seq-mean", "opsd.loss.loss_agg_mode"),
         ("opsd.teacher_max_prompt_length=0", "opsd.teacher_max_prompt_length"),
         ("+opsd.loss.clip=0.1", "opsd.loss.clip"),
         ("opsd.loss.positions=he:1.5", "opsd.loss.positions"),
@@ -102,7 +103,7 @@ def test_every_opsd_field_is_commented_in_the_yaml():
     lines = (Path(CONFIG_DIR) / "opsd_trainer.yaml").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("opsd:"))
     fields = [(prev, line) for prev, line in zip(lines[start:], lines[start + 1:]) if not line.strip().startswith("#")]
-    assert len(fields) == 16
+    assert len(fields) == 17
     for prev, line in fields:
         assert prev.strip().startswith("#"), f"no comment above {line!r}"
 
