@@ -12,7 +12,7 @@ seed and overrides, one after the other. Every response is forced to the full le
 copy's ``generation_config.json`` gets an end-of-sequence id outside the vocabulary, so the
 sampler never stops early): both runs move the same [B, R, H]. ``driver_bytes_probe`` (loaded into
 every verl process) records the tensor bytes of every worker-group call of the trainer; the table
-sums the teacher and update calls per step. Times are means over steps 2.. (step 1 warms up the
+sums the teacher and update calls per step, in each direction. Times are means over steps 2.. (step 1 warms up the
 rollout server). Prints one markdown table with the after / before ratios.
 """
 
@@ -101,7 +101,8 @@ def _run(label: str, src: Path, model: Path, data: tuple[Path, Path], out: Path,
     updates = sum(c["method"].endswith("update_actor") for c in calls)
     later = [steps[s] for s in sorted(steps) if s > 1] or [steps[min(steps)]]
     result = {t: statistics.mean(m.get(t, 0.0) for m in later) for t in TIMES}
-    result["bytes"] = sum(c["to_workers"] + (c["from_workers"] or 0) for c in teacher_calls) / max(updates, 1)
+    result["to"] = sum(c["to_workers"] for c in teacher_calls) / max(updates, 1)
+    result["from"] = sum(c["from_workers"] or 0 for c in teacher_calls) / max(updates, 1)
     result["response_length"] = statistics.mean(m["response_length/mean"] for m in steps.values())
     return result
 
@@ -131,16 +132,16 @@ def main(argv=None) -> None:
           f"responses {args.response_length} tokens (mean measured: "
           f"{results['after']['response_length']:.0f}), {args.steps} steps, 1 CPU rank; times: mean of steps 2..")
     print()
-    print("| | driver bytes / step (teacher + update calls) | timing_s/step | gen | teacher | update_actor "
+    print("| | driver -> workers bytes / step | workers -> driver | timing_s/step | gen | teacher | update_actor "
           "| teacher + update |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     rows = {}
     for label, r in results.items():
         # before: the teacher ran in its own call; after: inside update_actor (timing_s/teacher is a part of it)
         both = r["timing_s/update_actor"] + (r["timing_s/teacher"] if label == "before" else 0.0)
-        rows[label] = [r["bytes"], r["timing_s/step"], r["timing_s/gen"], r["timing_s/teacher"],
+        rows[label] = [r["to"], r["from"], r["timing_s/step"], r["timing_s/gen"], r["timing_s/teacher"],
                        r["timing_s/update_actor"], both]
-        print(f"| {label} | {r['bytes']:,.0f} | " + " | ".join(f"{v:.3f}" for v in rows[label][1:]) + " |")
+        print(f"| {label} | {r['to']:,.0f} | {r['from']:,.0f} | " + " | ".join(f"{v:.3f}" for v in rows[label][2:]) + " |")
     ratio = [a / b if b else float("nan") for a, b in zip(rows["after"], rows["before"])]
     print("| after / before | " + " | ".join(f"{v:.3f}" for v in ratio) + " |")
     print(f"\nruns kept in {out}" if args.out_dir else "")

@@ -10,8 +10,9 @@ appends one JSON line per call to ``$OPSD_DRIVER_BYTES_LOG``::
 
 (``from_workers`` is null for non-blocking methods, whose results the caller resolves later.)
 
-Bytes are the tensor payloads (nested tensors: values + offsets; numpy arrays) of the dispatched
-arguments and of the collected results -- what crosses Ray between the trainer and the workers.
+Bytes are the tensor payloads (nested tensors: values + offsets; numpy arrays) of the arguments
+the trainer passes (counted before verl's dispatch splits them and puts them in Ray's object store)
+and of the collected results -- what crosses Ray between the trainer and the workers.
 Generation requests (the agent loop's HTTP calls) are not worker-group calls and are not counted.
 """
 
@@ -62,9 +63,10 @@ def _install() -> None:
     def counting_func_generator(self, method_name, dispatch_fn, collect_fn, execute_fn, blocking):
         sent = {}
 
-        def execute(name, *args, **kwargs):
+        def dispatch(worker_group, *args, **kwargs):
+            # the caller's arguments, before verl splits them per rank and puts them in Ray's object store
             sent["bytes"] = payload_bytes(list(args)) + payload_bytes(kwargs)
-            return execute_fn(name, *args, **kwargs)
+            return dispatch_fn(worker_group, *args, **kwargs)
 
         def collect(worker_group, output):
             # non-blocking methods hand back object refs (resolved later by the caller): not counted
@@ -74,7 +76,7 @@ def _install() -> None:
                                          "from_workers": received}) + "\n")
             return collect_fn(worker_group, output)
 
-        return original(self, method_name, dispatch_fn, collect, execute, blocking)
+        return original(self, method_name, dispatch, collect, execute_fn, blocking)
 
     counting_func_generator._driver_bytes_probe = True
     base.func_generator = counting_func_generator

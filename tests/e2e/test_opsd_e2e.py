@@ -1,19 +1,22 @@
 """OPSD end to end on the CPU through ``bash recipe/opsd/run_opsd.sh`` (the product path), tiny model.
 
-Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot,
-the fused loss in the actor, checkpoints and resume. Four training launches and three failing
-ones (3 min 47 s - 4 min 44 s on 2 shared cores: 46-69 s, 47-65 s + 53-55 s, 52-57 s, 3 x 6-13 s):
+Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot
+(run next to the actor's update, on the workers), the fused loss in the actor, checkpoints and
+resume. Four training launches and three failing ones (3 min 42 s on 2 shared cores, 2026-11-23:
+54 s, 43 s + 43 s, 43 s, 3 x 6 s):
 
-- 2 FSDP ranks, 2 steps: every logged metric is there and finite; the teacher's float64
+- 2 FSDP ranks, 2 steps, the model given by a fake Hub id resolved offline from a temporary
+  Hugging Face cache (sharded): every logged metric is there and finite; the teacher's float64
   parameter checksum equals the initial model's at every step while the actor's moves; after
   every step both rollout replicas serve bit-identical trainer weights (server sha256 log vs the
   FSDP checkpoint of that step); the data order is verl's seeded sampler order.
 - 1 rank, 2 steps then the same command with 3 steps: the rerun resumes from the step-2
-  checkpoint (no step repeated), its rollout serves the resumed weights, and step 3 trains on the
-  batch an uninterrupted run would see.
-- LoRA, 2 steps: the teacher is the base model with the adapter disabled (step 1 matches the
+  checkpoint (no step repeated), its rollout serves the resumed weights, step 3 trains on the
+  batch an uninterrupted run would see, and the collapse monitor resumes with its window.
+- LoRA, 3 steps: the teacher is the base model with the adapter disabled (step 1 matches the
   full-parameter run's step 1; the checkpoint's base weights are bit-identical to the initial
-  ones; the rollout serves bf16 of the merged adapters).
+  ones; the rollout serves bf16 of the merged adapters); the collapse monitor stops the run after
+  step 2 and a checkpoint (with the monitor's state) is saved there.
 - bad ``opsd.*`` values fail before Ray starts with a message naming the field.
 """
 
