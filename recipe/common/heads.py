@@ -1,16 +1,23 @@
-"""Model heads as the losses see them (pure: torch only, no verl).
+"""Model heads as the losses see them (pure: torch, safetensors, huggingface_hub; no verl).
 
 The OPSD losses and the signal analysis work on final hidden states and the lm_head weight instead
-of logits. Two facts about a model make that exact, and both the trainer
-(``recipe.opsd.teacher_worker``) and the analysis (``recipe.analysis.signal_analysis``) take them
-from here, so they apply one policy:
+of logits. The facts about a model that make that exact live here, so that the trainer
+(``recipe.opsd.teacher_worker``) and the analysis (``recipe.analysis.signal_analysis``) apply one
+policy:
 
 - ``output_logit_scale(hf_config)``: the factor the head multiplies ``h @ W.T`` by (folded into the
   weight); non-linear heads (soft-capping) are refused;
-- ``response_rows(...)``: which hidden-state rows predict each response token.
+- ``response_rows(...)``: which hidden-state rows predict each response token;
+- ``checkpoint_lm_head(model_path, ...)``: the lm_head weight a checkpoint holds (the frozen
+  teacher head), for a local directory or a Hub id, read from the files without loading the model;
+  ``local_checkpoint_dir(model_path)`` resolves a Hub id the way transformers does, offline, from
+  the local Hugging Face cache.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import torch
 
@@ -67,3 +74,58 @@ def response_rows(*, starts_b, seq_lens_b, response_lens_b, max_response_len: in
     valid_bR = j_R.unsqueeze(0) < response_lens_b.unsqueeze(1)
     rows_bR = torch.where(valid_bR, first_b.unsqueeze(1) + j_R.unsqueeze(0), starts_b.unsqueeze(1))
     return rows_bR, valid_bR
+
+
+def local_checkpoint_dir(model_path: str) -> str:
+    """The local directory of the checkpoint ``model_path`` names.
+
+    A directory is returned as is. Anything else is taken as a Hub id (``org/name``) and resolved
+    the way ``from_pretrained`` resolves it, without network: the snapshot directory of its
+    ``main`` revision in the local Hugging Face cache (``$HF_HUB_CACHE``, default
+    ``$HF_HOME/hub``: ``models--org--name/refs/main`` -> ``snapshots/<revision>/``). On the trainer
+    workers the model has already been loaded by then, so its files are in that cache.
+    """
+    path = os.fspath(model_path)
+    if os.path.isdir(path):
+        return path
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return snapshot_download(repo_id=path, local_files_only=True)
+    except Exception as err:  # not a valid repo id, or not in the cache
+        raise FileNotFoundError(
+            f"model path {path!r} is neither a local directory nor a Hub id in the local Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}): {type(err).__name__}: {err}"
+        ) from None
+
+
+def checkpoint_lm_head(model_path: str, *, tie_word_embeddings: bool) -> torch.Tensor:
+    """The lm_head weight [V, H] stored in the safetensors checkpoint ``model_path`` (directory or
+    Hub id, see ``local_checkpoint_dir``); the input embedding if ``tie_word_embeddings`` and no
+    ``lm_head.weight`` is stored. Sharded checkpoints are read through their
+    ``model.safetensors.index.json`` (only the shard holding the tensor is opened)."""
+    from safetensors import safe_open
+
+    directory = local_checkpoint_dir(model_path)
+    index_path = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        with open(index_path) as handle:
+            weight_map = json.load(handle)["weight_map"]
+        names = list(weight_map)
+        file_of = {name: os.path.join(directory, weight_map[name]) for name in names}
+    else:
+        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+        file_of = {}
+        for name in files:
+            with safe_open(os.path.join(directory, name), framework="pt") as handle:
+                file_of.update({key: os.path.join(directory, name) for key in handle.keys()})
+        names = list(file_of)
+    if not names:
+        raise FileNotFoundError(f"no safetensors checkpoint in {directory} (model path {model_path!r})")
+    wanted = ("lm_head.weight",) + (("embed_tokens.weight",) if tie_word_embeddings else ())
+    for suffix in wanted:
+        for name in names:
+            if name.endswith(suffix):
+                with safe_open(file_of[name], framework="pt") as handle:
+                    return handle.get_tensor(name)
+    raise KeyError(f"{directory}: no tensor named *{' or *'.join(wanted)} among {len(names)} tensors")

@@ -5,13 +5,22 @@
 final hidden states at the response positions with the live lm_head weight (from the engine's
 forward), the frozen teacher's hidden states with the frozen initial lm_head, and returns
 
-    sum over the micro-batch's selected positions of d_t / (selected positions in the mini-batch,
-    all dp ranks) * dp_size
+    sum over the micro-batch's loss positions of w_t d_t, x dp_size
 
-where d_t is, by ``opsd.loss.variant``:
+where d_t is the position's loss and w_t its weight in the mini-batch loss under
+``opsd.loss.loss_agg_mode`` (``losses.aggregation_weights``, verl's mode names; default
+``seq-mean-token-mean``, the paper's per-rollout average), from the mini-batch's global counts of
+loss positions and rollouts (all dp ranks; verl supplies ``batch_num_tokens``, the engine
+``opsd_loss_sequences``). FSDP averages gradients over dp ranks, hence the x dp_size: the update
+is the mini-batch loss and does not depend on how the mini-batch is split into micro-batches or
+ranks. d_t is, by ``opsd.loss.variant``:
 
-- ``opsd``: ``losses.fused_linear_weighted_divergence`` with the token-mean weights (the one formula, eq. "opsd_clipped" of the
-  paper: per-vocabulary-entry clipped divergence summed over the vocabulary; fused, O(chunk x V));
+- ``opsd``: the per-position clipped divergence (eq. "opsd_clipped": per-vocabulary-entry
+  contributions capped, then summed over the vocabulary), from
+  ``signals.weighted_divergence_and_signals`` -- ``losses.fused_linear_weighted_divergence`` over
+  every response row (weight 0 outside the loss positions), whose vocabulary pass also yields the
+  token diagnostics, so the lm_head is projected once per micro-batch; with ``topk`` the pass sees
+  only the top-k support, so the diagnostics take a separate full-vocabulary pass;
 - ``purified``: ``variants.purified_token_loss_from_hidden`` against the PMI target built from the
   privileged teacher and the reference-only teacher (``reference_hidden``, a second teacher
   forward); logits formed per row chunk under activation checkpointing (recomputed in backward),
@@ -22,20 +31,21 @@ where d_t is, by ``opsd.loss.variant``:
   (``variants.sampled_token_log_probs_from_hidden``, chunked and checkpointed the same way, ~2
   [chunk, V] blocks at peak), the teacher's from the diagnostics pass, the step's teacher weight
   (``opsd_teacher_weight``, set by the trainer from ``variants.teacher_weight_schedule``) and the
-  return-to-go over every response token (the surrogate is then averaged over the loss positions).
+  return-to-go over every response token (the surrogate is then aggregated over the loss positions).
+  The two variants take their diagnostics from a separate no-grad pass
+  (``signals.token_signals_from_hidden``).
 
-FSDP averages gradients over dp ranks, so the update is the global token mean over the mini-batch
-and does not depend on how it is split into micro-batches or ranks. Token-level diagnostics
-(``signals.token_signals_from_hidden``, no grad) are reported as exact mini-batch token means.
+Token-level diagnostics are exact token means over the mini-batch's response tokens (all ranks):
+no sampling.
 
-Entropy positions (``he:Q`` / ``le:Q``) are selected here, from the student entropy of the
-diagnostics pass (at ``student_temperature``, the distribution the student samples from): no
-extra forward. The completions of a micro-batch are whole, so the per-completion selection of
-``positions.entropy_fraction`` is exact; with the recipe's one update per batch
-(ppo_mini_batch_size = train_batch_size, ppo_epochs = 1) the student here has the rollout
-policy's weights. The trainer's ``loss_mask`` then only carries how many positions each
-completion keeps (ceil(Q x length), which does not depend on the entropies) so that verl's
-mini-batch token count is right; the counts are checked to agree.
+Entropy positions (``he:Q`` / ``le:Q``) are selected here, from the student entropy at
+``student_temperature`` (the distribution the student samples from; for ``opsd`` one student-only
+projection before the loss pass, ``signals.student_entropy_from_hidden``). The completions of a
+micro-batch are whole, so the per-completion selection of ``positions.entropy_fraction`` is exact;
+with the recipe's one update per batch (ppo_mini_batch_size = train_batch_size, ppo_epochs = 1)
+the student here has the rollout policy's weights. The trainer's ``loss_mask`` then only carries
+how many positions each completion keeps (ceil(Q x length), which does not depend on the
+entropies) so that verl's mini-batch counts are right; the counts are checked to agree.
 
 No formula lives here: only indexing, masking and metric bookkeeping.
 """
@@ -44,9 +54,9 @@ from __future__ import annotations
 
 import torch
 
-from recipe.opsd.losses import fused_linear_weighted_divergence, global_token_row_weights, global_token_sum_mean
+from recipe.opsd.losses import aggregation_weights, fused_linear_weighted_divergence
 from recipe.opsd.positions import parse_position_spec, select_positions
-from recipe.opsd.signals import token_signals_from_hidden
+from recipe.opsd.signals import student_entropy_from_hidden, token_signals_from_hidden, weighted_divergence_and_signals
 from recipe.opsd.variants import (
     beta_opsd_sampled_loss,
     purified_token_loss_from_hidden,
@@ -55,6 +65,10 @@ from recipe.opsd.variants import (
 )
 
 TEACHER_WEIGHT_KEY = "opsd_teacher_weight"
+# non-tensor keys the engine sets per mini-batch (recipe.opsd.teacher_worker.OPSDEngineMixin): response
+# tokens and rollouts with at least one loss position, over the whole mini-batch (all dp ranks)
+RESPONSE_TOKENS_KEY = "opsd_response_tokens"
+LOSS_SEQUENCES_KEY = "opsd_loss_sequences"
 
 # signals.token_signals_from_hidden key -> logged metric name
 SIGNAL_METRICS = {
@@ -93,15 +107,15 @@ def _loss_mask(loss_config, data, response_mask_bR, student_entropy_N):
 
 
 def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_VH=None):
-    """verl loss function: OPSD divergence (or a variant's loss) on the selected positions of one micro-batch.
+    """verl loss function: OPSD divergence (or a variant's loss) on the loss positions of one micro-batch.
 
     model_output: ``student_hidden`` [b, R, H] (grad), ``student_weight`` [V, H] (grad),
         ``student_bias`` [V] or None.
-    data: ``teacher_hidden`` [b, R, H], ``loss_mask`` [b, R] (selected positions; he/le: only
+    data: ``teacher_hidden`` [b, R, H], ``loss_mask`` [b, R] (loss positions; he/le: only
         their per-completion count), ``response_mask`` [b, R], ``responses`` [b, R]; purified:
-        ``reference_hidden`` [b, R, H]; non-tensors ``batch_num_tokens`` (selected positions in the
-        mini-batch over all dp ranks), ``dp_size``, ``opsd_response_tokens``; beta_opsd:
-        ``opsd_teacher_weight``.
+        ``reference_hidden`` [b, R, H]; non-tensors ``batch_num_tokens`` (loss positions in the
+        mini-batch over all dp ranks), ``dp_size``, ``opsd_response_tokens``, ``opsd_loss_sequences``;
+        beta_opsd: ``opsd_teacher_weight``.
     teacher_weight_VH: frozen initial lm_head; None = the live one, detached (LoRA mode).
     """
     from verl.utils.metric import AggregationType, Metric
@@ -121,79 +135,69 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
     responses_bR = data["responses"].to(device).long()
     dp_size = int(data["dp_size"])
     batch_num_tokens = int(data["batch_num_tokens"])
-    response_tokens = int(data["opsd_response_tokens"])
-    student_temperature = loss_config.student_temperature
-    teacher_temperature = loss_config.effective_teacher_temperature
+    response_tokens = int(data[RESPONSE_TOKENS_KEY])
+    temperatures = dict(student_temperature=loss_config.student_temperature,
+                        teacher_temperature=loss_config.effective_teacher_temperature)
+    student_NH = student_hidden_bRH[response_mask_bR]  # every response row (the diagnostics' rows)
+    teacher_NH = teacher_hidden_bRH[response_mask_bR]
+    sampled_N = responses_bR[response_mask_bR]
 
-    with torch.no_grad():
-        signals = token_signals_from_hidden(
-            student_hidden_bRH[response_mask_bR].detach(),
-            student_weight_VH.detach(),
-            teacher_hidden_bRH[response_mask_bR],
-            teacher_weight,
-            responses_bR[response_mask_bR],
-            student_bias=None if student_bias_V is None else student_bias_V.detach(),
-            teacher_bias=teacher_bias,
-            student_temperature=student_temperature,
-            teacher_temperature=teacher_temperature,
-            clip_tau=loss_config.clip_tau,
-            chunk_size=loss_config.chunk_size,
-        )
-    loss_mask_bR = _loss_mask(loss_config, data, response_mask_bR, signals["student_entropy"])
-
-    extra = {}
-    loss = None
-    if loss_config.variant == "opsd":
-        # global token mean over the mini-batch, x dp_size because FSDP averages gradients over
-        # ranks; the weights are known now, so the fused loss forms its gradients in one pass
-        weights_N = global_token_row_weights(
-            int(loss_mask_bR.sum()), global_token_count=batch_num_tokens, dtype=torch.float64, device=device
+    def weights(loss_mask_bR):
+        """Each loss position's weight in the mini-batch loss, x dp_size (FSDP averages over ranks)."""
+        return aggregation_weights(
+            loss_mask_bR, mode=loss_config.loss_agg_mode, global_tokens=batch_num_tokens,
+            global_sequences=int(data[LOSS_SEQUENCES_KEY]), horizon=response_mask_bR.shape[-1],
         ).mul_(dp_size)
+
+    fused = loss_config.variant == "opsd" and loss_config.topk is None
+    if fused:
+        student_entropy_N = None
+        if parse_position_spec(str(loss_config.positions)).kind in ("he", "le"):
+            student_entropy_N = student_entropy_from_hidden(
+                student_NH, student_weight_VH, bias=student_bias_V, temperature=loss_config.student_temperature,
+                chunk_size=loss_config.chunk_size,
+            )
+        loss_mask_bR = _loss_mask(loss_config, data, response_mask_bR, student_entropy_N)
+        weight_bR = weights(loss_mask_bR)
+        loss, values_N, signals = weighted_divergence_and_signals(
+            student_NH, student_weight_VH, teacher_NH, teacher_weight, sampled_N,
+            row_weights_N=weight_bR[response_mask_bR], student_bias=student_bias_V, teacher_bias=teacher_bias,
+            beta=loss_config.beta, clip_tau=loss_config.clip_tau, chunk_size=loss_config.chunk_size, **temperatures,
+        )
+        per_token_N = values_N[loss_mask_bR[response_mask_bR]]
+    else:
+        with torch.no_grad():
+            signals = token_signals_from_hidden(
+                student_NH.detach(), student_weight_VH.detach(), teacher_NH, teacher_weight, sampled_N,
+                student_bias=None if student_bias_V is None else student_bias_V.detach(), teacher_bias=teacher_bias,
+                clip_tau=loss_config.clip_tau, chunk_size=loss_config.chunk_size, **temperatures,
+            )
+        loss_mask_bR = _loss_mask(loss_config, data, response_mask_bR, signals["student_entropy"])
+        weight_bR = weights(loss_mask_bR)
+    extra = {}
+    if loss_config.variant == "opsd" and not fused:  # top-k support
         loss, per_token_N = fused_linear_weighted_divergence(
-            student_hidden_bRH[loss_mask_bR],
-            student_weight_VH,
-            teacher_hidden_bRH[loss_mask_bR],
-            teacher_weight,
-            row_weights_N=weights_N,
-            student_bias=student_bias_V,
-            teacher_bias=teacher_bias,
-            beta=loss_config.beta,
-            clip_tau=loss_config.clip_tau,
-            student_temperature=student_temperature,
-            teacher_temperature=teacher_temperature,
-            topk=loss_config.topk,
-            chunk_size=loss_config.chunk_size,
+            student_hidden_bRH[loss_mask_bR], student_weight_VH, teacher_hidden_bRH[loss_mask_bR], teacher_weight,
+            row_weights_N=weight_bR[loss_mask_bR], student_bias=student_bias_V, teacher_bias=teacher_bias,
+            beta=loss_config.beta, clip_tau=loss_config.clip_tau, topk=loss_config.topk,
+            chunk_size=loss_config.chunk_size, **temperatures,
         )
     elif loss_config.variant == "purified":
         params = variant_params("purified", loss_config.variant_params)
         reference_hidden_bRH = data["reference_hidden"].to(device=device, dtype=dtype)
         per_token_N = purified_token_loss_from_hidden(
-            student_hidden_bRH[loss_mask_bR],
-            student_weight_VH,
-            teacher_hidden_bRH[loss_mask_bR],
-            teacher_weight,
-            reference_hidden_bRH[loss_mask_bR],
-            student_bias=student_bias_V,
-            teacher_bias=teacher_bias,
-            beta=loss_config.beta,
-            clip_tau=loss_config.clip_tau,
-            student_temperature=student_temperature,
-            teacher_temperature=teacher_temperature,
-            pmi_strength=params.pmi_strength,
-            pmi_clip=params.pmi_clip,
-            chunk_size=loss_config.chunk_size,
+            student_hidden_bRH[loss_mask_bR], student_weight_VH, teacher_hidden_bRH[loss_mask_bR], teacher_weight,
+            reference_hidden_bRH[loss_mask_bR], student_bias=student_bias_V, teacher_bias=teacher_bias,
+            beta=loss_config.beta, clip_tau=loss_config.clip_tau, pmi_strength=params.pmi_strength,
+            pmi_clip=params.pmi_clip, chunk_size=loss_config.chunk_size, **temperatures,
         )
-        values_bR = _scatter(loss_mask_bR, per_token_N)
+        loss = (per_token_N * weight_bR[loss_mask_bR].to(per_token_N.dtype)).sum()
     elif loss_config.variant == "beta_opsd":
         params = variant_params("beta_opsd", loss_config.variant_params)
-        # the return-to-go runs over every response token; the surrogate is averaged over the loss positions
+        # the return-to-go runs over every response token; the surrogate is aggregated over the loss positions
         student_logp_N = sampled_token_log_probs_from_hidden(
-            student_hidden_bRH[response_mask_bR],
-            student_weight_VH,
-            responses_bR[response_mask_bR],
-            bias=student_bias_V,
-            temperature=student_temperature,
-            chunk_size=loss_config.chunk_size,
+            student_NH, student_weight_VH, sampled_N, bias=student_bias_V,
+            temperature=loss_config.student_temperature, chunk_size=loss_config.chunk_size,
         )
         out = beta_opsd_sampled_loss(
             _scatter(response_mask_bR, student_logp_N),
@@ -202,14 +206,11 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
             teacher_weight=float(data[TEACHER_WEIGHT_KEY]),
             discount=params.discount,
         )
-        values_bR = out.loss_BT
-        per_token_N = values_bR[loss_mask_bR]
+        per_token_N = out.loss_BT[loss_mask_bR]
+        loss = (per_token_N * weight_bR[loss_mask_bR].to(per_token_N.dtype)).sum()
         extra = {"opsd/beta_reward": out.reward_BT[response_mask_bR], "opsd/beta_return": out.return_BT[response_mask_bR]}
-    else:  # guarded by OPSDLossConfig
+    elif loss_config.variant != "opsd":  # guarded by OPSDLossConfig
         raise ValueError(f"opsd.loss.variant must be one of opsd | purified | beta_opsd, got {loss_config.variant!r}")
-
-    if loss is None:  # global token mean over the mini-batch; x dp_size because FSDP averages gradients over ranks
-        loss = global_token_sum_mean(values_bR, loss_mask_bR, global_token_count=max(batch_num_tokens, 1)) * dp_size
 
     with torch.no_grad():
         scale = dp_size / max(response_tokens, 1)
@@ -219,10 +220,15 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
         }
         for name, values_N in extra.items():
             metrics[name] = Metric(AggregationType.SUM, float(values_N.double().sum()) * scale)
+        # the optimised loss itself (its micro-batch share; = actor/loss)
+        metrics["opsd/loss"] = Metric(AggregationType.SUM, float(loss.detach()))
+        # token mean of the per-position loss over the loss positions (whatever loss_agg_mode)
         selected_scale = dp_size / max(batch_num_tokens, 1)
-        metrics["opsd/loss"] = Metric(AggregationType.SUM, float(per_token_N.detach().double().sum()) * selected_scale)
+        metrics["opsd/loss_token_mean"] = Metric(
+            AggregationType.SUM, float(per_token_N.detach().double().sum()) * selected_scale
+        )
         metrics["opsd/loss_tokens"] = Metric(AggregationType.SUM, float(loss_mask_bR.sum()) * dp_size)
-        # share of selected positions where the sampled token's advantage log pT(y) - log pS(y) is
+        # share of loss positions where the sampled token's advantage log pT(y) - log pS(y) is
         # positive (encouraged) / negative (discouraged)
         adv_N = signals["adv"][loss_mask_bR[response_mask_bR]]
         metrics["opsd/enc_frac"] = Metric(AggregationType.SUM, float((adv_N > 0).sum()) * selected_scale)

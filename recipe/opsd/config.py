@@ -5,7 +5,7 @@ starts any worker, so a bad option fails in seconds with a message naming the fi
 the paper's ("Default OPSD Configuration": beta 0, tau_clip 0.05, temperature 1.1, full-solution
 teacher context, think/think modes, 1,024-token prompt caps).
 
-Pure: stdlib + the pure prompt / position modules; no verl or ray import.
+Pure: stdlib + the pure prompt / position / monitor modules; no verl or ray import.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from recipe.opsd.monitor import MonitorConfig
 
 # None = the model's native (only) mode: the prompt is rendered without the enable_thinking switch
 MODES = ("think", "no_think", None)
@@ -42,6 +44,10 @@ class OPSDLossConfig:
     variant_params: the variant's parameters (``recipe.opsd.variants.variant_params``): empty for
         ``opsd``; ``pmi_strength`` / ``pmi_clip`` for ``purified``; ``teacher_weight_start`` /
         ``teacher_weight_end`` / ``discount`` for ``beta_opsd`` (missing keys take the paper's values).
+    loss_agg_mode: how positions and rollouts are averaged into the mini-batch loss, with verl's
+        ``agg_loss`` names (``recipe.opsd.losses.LOSS_AGG_MODES``); ``seq-mean-token-mean`` (default)
+        is the paper's eq. "opd_obj" / "opsd_clipped": 1/N over each rollout's loss positions, then
+        the mean over rollouts; ``token-mean`` weighs every position of the mini-batch equally.
     """
 
     beta: float = 0.0
@@ -53,6 +59,7 @@ class OPSDLossConfig:
     chunk_size: int = 1024
     variant: str = "opsd"
     variant_params: dict = field(default_factory=dict)
+    loss_agg_mode: str = "seq-mean-token-mean"
 
     def __post_init__(self):
         if not 0.0 <= float(self.beta) <= 1.0:
@@ -70,6 +77,10 @@ class OPSDLossConfig:
             raise ValueError(f"opsd.loss.topk must be an integer >= 1 or null (full vocabulary), got {self.topk!r}")
         if isinstance(self.chunk_size, bool) or int(self.chunk_size) != self.chunk_size or self.chunk_size < 1:
             raise ValueError(f"opsd.loss.chunk_size must be an integer >= 1, got {self.chunk_size!r}")
+        from recipe.opsd.losses import LOSS_AGG_MODES
+
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"opsd.loss.loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
         if self.variant not in VARIANTS:
             raise ValueError(f"opsd.loss.variant must be one of {list(VARIANTS)}, got {self.variant!r}")
         if self.variant_params is not None and not isinstance(self.variant_params, Mapping):
@@ -123,6 +134,7 @@ class OPSDConfig:
         ``enable_thinking`` switch (single-mode models: OLMo-3, DeepSeek-R1-Distill, ...).
     teacher_max_prompt_length: cap on the rendered teacher prompt in tokens (the paper: 1,024;
         8,192 for the CoT + solution context). A longer teacher prompt is an error, never truncated.
+    monitor: the collapse monitor's options (``recipe.opsd.monitor.MonitorConfig``).
     """
 
     teacher_context: str = "full_solution"
@@ -130,11 +142,13 @@ class OPSDConfig:
     teacher_mode: str = "think"
     teacher_max_prompt_length: int = 1024
     loss: OPSDLossConfig = field(default_factory=OPSDLossConfig)
-    monitor: dict = field(default_factory=dict)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def __post_init__(self):
         if isinstance(self.loss, Mapping):
             self.loss = _build(OPSDLossConfig, self.loss, prefix="opsd.loss")
+        if self.monitor is None or isinstance(self.monitor, Mapping):
+            self.monitor = _build(MonitorConfig, self.monitor or {}, prefix="opsd.monitor")
         allowed = _allowed_contexts()
         if self.teacher_context not in allowed:
             raise ValueError(f"opsd.teacher_context must be one of {list(allowed)}, got {self.teacher_context!r}")
@@ -152,7 +166,6 @@ class OPSDConfig:
         tmax = self.teacher_max_prompt_length
         if isinstance(tmax, bool) or int(tmax) != tmax or tmax < 1:
             raise ValueError(f"opsd.teacher_max_prompt_length must be an integer >= 1, got {tmax!r}")
-        self.monitor = dict(self.monitor or {})
 
     @property
     def student_enable_thinking(self) -> bool | None:

@@ -37,19 +37,26 @@ and k_v = 1[d_v <= clip_tau] (the subgradient of min, matching ``torch.clamp``):
 The softmax normaliser couples every entry, so an entry whose term is clipped still
 receives gradient through the ``- pS_j sum_v g_v`` part.
 
+Aggregation over positions and rollouts (``aggregation_weights``) uses verl's ``agg_loss`` mode
+names; the default ``seq-mean-token-mean`` is the paper's per-rollout average.
+
 Example::
 
-    from recipe.opsd.losses import token_divergence, global_token_sum_mean
+    from recipe.opsd.losses import aggregation_weights, token_divergence
     per_pos_BT = token_divergence(student_logits_BTV, teacher_logits_BTV,
                                   beta=0.0, clip_tau=0.05, student_temperature=1.1,
                                   chunk_size=1024)
-    loss = global_token_sum_mean(per_pos_BT, loss_mask_BT, global_token_count=n_tokens)
+    w_BT = aggregation_weights(loss_mask_BT, mode="seq-mean-token-mean",
+                               global_tokens=int(loss_mask_BT.sum()),
+                               global_sequences=int((loss_mask_BT.sum(-1) > 0).sum()))
+    loss = (per_pos_BT * w_BT).sum()
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -58,9 +65,8 @@ __all__ = [
     "token_divergence",
     "fused_linear_token_divergence",
     "fused_linear_weighted_divergence",
-    "masked_token_mean",
-    "global_token_sum_mean",
-    "global_token_row_weights",
+    "LOSS_AGG_MODES",
+    "aggregation_weights",
     "log_probs",
     "entry_terms",
     "forward_kl_terms",
@@ -184,10 +190,12 @@ class _Workspace:
 
 
 def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bool, ws: _Workspace,
-                         owned: bool = False, need_values: bool = False):
+                         owned: bool = False, need_values: bool = False, on_chunk=None):
     """Per-row values [rows] or, if ``want_grad``, (values or None, d value / d s_raw [rows, V]).
 
     With ``want_grad`` the values are computed only if there is a clip or ``need_values``.
+    ``on_chunk(logp_s, logp_t)`` (full vocabulary, no top-k) is called with the chunk's two
+    log-softmaxes before anything else uses the buffers; it must not modify them.
 
     Works on raw logits of one chunk; everything inside is in ``cdt``. ``owned`` means
     the raw logits are scratch buffers of the caller that may be overwritten. The
@@ -208,6 +216,8 @@ def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bo
     logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt, out=buf("lt"),
                        scratch=t_raw if owned and t_raw.dtype == cdt else buf("a"))
     del s_raw, t_raw
+    if on_chunk is not None:
+        on_chunk(logp_s, logp_t)
     values, over = None, None
     if not want_grad or o.clip_tau is not None or need_values:  # backward needs the terms only for the clip mask
         d = entry_terms(logp_s, logp_t, beta=o.beta, out=buf("d"), scratch=buf("a"), scratch2=buf("b"))
@@ -282,21 +292,29 @@ def _chunk_logits(h_NH, w_VH, b_V, rows: slice, out: torch.Tensor) -> torch.Tens
     return torch.addmm(b_V, h_NH[rows], w_VH.T, out=out)
 
 
-def _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, want_grad, ws: _Workspace, need_values=False):
+def _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, want_grad, ws: _Workspace, need_values=False,
+                 on_chunk=None):
     n_rows, vocab = rows.stop - rows.start, ws_VH.shape[0]
     # raw logits go straight into the kernel's scratch buffers when they already have the compute dtype
     s_name = "a" if ws_VH.dtype == cdt else "raw_s"
     t_name = "b" if wt_VH.dtype == cdt else "raw_t"
     s_raw = _chunk_logits(hs_NH, ws_VH, bs_V, rows, ws(s_name, n_rows, vocab, ws_VH.dtype))
     t_raw = _chunk_logits(ht_NH, wt_VH, bt_V, rows, ws(t_name, n_rows, vocab, wt_VH.dtype))
-    return _rows_value_and_grad(s_raw, t_raw, o, cdt, want_grad, ws, owned=True, need_values=need_values)
+    return _rows_value_and_grad(s_raw, t_raw, o, cdt, want_grad, ws, owned=True, need_values=need_values,
+                                on_chunk=on_chunk)
 
 
 def _accumulate_input_grads(g, hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws: _Workspace) -> None:
-    """Chain one chunk's logit gradient g [rows, V] through logits = hs @ ws.T + bs."""
+    """Chain one chunk's logit gradient g [rows, V] through logits = hs @ ws.T + bs.
+
+    ``rows``: a slice of the chunk's rows, or an index tensor (the rows of a chunk with a nonzero
+    weight; the other rows' ``grad_h`` must already be zero)."""
     if grad_h is not None:
         g_in = g if ws_VH.dtype == g.dtype else ws("g_in", g.shape[0], g.shape[1], ws_VH.dtype).copy_(g)
-        torch.mm(g_in, ws_VH, out=grad_h[rows])
+        if isinstance(rows, slice):
+            torch.mm(g_in, ws_VH, out=grad_h[rows])
+        else:
+            grad_h[rows] = torch.mm(g_in, ws_VH)
     if grad_w is not None:
         grad_w.addmm_(g.T, hs_NH[rows].to(g.dtype))
     if grad_b is not None:
@@ -347,20 +365,29 @@ class _FusedLinearWeightedDivergence(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, w_N, o: _Opts, chunk_size: int, cdt: torch.dtype):
+    def forward(ctx, hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, w_N, o: _Opts, chunk_size: int, cdt: torch.dtype,
+                on_chunk):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         values_N = torch.empty(hs_NH.shape[0], dtype=cdt, device=hs_NH.device)
-        grad_h = torch.empty_like(hs_NH) if need_h else None
+        grad_h = torch.zeros_like(hs_NH) if need_h else None
         grad_w = torch.zeros(ws_VH.shape, dtype=cdt, device=ws_VH.device) if need_w else None
         grad_b = torch.zeros(bs_V.shape, dtype=cdt, device=bs_V.device) if need_b and bs_V is not None else None
         w_N = w_N.to(cdt)
         ws = _Workspace(hs_NH.device)
         want_grad = need_h or need_w or grad_b is not None
         for rows in _row_chunks(hs_NH.shape[0], chunk_size):
-            values_N[rows], g = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, want_grad, ws,
-                                             need_values=True)
-            if want_grad:
-                _accumulate_input_grads(g.mul_(w_N[rows, None]), hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws)
+            nonzero = w_N[rows] != 0  # rows with weight 0 (diagnostics only) get no gradient work
+            chunk_grad = want_grad and bool(nonzero.any())
+            hook = None if on_chunk is None else partial(on_chunk, rows)
+            values_N[rows], g = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, chunk_grad, ws,
+                                             need_values=True, on_chunk=hook)
+            if chunk_grad:
+                if bool(nonzero.all()):
+                    _accumulate_input_grads(g.mul_(w_N[rows, None]), hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws)
+                else:
+                    keep = nonzero.nonzero().squeeze(1)
+                    _accumulate_input_grads(g[keep].mul_(w_N[rows][keep, None]), hs_NH, ws_VH, keep + rows.start,
+                                            grad_h, grad_w, grad_b, ws)
         ctx.grads = (grad_h, grad_w, grad_b)
         ctx.dtypes = (hs_NH.dtype, ws_VH.dtype, None if bs_V is None else bs_V.dtype)
         ctx.mark_non_differentiable(values_N)
@@ -382,7 +409,7 @@ class _FusedLinearWeightedDivergence(torch.autograd.Function):
                     g.mul_(grad_loss.to(g.dtype))
                 g = g.to(dt)
             out.append(g)
-        return (*out, None, None, None, None, None, None, None)
+        return (*out, None, None, None, None, None, None, None, None)
 
 
 # --------------------------------------------------------------------------- public API
@@ -509,6 +536,7 @@ def fused_linear_weighted_divergence(
     teacher_temperature: float | None = None,
     topk: int | None = None,
     chunk_size: int = 1024,
+    on_chunk=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum_n row_weights_N[n] * d_n, d_N.detach())`` with d_N = ``fused_linear_token_divergence(...)``.
 
@@ -517,7 +545,13 @@ def fused_linear_weighted_divergence(
     (a token mean: ``row_weights_N = 1 / number of loss tokens``): every gradient is formed in
     the forward pass, so the vocabulary is visited once and the lm_head-sized matmuls drop
     from 6 to 4. The stored gradients ([N, H], [V, H]) live until backward, which hands them
-    over without a copy; a second backward through the same graph raises.
+    over without a copy; a second backward through the same graph raises. Rows of weight 0 cost
+    no gradient work (their values are still computed).
+
+    ``on_chunk(rows, logp_s, logp_t)``: called once per row chunk (``rows`` a slice of N) with the
+    two log-softmaxes [rows, V] at their temperatures, read-only views of reused buffers: the
+    diagnostics of the same vocabulary pass (``signals.weighted_divergence_and_signals``). Needs
+    ``topk=None`` (with a top-k support the pass never forms the full-vocabulary distributions).
     """
     o, cdt = _check_fused_inputs(
         student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias,
@@ -527,54 +561,70 @@ def fused_linear_weighted_divergence(
     n = student_hidden_NH.shape[0]
     if not isinstance(row_weights_N, torch.Tensor) or row_weights_N.shape != (n,):
         raise ValueError(f"row_weights_N must be a tensor of shape [N={n}]; got {getattr(row_weights_N, 'shape', type(row_weights_N))}")
+    if on_chunk is not None and topk is not None:
+        raise ValueError("on_chunk needs the full vocabulary: topk must be None")
     return _FusedLinearWeightedDivergence.apply(
         student_hidden_NH, student_weight_VH, student_bias,
         teacher_hidden_NH.detach(), teacher_weight_VH.detach(),
         None if teacher_bias is None else teacher_bias.detach(),
-        row_weights_N.detach().to(student_hidden_NH.device), o, chunk_size, cdt,
+        row_weights_N.detach().to(student_hidden_NH.device), o, chunk_size, cdt, on_chunk,
     )
 
 
 # --------------------------------------------------------------------------- aggregation
-def _masked_sum(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if values_BT.shape != mask_BT.shape:
-        raise ValueError(f"values_BT and mask_BT must have the same shape; got {tuple(values_BT.shape)} and {tuple(mask_BT.shape)}")
-    keep = mask_BT.bool()
-    # where (not multiply): garbage or NaN at masked positions never reaches the loss or its gradient
-    total = torch.where(keep, values_BT, torch.zeros((), dtype=values_BT.dtype, device=values_BT.device)).sum()
-    return total, keep.sum()
+# verl's names (verl/trainer/ppo/core_algos.py agg_loss); the first is the paper's eq. opd_obj /
+# opsd_clipped: 1/N over a rollout's loss positions, then the mean over rollouts.
+LOSS_AGG_MODES = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
 
 
-def masked_token_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values_BT`` over positions where ``mask_BT`` is true (0 if there are none)."""
-    total, count = _masked_sum(values_BT, mask_BT)
-    return total / count.clamp(min=1).to(total.dtype)
+def aggregation_weights(
+    loss_mask_BT: torch.Tensor,
+    *,
+    mode: str,
+    global_tokens: int,
+    global_sequences: int,
+    horizon: int | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Weight w_bt of each loss position in the mini-batch loss ``L = sum_bt w_bt d_bt``.
 
+    ``loss_mask_BT`` holds whole rollouts (rows) of one micro-batch; ``global_tokens`` /
+    ``global_sequences`` count the loss positions / the rollouts with at least one loss position in
+    the WHOLE mini-batch (all micro-batches, all data-parallel ranks). The weights depend only on a
+    row's own count and these totals, so summing ``sum_bt w_bt d_bt`` over the micro-batches (and
+    ranks) of a mini-batch gives the same loss and gradient however it is split:
 
-def global_token_sum_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor, *, global_token_count) -> torch.Tensor:
-    """Sum over this micro-batch's selected positions / loss tokens in the whole mini-batch.
+    - ``seq-mean-token-mean`` (the paper): ``1 / (n_b S)``, n_b = loss positions of rollout b, S = ``global_sequences``;
+    - ``token-mean``: ``1 / T``, T = ``global_tokens`` (every position weighs the same: long rollouts weigh more);
+    - ``seq-mean-token-sum``: ``1 / S``;
+    - ``seq-mean-token-sum-norm``: ``1 / (S * horizon)`` (verl's default horizon: the padded response length);
+    - ``token-sum``: ``1``.
 
-    Summing this over the micro-batches of a mini-batch gives the mini-batch token mean,
-    so gradient accumulation does not change the loss. ``global_token_count`` (int or
-    0-d tensor) must be >= the number of selected tokens here; 0 gives 0 (no NaN).
+    Zero outside the mask. Rollouts without any loss position (e.g. AdvT rejected every position)
+    are not counted in S (as verl's ``agg_loss`` does when it counts the batch itself). Returns
+    ``dtype`` [B, T].
     """
-    total, count = _masked_sum(values_BT, mask_BT)
-    return total / _global_count(global_token_count, local_count=int(count))
-
-
-def global_token_row_weights(num_tokens: int, *, global_token_count, dtype=torch.float32, device=None) -> torch.Tensor:
-    """Weights w_N (all 1 / global_token_count) of this micro-batch's ``num_tokens`` loss tokens:
-    ``sum_n w_n d_n`` equals :func:`global_token_sum_mean` over the same tokens (the row weights
-    of :func:`fused_linear_weighted_divergence`)."""
-    count = _global_count(global_token_count, local_count=int(num_tokens))
-    return torch.full((int(num_tokens),), 1.0 / count, dtype=dtype, device=device)
-
-
-def _global_count(global_token_count, *, local_count: int) -> int:
-    global_count = int(global_token_count.item() if isinstance(global_token_count, torch.Tensor) else global_token_count)
-    if global_count < local_count:
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss aggregation mode must be one of {list(LOSS_AGG_MODES)}, got {mode!r}")
+    mask_BT = loss_mask_BT.bool()
+    counts_B = mask_BT.sum(-1)
+    local_tokens, local_sequences = int(counts_B.sum()), int((counts_B > 0).sum())
+    if int(global_tokens) < local_tokens or int(global_sequences) < local_sequences:
         raise ValueError(
-            f"global_token_count={global_count} is smaller than the {local_count} loss tokens of this micro-batch; "
-            "pass the number of loss tokens in the whole mini-batch"
+            f"global_tokens={global_tokens} / global_sequences={global_sequences} are smaller than this micro-batch's "
+            f"{local_tokens} loss positions / {local_sequences} rollouts; pass the counts of the whole mini-batch"
         )
-    return max(global_count, 1)
+    if mode == "seq-mean-token-sum-norm" and (horizon is None or int(horizon) < 1):
+        raise ValueError(f"seq-mean-token-sum-norm needs a horizon >= 1, got {horizon!r}")
+    tokens, sequences = max(int(global_tokens), 1), max(int(global_sequences), 1)
+    if mode == "token-mean":
+        row_B = torch.full(counts_B.shape, 1.0 / tokens, dtype=dtype, device=mask_BT.device)
+    elif mode == "token-sum":
+        row_B = torch.ones(counts_B.shape, dtype=dtype, device=mask_BT.device)
+    elif mode == "seq-mean-token-mean":
+        row_B = 1.0 / (counts_B.clamp(min=1).to(dtype) * sequences)
+    elif mode == "seq-mean-token-sum":
+        row_B = torch.full(counts_B.shape, 1.0 / sequences, dtype=dtype, device=mask_BT.device)
+    else:
+        row_B = torch.full(counts_B.shape, 1.0 / (sequences * int(horizon)), dtype=dtype, device=mask_BT.device)
+    return torch.where(mask_BT, row_B[:, None], torch.zeros((), dtype=dtype, device=mask_BT.device))

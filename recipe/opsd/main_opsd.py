@@ -3,9 +3,12 @@
     python -m recipe.opsd.main_opsd actor_rollout_ref.model.path=Qwen/Qwen3-1.7B \\
         data.train_files=train.parquet data.val_files=val.parquet opsd.teacher_context=answer_only
 
-Usually launched by ``recipe/opsd/run_opsd.sh``. The ``opsd:`` block is validated
-(``recipe.opsd.config.OPSDConfig``) and the student's chat-template mode is wired into verl's
-dataset (``data.apply_chat_template_kwargs.enable_thinking``) before Ray starts any worker.
+Usually launched by ``recipe/opsd/run_opsd.sh``. Before Ray starts any worker: the installed verl
+is checked to be the version the glue was written against, the ``opsd:`` block is validated
+(``recipe.opsd.config.OPSDConfig``), verl's own ``validate_config`` runs (batch sizes that do not
+divide across the GPUs fail here), settings that would silently bypass the OPSD forward are
+refused, and the student's chat-template mode is wired into verl's dataset
+(``data.apply_chat_template_kwargs.enable_thinking``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,40 @@ from verl.trainer.main_ppo import run_ppo
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
 from recipe.opsd.config import OPSDConfig
+
+# The verl release the glue was written against: its private APIs (docs/verl_private_apis.md) are
+# re-checked by hand on every upgrade.
+EXPECTED_VERL_VERSION = "0.9.1"
+# set to 1 to run on another verl anyway (a loud warning instead of the error)
+ALLOW_OTHER_VERL_ENV = "OPSD_ALLOW_OTHER_VERL"
+
+
+def check_verl_version(found: str | None = None) -> None:
+    """Refuse another verl than ``EXPECTED_VERL_VERSION`` (warn instead with OPSD_ALLOW_OTHER_VERL=1)."""
+    if found is None:
+        from importlib.metadata import version
+
+        found = version("verl")
+    if found == EXPECTED_VERL_VERSION:
+        return
+    message = (
+        f"the OPSD recipe was written against verl {EXPECTED_VERL_VERSION}, but verl {found} is installed. "
+        "It relies on private verl APIs that change between releases without notice: the FSDP engine's "
+        "forward_step / forward_backward_batch / prepare_model_inputs and _autocast_dtype (the loss computed in "
+        "place of the lm_head), ActorRolloutRefWorker.actor_worker_cls / ref_worker_cls and the engine class swap "
+        "(the OPSD worker), RayPPOTrainer's private helpers behind the trainer's copy of fit (_load_checkpoint, "
+        "_save_checkpoint, _validate, _balance_batch, ...), the non-tensor keys of verl's micro-batches "
+        "(batch_num_tokens, dp_size, global_batch_size) and FSDP2's _lazy_init: the full list is "
+        "docs/verl_private_apis.md. Install verl==0.9.1 (pyproject.toml pins it), or re-check that list and set "
+        f"{ALLOW_OTHER_VERL_ENV}=1 to run anyway."
+    )
+    if os.environ.get(ALLOW_OTHER_VERL_ENV) == "1":
+        import warnings
+
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        print(f"[opsd] WARNING: {message}", file=sys.stderr)
+        return
+    raise ValueError(message)
 
 
 def prepare_config(config) -> OPSDConfig:
@@ -41,6 +78,13 @@ def prepare_config(config) -> OPSDConfig:
             f"actor_rollout_ref.ref.strategy must be fsdp2 for OPSD (it holds the teacher), "
             f"got {config.actor_rollout_ref.ref.strategy!r}"
         )
+    if config.actor_rollout_ref.model.get("use_fused_kernels", False):
+        raise ValueError(
+            "actor_rollout_ref.model.use_fused_kernels must be False for OPSD: verl's fused kernels replace the "
+            "model's forward, so the OPSD loss computed in place of the lm_head would never run (the OPSD loss is "
+            "already fused with the lm_head: recipe.opsd.losses.fused_linear_weighted_divergence)"
+        )
+    _validate_verl_config(config, lora=lora_rank > 0)
     kwargs = dict(config.data.get("apply_chat_template_kwargs") or {})
     enable_thinking = opsd.student_enable_thinking
     if "enable_thinking" in kwargs and (enable_thinking is None or bool(kwargs["enable_thinking"]) != enable_thinking):
@@ -68,6 +112,19 @@ def prepare_config(config) -> OPSDConfig:
             "or ppo_epochs > 1) later updates rank by the partly updated student, not the rollout policy"
         )
     return opsd
+
+
+def _validate_verl_config(config, *, lora: bool) -> None:
+    """verl's own ``validate_config`` (as its TaskRunner runs it): batch sizes that do not divide
+    across the GPUs, micro-batch settings, ... fail now instead of late. Its assertion messages
+    become ValueErrors (one line, no traceback)."""
+    from verl.utils.config import validate_config
+
+    try:
+        # the teacher is verl's reference policy (LoRA: the actor with adapters disabled)
+        validate_config(config=config, use_reference_policy=not lora, use_critic=False)
+    except AssertionError as err:
+        raise ValueError(f"verl's validate_config: {err}") from None
 
 
 class OPSDTaskRunner(BaseTaskRunner):
@@ -125,6 +182,11 @@ class OPSDTaskRunner(BaseTaskRunner):
 
 @hydra.main(config_path="config", config_name="opsd_trainer", version_base=None)
 def main(config):
+    try:
+        check_verl_version()
+    except ValueError as err:
+        print(f"[opsd] wrong verl version: {err}", file=sys.stderr)
+        sys.exit(2)
     try:
         prepare_config(config)  # fail on a bad opsd block before Ray starts
     except ValueError as err:  # a config mistake: the message names the field, no traceback

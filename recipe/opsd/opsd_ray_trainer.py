@@ -9,11 +9,13 @@ weight sync to the rollout servers, validation, checkpoints, logging -- is verl'
   ``chat.render_ids`` in ``opsd.teacher_mode``, at most ``opsd.teacher_max_prompt_length`` tokens)
   followed by the student's response ids (``chat.splice_teacher_inputs``: never decoded, no pad in
   between);
-- the frozen teacher returns its final hidden states at the response positions
-  (``compute_teacher_hidden``; for ``advt:K`` also the teacher rank of each sampled token), the
-  loss positions are selected (``positions.select_positions``; ``he:Q`` / ``le:Q`` are ranked by
-  the student entropy inside the actor's loss, see ``recipe.opsd.actor_loss``), and the actor is
-  updated with ``recipe.opsd.actor_loss.opsd_loss``;
+- the teacher inputs travel with the actor batch; inside ``update_actor`` each worker runs the
+  frozen teacher on its own rows and keeps its final hidden states at the response positions
+  (``teacher_worker.OPSDActorRolloutRefWorker.update_actor``; for ``advt:K`` the loss positions come
+  from the teacher's rank of each sampled token there), the other loss positions are selected here
+  (``positions.select_positions``; ``he:Q`` / ``le:Q`` are ranked by the student entropy inside the
+  actor's loss, see ``recipe.opsd.actor_loss``), and the actor is updated with
+  ``recipe.opsd.actor_loss.opsd_loss``;
 - ``variant: purified``: a second teacher forward on the reference-only prompt
   (``prompts.reference_only_messages``: the teacher prompt without the question) followed by the
   same response ids gives ``reference_hidden``; ``variant: beta_opsd``: the step's teacher weight
@@ -24,6 +26,8 @@ The rollout reward (the project's grader, if configured as verl's custom reward)
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from pprint import pprint
 
@@ -33,17 +37,32 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from verl import DataProto
-from verl.trainer.ppo.metric_utils import compute_timing_metrics
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask
+from verl.trainer.ppo.metric_utils import compute_throughout_metrics, compute_timing_metrics
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask, compute_spec_decode_metrics
+from verl.trainer.ppo.reward import extract_reward
 from verl.utils import tensordict_utils as tu
+from verl.utils.checkpoint.checkpoint_manager import should_save_ckpt_esi
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
+from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from recipe.opsd.config import OPSDConfig
 from recipe.opsd.actor_loss import TEACHER_WEIGHT_KEY
-from recipe.opsd.teacher_worker import OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY, TEACHER_RANK_CHUNK_KEY
+from recipe.opsd.config import OPSDConfig
+from recipe.opsd.monitor import TrainingCollapseError, TrainingDynamicsMonitor
+from recipe.opsd.teacher_inputs import TeacherInputs
+from recipe.opsd.teacher_worker import (
+    OPSD_FORWARD_KEY,
+    REFERENCE_INPUT_PREFIX,
+    RESPONSE_LENGTHS_KEY,
+    TEACHER_INPUT_FIELDS,
+    TEACHER_INPUT_PREFIX,
+    TEACHER_TIME_METRIC,
+)
+
+# the collapse monitor's state, saved next to verl's data.pt in every global_step_<s>/ folder
+MONITOR_STATE_FILE = "opsd_monitor.json"
 
 
 class RayOPSDTrainer(RayPPOTrainer):
@@ -54,114 +73,45 @@ class RayOPSDTrainer(RayPPOTrainer):
         self.use_reference_policy = True
         self.use_critic = False
         self.use_rm = False
-        self._teacher_prompt_cache: dict = {}
-        self._checked_student_prompts: set = set()
-        self.monitor = None
-        if self.opsd.monitor.get("enabled", True):
-            try:
-                from recipe.opsd.monitor import MonitorConfig, TrainingDynamicsMonitor
-            except ImportError:
-                TrainingDynamicsMonitor = None
-            if TrainingDynamicsMonitor is not None:
-                options = {k: v for k, v in self.opsd.monitor.items()}
-                self.monitor = TrainingDynamicsMonitor(MonitorConfig(**options))
+        self.teacher_inputs = TeacherInputs.from_config(opsd_config, self.tokenizer)
+        self.monitor = TrainingDynamicsMonitor(opsd_config.monitor) if opsd_config.monitor.enabled else None
 
     # ------------------------------------------------------------------ teacher inputs
-    def _teacher_prompt_ids(self, extra_info: dict, *, reference_only: bool = False) -> list[int]:
-        """Rendered teacher prompt of one row; ``reference_only``: Purified OPSD's reference-only prompt."""
-        from recipe.common.chat import render_ids
-        from recipe.common.prompts import build_prompt_pair, reference_only_messages
-
-        key = (reference_only, extra_info.get("id"), extra_info.get("index"), extra_info.get("problem"))
-        if key not in self._teacher_prompt_cache:
-            if reference_only:
-                teacher_messages = reference_only_messages(self.opsd.teacher_context, extra_info)
-            else:
-                _, teacher_messages = build_prompt_pair(self.opsd.teacher_context, extra_info)
-            ids = list(render_ids(teacher_messages, self.tokenizer, self.opsd.teacher_mode))
-            if len(ids) > self.opsd.teacher_max_prompt_length:
-                raise ValueError(
-                    f"{'reference-only ' if reference_only else ''}teacher prompt of row id={extra_info.get('id')!r} "
-                    f"has {len(ids)} tokens > "
-                    f"opsd.teacher_max_prompt_length={self.opsd.teacher_max_prompt_length} "
-                    f"(context {self.opsd.teacher_context!r}, mode {self.opsd.teacher_mode!r}); filter the data "
-                    "with data_prep's length filter or raise the cap"
-                )
-            self._teacher_prompt_cache[key] = ids
-        return self._teacher_prompt_cache[key]
-
     def _check_student_prompts(self, batch: DataProto) -> None:
-        """The student generated from exactly the prompt the teacher context pairs it with.
-
-        The rollout's prompt ids come from the parquet ``prompt`` column; the teacher's from
-        ``extra_info`` at run time. A parquet built for another context (e.g. a default student
-        prompt under an instruction-only context, whose student message differs) would silently
-        run another experiment, so each row is checked once against
-        ``build_prompt_pair(opsd.teacher_context, extra_info)`` rendered in ``opsd.student_mode``.
-        """
-        from recipe.common.chat import render_ids
-        from recipe.common.prompts import build_prompt_pair
-
+        """The student generated from exactly the prompt the teacher context pairs it with
+        (``TeacherInputs.check_student_prompts``; each row once)."""
         prompts_BP = batch.batch["prompts"]
         mask_BP = batch.batch["attention_mask"][:, : prompts_BP.shape[1]].bool()
-        for i, info in enumerate(batch.non_tensor_batch["extra_info"]):
-            key = (info.get("id"), info.get("index"), info.get("problem"))
-            if key in self._checked_student_prompts:
-                continue
-            student_messages, _ = build_prompt_pair(self.opsd.teacher_context, dict(info))
-            expected = list(render_ids(student_messages, self.tokenizer, self.opsd.student_mode))
-            actual = prompts_BP[i][mask_BP[i]].tolist()
-            if actual != expected:
-                raise ValueError(
-                    f"row id={info.get('id')!r}: the parquet `prompt` the student generated from is not the student "
-                    f"message of opsd.teacher_context={self.opsd.teacher_context!r} rendered in "
-                    f"opsd.student_mode={self.opsd.student_mode!r} ({len(actual)} vs {len(expected)} tokens; "
-                    f"rollout prompt starts {self.tokenizer.decode(actual[:48])!r}, expected "
-                    f"{self.tokenizer.decode(expected[:48])!r}); rebuild the parquet for this context with "
-                    "python -m data_prep.length_filter --teacher-context ..."
-                )
-            self._checked_student_prompts.add(key)
+        self.teacher_inputs.check_student_prompts(
+            [row[mask].tolist() for row, mask in zip(prompts_BP, mask_BP)], batch.non_tensor_batch["extra_info"]
+        )
 
-    def _teacher_batch(self, batch: DataProto, *, reference_only: bool = False) -> DataProto:
-        """Teacher prompt + the student's response ids, in verl's left/right padded layout."""
-        from recipe.common.chat import splice_teacher_inputs
-
+    def _add_teacher_inputs(self, batch: DataProto) -> None:
+        """Each row's teacher input -- its teacher prompt + the student's response ids, left/right
+        padded (``TeacherInputs.spliced``) -- as ``opsd_teacher_*`` tensors of the actor batch
+        (Purified OPSD: also the reference-only ``opsd_reference_*``). The worker runs the teacher on
+        them next to the update (``OPSDActorRolloutRefWorker.update_actor``)."""
         responses_BR = batch.batch["responses"]
-        response_len = responses_BR.shape[1]
-        response_attention_BR = batch.batch["attention_mask"][:, -response_len:]
-        teacher_prompts = [
-            self._teacher_prompt_ids(dict(info), reference_only=reference_only)
-            for info in batch.non_tensor_batch["extra_info"]
-        ]
-        spliced = splice_teacher_inputs(
-            teacher_prompts, responses_BR, response_attention_BR, pad_token_id=self.tokenizer.pad_token_id
-        )
-        return DataProto.from_dict(
-            tensors={
-                "input_ids": spliced["input_ids_BT"],
-                "attention_mask": spliced["attention_mask_BT"],
-                "position_ids": spliced["position_ids_BT"],
-                "responses": responses_BR,
-                "response_mask": batch.batch["response_mask"],
-                RESPONSE_LENGTHS_KEY: batch.batch[RESPONSE_LENGTHS_KEY],
-            },
-            meta_info={"temperature": self.opsd.loss.effective_teacher_temperature},
-        )
-
-    def _compute_teacher_hidden(self, batch: DataProto, *, reference_only: bool = False, rank: bool = False) -> dict:
-        """``teacher_hidden`` [B, R, H] (and ``teacher_rank`` [B, R] if ``rank``) of the frozen teacher."""
-        teacher_td = left_right_2_no_padding(self._teacher_batch(batch, reference_only=reference_only).to_tensordict())
-        if rank:
-            tu.assign_non_tensor(teacher_td, **{TEACHER_RANK_CHUNK_KEY: self.opsd.loss.chunk_size})
-        output = self.actor_rollout_wg.compute_teacher_hidden(teacher_td)
-        keys = ("teacher_hidden", "teacher_rank") if rank else ("teacher_hidden",)
-        return {key: torch.stack(list(tu.get(output, key).unbind())) for key in keys}
+        response_attention_BR = batch.batch["attention_mask"][:, -responses_BR.shape[1]:]
+        prefixes = {TEACHER_INPUT_PREFIX: False}
+        if self.opsd.loss.variant == "purified":
+            prefixes[REFERENCE_INPUT_PREFIX] = True
+        for prefix, reference_only in prefixes.items():
+            spliced = self.teacher_inputs.spliced(
+                batch.non_tensor_batch["extra_info"], responses_BR, response_attention_BR, reference_only=reference_only
+            )
+            for field in TEACHER_INPUT_FIELDS:
+                batch.batch[prefix + field] = spliced[f"{field}_BT"]
 
     # ------------------------------------------------------------------ actor update
-    def _loss_positions(self, batch: DataProto, *, teacher_rank_BT: torch.Tensor | None = None) -> torch.Tensor:
+    def _loss_positions(self, batch: DataProto) -> torch.Tensor:
+        """The loss mask [B, R] the actor batch carries (``advt:K``: all response positions here; the
+        worker replaces it with the teacher-rank selection after its teacher forward)."""
         from recipe.opsd.positions import select_positions
 
         response_mask_BT = batch.batch["response_mask"].bool()
+        if self.opsd.loss.position_kind == "advt":
+            return response_mask_BT
         entropy_BT = None
         if self.opsd.loss.position_kind in ("he", "le"):
             # ranked by the student entropy inside the actor's loss (recipe.opsd.actor_loss); here only
@@ -172,7 +122,6 @@ class RayOPSDTrainer(RayPPOTrainer):
             self.opsd.loss.positions,
             response_mask_BT=response_mask_BT,
             entropy_BT=entropy_BT,
-            teacher_rank_BT=teacher_rank_BT,
             seed=int(self.config.data.get("seed", 0) or 0) * 100003 + self.global_steps,
         )
 
@@ -188,7 +137,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             end=params.teacher_weight_end,
         )
 
-    def _update_opsd_actor(self, batch: DataProto, **non_tensors) -> dict:
+    def _update_opsd_actor(self, batch: DataProto, *, timing_raw: dict, **non_tensors) -> dict:
         batch.meta_info["temperature"] = self.opsd.loss.student_temperature
         batch_td = left_right_2_no_padding(batch.to_tensordict())
         batch_td["loss_mask"] = batch.batch["opsd_loss_mask"]
@@ -207,6 +156,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             **non_tensors,
         )
         output = tu.get(self.actor_rollout_wg.update_actor(batch_td), "metrics")
+        timing_raw["teacher"] = output.pop(TEACHER_TIME_METRIC)
         metrics = {}
         for key, value in output.items():
             if key == "mfu":
@@ -245,8 +195,47 @@ class RayOPSDTrainer(RayPPOTrainer):
             f"opsd/{name}_param_sqsum": float(vals[1]) for name, vals in sums.items()
         }
 
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self):
+        """verl's checkpoint, plus the collapse monitor's state (written first: verl's last act is the
+        ``latest_checkpointed_iteration.txt`` a resume trusts)."""
+        if self.monitor is not None:
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, MONITOR_STATE_FILE), "w") as handle:
+                json.dump(self.monitor.state_dict(), handle)
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        """verl's resume, plus the collapse monitor's window (so collapse detection is not silently
+        off for the first ``early_end + recent_window`` steps after a resume)."""
+        result = super()._load_checkpoint()
+        if self.monitor is None or self.global_steps == 0:
+            return result
+        trainer_cfg = self.config.trainer
+        if trainer_cfg.resume_mode == "resume_path":
+            folder = trainer_cfg.resume_from_path
+        else:
+            folder = os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}")
+        path = os.path.join(os.path.abspath(folder), MONITOR_STATE_FILE)
+        if not os.path.isfile(path):
+            print(f"[opsd] WARNING: no {MONITOR_STATE_FILE} in {folder}: the collapse monitor starts with an empty "
+                  "window (it compares steps after the resume only)")
+            return result
+        with open(path) as handle:
+            self.monitor.load_state_dict(json.load(handle))
+        if self.monitor.should_stop and self.monitor.stop_signature not in self.opsd.monitor.stop_on:
+            # the signature that stopped the run is no longer a stop condition: the user chose to go on
+            self.monitor.should_stop, self.monitor.stop_reason, self.monitor.stop_signature = False, None, None
+        print(f"[opsd] collapse monitor resumed with {len(self.monitor.history)} logged steps")
+        return result
+
     # ------------------------------------------------------------------ loop
     def fit(self):
+        """verl 0.9.1's ``RayPPOTrainer.fit`` with the PPO step replaced by the OPSD step. Every
+        difference from verl's loop is listed in docs/opsd_recipe.md ("Differences from verl's fit")."""
+        if self._dump_executor._shutdown:
+            self._init_dump_executor()
         logger = Tracking(
             project_name=self.config.trainer.project_name,
             experiment_name=self.config.trainer.experiment_name,
@@ -255,22 +244,43 @@ class RayOPSDTrainer(RayPPOTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
+        if self.monitor is not None and self.monitor.should_stop:
+            print(f"[opsd] the collapse monitor stopped this run ({self.monitor.stop_reason}); not training further. "
+                  f"To continue anyway, rerun with that signature removed from opsd.monitor.stop_on "
+                  f"(now {list(self.opsd.monitor.stop_on)}).")
+            self._shutdown_dump_executor()
+            return
         self.checkpoint_manager.update_weights(self.global_steps)
         current_epoch = self.global_steps // len(self.train_dataloader)
+        SkipManager.init(self.config)
 
         if self.config.trainer.get("val_before_train", True) and self.val_dataset is not None:
             val_metrics = self._validate()
             pprint(f"Initial validation metrics: {val_metrics}")
             logger.log(data=val_metrics, step=self.global_steps)
             if self.config.trainer.get("val_only", False):
+                self._shutdown_dump_executor()
                 return
 
         progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="OPSD")
         self.global_steps += 1
+        self.max_steps_duration = 0
+        SkipManager.set_step(self.global_steps)
+        profile_steps = self.config.global_profiler.steps
+        prev_step_profile = False
+        curr_step_profile = self.global_steps in profile_steps if profile_steps is not None else False
         rollout_n = self.config.actor_rollout_ref.rollout.n
         for epoch in range(current_epoch, self.config.trainer.total_epochs):
             for batch_dict in self.train_dataloader:
+                if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
+                    self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=False)
                 metrics, timing_raw = {}, {}
+                with marked_timer("start_profile", timing_raw):
+                    self._start_profiling(
+                        not prev_step_profile and curr_step_profile
+                        if self.config.global_profiler.profile_continuous_steps
+                        else curr_step_profile
+                    )
                 is_last_step = self.global_steps >= self.total_training_steps
                 batch = DataProto.from_single_dict(batch_dict)
                 indices = [float(info.get("index", -1)) for info in batch.non_tensor_batch["extra_info"]]
@@ -284,10 +294,15 @@ class RayOPSDTrainer(RayPPOTrainer):
                 gen_batch.meta_info["global_steps"] = self.global_steps
                 gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
 
+                stop = False
                 with marked_timer("step", timing_raw):
                     with marked_timer("gen", timing_raw, color="red"):
+                        if curr_step_profile:
+                            self.llm_server_manager.start_profile()
                         gen_output = self.async_rollout_manager.generate_sequences(gen_batch)
                         self.checkpoint_manager.sleep_replicas()
+                        if curr_step_profile:
+                            self.llm_server_manager.stop_profile()
                         timing_raw.update(gen_output.meta_info.pop("timing", {}))
                     batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(gen_output)
                     if "response_mask" not in batch.batch.keys():
@@ -299,31 +314,46 @@ class RayOPSDTrainer(RayPPOTrainer):
                     batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
 
                     self._check_student_prompts(batch)
-                    with marked_timer("teacher", timing_raw, color="olive"):
-                        teacher = self._compute_teacher_hidden(batch, rank=self.opsd.loss.position_kind == "advt")
-                        if self.opsd.loss.variant == "purified":
-                            reference = self._compute_teacher_hidden(batch, reference_only=True)
-                            teacher["reference_hidden"] = reference["teacher_hidden"]
-                    teacher_rank_BT = teacher.pop("teacher_rank", None)
-                    batch.batch.update(teacher)
-                    batch.batch["opsd_loss_mask"] = self._loss_positions(batch, teacher_rank_BT=teacher_rank_BT)
+                    self._add_teacher_inputs(batch)
+                    batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
                     variant_inputs = {}
                     if self.opsd.loss.variant == "beta_opsd":
                         variant_inputs[TEACHER_WEIGHT_KEY] = self._teacher_weight()
                         metrics["opsd/teacher_weight"] = variant_inputs[TEACHER_WEIGHT_KEY]
 
+                    # the teacher forward runs inside the update, on the workers (timing_s/teacher:
+                    # its part of timing_s/update_actor)
                     with marked_timer("update_actor", timing_raw, color="red"):
-                        metrics.update(self._update_opsd_actor(batch, **variant_inputs))
-                    for key in teacher:
-                        batch.batch.pop(key)
+                        metrics.update(self._update_opsd_actor(batch, timing_raw=timing_raw, **variant_inputs))
+                    for prefix in (TEACHER_INPUT_PREFIX, REFERENCE_INPUT_PREFIX):
+                        for field in TEACHER_INPUT_FIELDS:
+                            batch.batch.pop(prefix + field, None)
 
+                    # the monitor sees this step's metrics before the checkpoint, so that a stop is
+                    # saved and the saved monitor state includes the step
+                    metrics.update(self._rollout_metrics(batch))
+                    metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+                    stop = self._update_monitor(metrics)
+                    esi_close_to_expiration = should_save_ckpt_esi(
+                        max_steps_duration=self.max_steps_duration,
+                        redundant_time=self.config.trainer.esi_redundant_time,
+                    )
                     if self.config.trainer.save_freq > 0 and (
-                        is_last_step or self.global_steps % self.config.trainer.save_freq == 0
+                        is_last_step
+                        or stop
+                        or self.global_steps % self.config.trainer.save_freq == 0
+                        or esi_close_to_expiration
                     ):
+                        if esi_close_to_expiration:
+                            print("Force saving checkpoint: ESI instance expiration approaching.")
                         with marked_timer("save_checkpoint", timing_raw, color="green"):
                             self._save_checkpoint()
                     with marked_timer("update_weights", timing_raw, color="red"):
                         self.checkpoint_manager.update_weights(self.global_steps)
+
+                    rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
+                    if rollout_data_dir:
+                        self._log_rollouts(batch, timing_raw, rollout_data_dir)
 
                 if self.config.trainer.test_freq > 0 and (
                     is_last_step or self.global_steps % self.config.trainer.test_freq == 0
@@ -331,17 +361,64 @@ class RayOPSDTrainer(RayPPOTrainer):
                     with marked_timer("testing", timing_raw, color="green"):
                         metrics.update(self._validate())
 
-                metrics.update(self._rollout_metrics(batch))
+                with marked_timer("stop_profile", timing_raw):
+                    next_step_profile = self.global_steps + 1 in profile_steps if profile_steps is not None else False
+                    self._stop_profiling(
+                        curr_step_profile and not next_step_profile
+                        if self.config.global_profiler.profile_continuous_steps
+                        else curr_step_profile,
+                        run_command=bool(
+                            curr_step_profile and profile_steps
+                            and (self.global_steps == max(profile_steps) or is_last_step)
+                        ),
+                    )
+                    prev_step_profile, curr_step_profile = curr_step_profile, next_step_profile
+                self.max_steps_duration = max(self.max_steps_duration, timing_raw["step"])
+
                 metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
-                metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+                metrics.update(compute_throughout_metrics(
+                    batch=batch, timing_raw=timing_raw, n_gpus=self.resource_pool_manager.get_n_gpus()
+                ))
+                metrics.update(compute_spec_decode_metrics(
+                    *(batch.non_tensor_batch.get(f"spec_num_{k}") for k in ("draft_tokens", "accepted_tokens", "verify_steps"))
+                ))
                 if self.config.trainer.get("log_fingerprints", False):
                     metrics.update(self._param_checksum_metrics())
                     metrics.update(data_fingerprint)
-                if self.monitor is not None:
-                    metrics.update(self.monitor.update(metrics, step=self.global_steps))
                 logger.log(data=metrics, step=self.global_steps)
                 progress_bar.update(1)
                 self.global_steps += 1
-                if is_last_step or (self.monitor is not None and self.monitor.should_stop):
+                SkipManager.set_step(self.global_steps)
+                if is_last_step or stop:
+                    if stop:
+                        print(f"[opsd] stopped by the collapse monitor: {self.monitor.stop_reason}")
+                    if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
+                        self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=True)
+                    self._shutdown_dump_executor()
                     progress_bar.close()
                     return
+                if hasattr(self.train_dataset, "on_batch_end"):
+                    self.train_dataset.on_batch_end(batch=batch)
+        self._shutdown_dump_executor()
+
+    def _update_monitor(self, metrics: dict) -> bool:
+        """Feed the collapse monitor this step's metrics; True if it asks to stop. With
+        ``raise_on_stop`` the checkpoint of the step is saved before the error propagates."""
+        if self.monitor is None:
+            return False
+        try:
+            metrics.update(self.monitor.update(metrics, step=self.global_steps))
+        except TrainingCollapseError:
+            if self.config.trainer.save_freq > 0:
+                self._save_checkpoint()
+            raise
+        return self.monitor.should_stop
+
+    def _log_rollouts(self, batch: DataProto, timing_raw: dict, rollout_data_dir: str) -> None:
+        """verl's ``trainer.rollout_data_dir`` dump; the score is the (logged-only) reward, 0 without one."""
+        if "rm_scores" in batch.batch.keys():
+            scores, extra = extract_reward(batch)
+        else:
+            scores, extra = torch.zeros_like(batch.batch["response_mask"], dtype=torch.float32), {}
+        batch.batch["token_level_scores"] = scores
+        self._log_rollout_data(batch, extra, timing_raw, rollout_data_dir)

@@ -39,6 +39,8 @@ __all__ = [
     "DEFAULT_WINDOWS",
     "token_signals",
     "token_signals_from_hidden",
+    "weighted_divergence_and_signals",
+    "student_entropy_from_hidden",
     "summarize_signals",
     "position_windows",
     "entropy_tail_shares",
@@ -96,30 +98,40 @@ def _check_ids(sampled_ids_N, n, vocab):
         raise ValueError(f"sampled_ids_N has ids outside [0, V={vocab})")
 
 
+def _empty_signals(n, cdt, device) -> dict[str, torch.Tensor]:
+    return {k: torch.zeros(n, dtype=cdt, device=device) for k in SIGNAL_KEYS}
+
+
+@torch.no_grad()
+def _chunk_signals(out, rows, logp_s, logp_t, sampled_ids_N, clip_tau) -> None:
+    """Fill ``out[key][rows]`` from one chunk's log-softmaxes [rows, V] (read only)."""
+    cdt, vocab = out["fwd_kl"].dtype, logp_s.shape[-1]
+    y = sampled_ids_N[rows].long()[:, None]
+    s_y, t_y = logp_s.gather(1, y)[:, 0], logp_t.gather(1, y)[:, 0]
+    out["student_logp"][rows], out["teacher_logp"][rows] = s_y, t_y
+    out["adv"][rows] = t_y - s_y
+    out["teacher_rank"][rows] = (logp_t > t_y[:, None]).sum(1).to(cdt)
+    out["top1_agree"][rows] = (logp_s.argmax(1) == logp_t.argmax(1)).to(cdt)
+    out["student_entropy"][rows] = entropy(logp_s)
+    out["teacher_entropy"][rows] = entropy(logp_t)
+    d = forward_kl_terms(logp_t, logp_s)
+    out["fwd_kl"][rows] = d.sum(1)
+    if clip_tau is not None:
+        over = d > clip_tau
+        del d
+        out["clip_frac"][rows] = over.sum(1).to(cdt) / vocab
+        out["clipped_teacher_mass"][rows] = logp_t.exp().mul_(over).sum(1)
+
+
 @torch.no_grad()
 def _signals(chunks, sampled_ids_N, n, vocab, o, cdt, device) -> dict[str, torch.Tensor]:
     _check_ids(sampled_ids_N, n, vocab)
-    out = {k: torch.zeros(n, dtype=cdt, device=device) for k in SIGNAL_KEYS}
+    out = _empty_signals(n, cdt, device)
     for rows, s_raw, t_raw in chunks:
         logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
         logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
         del s_raw, t_raw
-        y = sampled_ids_N[rows].long()[:, None]
-        s_y, t_y = logp_s.gather(1, y)[:, 0], logp_t.gather(1, y)[:, 0]
-        out["student_logp"][rows], out["teacher_logp"][rows] = s_y, t_y
-        out["adv"][rows] = t_y - s_y
-        out["teacher_rank"][rows] = (logp_t > t_y[:, None]).sum(1).to(cdt)
-        out["top1_agree"][rows] = (logp_s.argmax(1) == logp_t.argmax(1)).to(cdt)
-        out["student_entropy"][rows] = entropy(logp_s)
-        out["teacher_entropy"][rows] = entropy(logp_t)
-        d = forward_kl_terms(logp_t, logp_s)
-        del logp_s
-        out["fwd_kl"][rows] = d.sum(1)
-        if o.clip_tau is not None:
-            over = d > o.clip_tau
-            del d
-            out["clip_frac"][rows] = over.sum(1).to(cdt) / vocab
-            out["clipped_teacher_mass"][rows] = logp_t.exp_().mul_(over).sum(1)
+        _chunk_signals(out, rows, logp_s, logp_t, sampled_ids_N, o.clip_tau)
     return out
 
 
@@ -166,6 +178,73 @@ def token_signals_from_hidden(
     chunks = _hidden_chunks(*parts, chunk_size)
     cdt = _cdt(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
     return _signals(chunks, sampled_ids_N, student_hidden_NH.shape[0], vocab, o, cdt, student_hidden_NH.device)
+
+
+# --------------------------------------------------------------------------- loss + signals in one pass
+def weighted_divergence_and_signals(
+    student_hidden_NH: torch.Tensor,
+    student_weight_VH: torch.Tensor,
+    teacher_hidden_NH: torch.Tensor,
+    teacher_weight_VH: torch.Tensor,
+    sampled_ids_N: torch.Tensor,
+    *,
+    row_weights_N: torch.Tensor,
+    student_bias: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    beta: float = 0.0,
+    clip_tau: float | None = 0.05,
+    student_temperature: float = 1.0,
+    teacher_temperature: float | None = None,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """``losses.fused_linear_weighted_divergence`` (full vocabulary) and :func:`token_signals_from_hidden`
+    of every row from the SAME vocabulary pass: ``(loss, d_N, signals)``.
+
+    The divergence's two log-softmaxes of each row chunk are handed to the signal formulas before
+    the gradient is formed, so the diagnostics cost no second lm_head projection. Values equal
+    :func:`token_signals` on the logits (float64: to rounding). ``clip_tau`` is both the loss's cap
+    and the signals' clip threshold (as in the trainer); the signals are always the forward-KL
+    diagnostics, whatever ``beta``. Rows with weight 0 get signals and values, no gradient work.
+    """
+    from recipe.opsd.losses import fused_linear_weighted_divergence
+
+    n, vocab = student_hidden_NH.shape[0], student_weight_VH.shape[0]
+    _check_ids(sampled_ids_N, n, vocab)
+    cdt = _cdt(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    out = _empty_signals(n, cdt, student_hidden_NH.device)
+    ids_N = sampled_ids_N.to(student_hidden_NH.device)
+
+    def on_chunk(rows, logp_s, logp_t):
+        _chunk_signals(out, rows, logp_s, logp_t, ids_N, clip_tau)
+
+    loss, values_N = fused_linear_weighted_divergence(
+        student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH,
+        row_weights_N=row_weights_N, student_bias=student_bias, teacher_bias=teacher_bias, beta=beta,
+        clip_tau=clip_tau, student_temperature=student_temperature, teacher_temperature=teacher_temperature,
+        chunk_size=chunk_size, on_chunk=on_chunk,
+    )
+    return loss, values_N, out
+
+
+@torch.no_grad()
+def student_entropy_from_hidden(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """Entropy [N] of softmax((h @ W.T + b) / temperature), chunked (the ``student_entropy`` signal
+    alone: one projection, for entropy-ranked loss positions before the loss pass)."""
+    o = _options(temperature, None, None, chunk_size, weight_VH.shape[0])
+    cdt = _cdt(hidden_NH, weight_VH)
+    out_N = torch.zeros(hidden_NH.shape[0], dtype=cdt, device=hidden_NH.device)
+    for start in range(0, hidden_NH.shape[0], chunk_size):
+        rows = slice(start, min(start + chunk_size, hidden_NH.shape[0]))
+        logits = F.linear(hidden_NH[rows].detach(), weight_VH.detach(), None if bias is None else bias.detach())
+        out_N[rows] = entropy(log_probs(logits, temperature=o.student_temperature, dtype=cdt))
+    return out_N
 
 
 # --------------------------------------------------------------------------- teacher rank

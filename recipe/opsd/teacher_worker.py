@@ -2,11 +2,11 @@
 
 The teacher is verl's reference policy: ``ActorRolloutRefWorker`` already builds, in the same
 worker processes as the actor, a frozen FSDP copy of the initial student loaded from the same
-checkpoint (``actor_rollout_ref.model.path``), never given an optimizer, offloadable with
-``actor_rollout_ref.ref.fsdp_config.param_offload``. In LoRA mode verl builds no second copy and
+checkpoint (``actor_rollout_ref.model.path``), never given an optimizer, its parameters in host
+memory (verl's forward-only FSDP2 engine always uses ``CPUOffloadPolicy``). In LoRA mode verl builds no second copy and
 the teacher is the actor with its adapters disabled. We reuse that role instead of a separate pool
 (a separate pool would need its own GPUs or a second colocated worker group, and ship its output
-through the driver anyway); what OPSD changes is what the forward returns:
+through the driver); what OPSD changes is what the forward returns:
 
 - ``OPSDEngineMixin.forward_step`` (mixed into the FSDP engine of both actor and teacher when a
   micro-batch carries ``opsd_forward``) runs the unchanged HF model, captures the FINAL hidden
@@ -23,7 +23,9 @@ through the driver anyway); what OPSD changes is what the forward returns:
   Without ``opsd_forward`` the stock verl forward runs (log-probs for validation tools etc.).
 - ``OPSDActorRolloutRefWorker`` uses that engine for actor and teacher, sets the OPSD loss with a
   frozen copy of the initial lm_head (read once from the initial checkpoint; in LoRA mode the
-  lm_head is not adapted, so the live one is the initial one) and adds ``compute_teacher_hidden``.
+  lm_head is not adapted, so the live one is the initial one), and runs the teacher forward inside
+  ``update_actor``, on the rows verl dispatched to the rank, right before the update: the teacher's
+  hidden states [B, R, H] never travel through the driver (only its input ids do).
 
 Only FSDP2 without Ulysses sequence parallelism is supported (checked at start).
 """
@@ -31,8 +33,7 @@ Only FSDP2 without Ulysses sequence parallelism is supported (checked at start).
 from __future__ import annotations
 
 import contextlib
-import glob
-import os
+import time
 from functools import partial
 
 import torch
@@ -43,15 +44,21 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
-from recipe.common.heads import output_logit_scale, response_rows
-from recipe.opsd.actor_loss import opsd_loss
+from recipe.common.heads import checkpoint_lm_head, output_logit_scale, response_rows
+from recipe.opsd.actor_loss import LOSS_SEQUENCES_KEY, RESPONSE_TOKENS_KEY, opsd_loss
 from recipe.opsd.signals import sampled_token_rank_from_hidden
 
 OPSD_FORWARD_KEY = "opsd_forward"
 RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
-RESPONSE_TOKENS_KEY = "opsd_response_tokens"
 # set on a teacher batch (to the chunk size) to also get the teacher rank of each sampled token
 TEACHER_RANK_CHUNK_KEY = "opsd_teacher_rank_chunk_size"
+# the teacher's inputs travel with the actor batch: <prefix><field> tensors [B, T_teacher], left/right
+# padded (recipe.opsd.teacher_inputs.TeacherInputs.spliced); the reference-only ones for Purified OPSD
+TEACHER_INPUT_PREFIX = "opsd_teacher_"
+REFERENCE_INPUT_PREFIX = "opsd_reference_"
+TEACHER_INPUT_FIELDS = ("input_ids", "attention_mask", "position_ids")
+# wall time of the teacher forward inside update_actor (max over ranks), reported with the update's metrics
+TEACHER_TIME_METRIC = "timing_s/teacher"
 
 
 def _unwrap_causal_lm(module):
@@ -77,33 +84,20 @@ def capture_final_hidden(module):
         handle.remove()
 
 
-def load_initial_lm_head(model_path: str, *, tie_word_embeddings: bool) -> torch.Tensor:
-    """The lm_head weight [V, H] of the checkpoint at ``model_path`` (safetensors), read once."""
-    from safetensors import safe_open
-
-    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors under {model_path}: cannot load the frozen teacher lm_head")
-    wanted = ("lm_head.weight",) + (("embed_tokens.weight",) if tie_word_embeddings else ())
-    for suffix in wanted:
-        for path in files:
-            with safe_open(path, framework="pt") as handle:
-                for key in handle.keys():
-                    if key.endswith(suffix):
-                        return handle.get_tensor(key)
-    raise KeyError(f"{model_path}: no tensor named *{' or *'.join(wanted)} in {files}")
-
-
 class OPSDEngineMixin:
     """Mixed into verl's FSDP LM engine class: an OPSD forward that works on final hidden states."""
 
     def forward_backward_batch(self, data, loss_function, forward_only=False):
         if tu.get_non_tensor_data(data=data, key=OPSD_FORWARD_KEY, default=None) == "student_loss":
-            # number of response tokens in the whole mini-batch (all dp ranks): the normaliser of
-            # the token-mean diagnostics, so they do not depend on micro-batching
-            count = data["response_mask"].sum().to(get_device_id())
-            torch.distributed.all_reduce(count, group=self.get_data_parallel_group())
-            tu.assign_non_tensor(data, **{RESPONSE_TOKENS_KEY: int(count.item())})
+            # over the whole mini-batch (all dp ranks): response tokens (the normaliser of the
+            # token-mean diagnostics) and rollouts with at least one loss position (of the
+            # per-rollout aggregation modes), so that neither depends on the micro-batch split
+            counts = torch.stack([data["response_mask"].sum(), (data["loss_mask"].sum(-1) > 0).sum()])
+            counts = counts.to(get_device_id())
+            torch.distributed.all_reduce(counts, group=self.get_data_parallel_group())
+            tu.assign_non_tensor(
+                data, **{RESPONSE_TOKENS_KEY: int(counts[0].item()), LOSS_SEQUENCES_KEY: int(counts[1].item())}
+            )
         return super().forward_backward_batch(data, loss_function, forward_only=forward_only)
 
     def forward_step(self, micro_batch, loss_function, forward_only):
@@ -178,6 +172,8 @@ class OPSDEngineMixin:
         # Student: the loss is computed INSIDE the model's forward, in place of its lm_head, so that
         # FSDP2 sees it as the forward output (its backward hooks re-gather the lm_head weight).
         # With logits_to_keep=0 the lm_head input is the final hidden state of every position.
+        # The model then multiplies its head's output by `scale` (Falcon-H1, Granite, Cohere), so the
+        # head hands it loss / scale: the output, its gradients and actor/grad_norm are the loss's.
         def loss_head(hidden):
             with torch.autocast(device_type=get_device_name(), enabled=False):
                 weight, bias = head_params()
@@ -185,7 +181,8 @@ class OPSDEngineMixin:
                 loss, captured["metrics"] = loss_function(
                     model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group()
                 )
-            return loss.reshape(1, 1, 1)
+            captured["loss"] = loss.detach()
+            return (loss / scale).reshape(1, 1, 1)
 
         head.forward = loss_head
         try:
@@ -194,7 +191,37 @@ class OPSDEngineMixin:
         finally:
             del head.forward
         loss = output.logits.reshape(())
+        _check_head_output(loss.detach(), captured["loss"], self.model_config.hf_config)
         return loss, {"model_output": {}, "loss": loss.detach().item(), "metrics": captured["metrics"]}
+
+
+def _check_head_output(output, loss, hf_config) -> None:
+    """The model's output must be the loss its head returned: a model that transforms the head's
+    output in a way ``output_logit_scale`` does not know would silently train on another loss."""
+    if not torch.allclose(output.double(), loss.double(), rtol=1e-4, atol=1e-12):
+        raise RuntimeError(
+            f"{type(hf_config).__name__}: the model transforms its lm_head output beyond the linear scale "
+            f"recipe.common.heads.output_logit_scale knows ({output_logit_scale(hf_config)}): the loss returned "
+            f"by the head is {float(loss):.6g}, the model output {float(output):.6g}; teach output_logit_scale "
+            "this model's head before training it with OPSD"
+        )
+
+
+def opsd_loss_function(loss_config, model_config, *, frozen_teacher_head: bool):
+    """The actor's verl loss function: ``actor_loss.opsd_loss`` with the teacher's lm_head.
+
+    ``frozen_teacher_head``: a frozen copy of the initial lm_head, read once from the checkpoint
+    (``actor_rollout_ref.model.path``: a directory or a Hub id), with the model's head scale folded
+    in; False (LoRA): the live lm_head, detached. Soft-capped heads are refused here, at start.
+    """
+    scale = output_logit_scale(model_config.hf_config)
+    teacher_weight = None
+    if frozen_teacher_head:
+        teacher_weight = checkpoint_lm_head(
+            model_config.local_path,
+            tie_word_embeddings=bool(getattr(model_config.hf_config, "tie_word_embeddings", False)),
+        ).to(get_device_id()) * scale
+    return partial(opsd_loss, loss_config=loss_config, teacher_weight_VH=teacher_weight)
 
 
 def _response_hidden(hidden, *, micro_batch, packed: bool):
@@ -257,47 +284,114 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
 
         if self.opsd_config is None:
             raise ValueError("OPSDActorRolloutRefWorker needs the opsd config: build it with worker_class_for(opsd)")
-        opsd_cfg = OPSDConfig.from_hydra(self.opsd_config)
-        model_config = self.actor.model_config
-        output_logit_scale(model_config.hf_config)  # refuses a soft-capped head before training starts
-        if self.ref is None:
-            # LoRA: the teacher is the actor with adapters disabled; the lm_head is not adapted
-            teacher_weight = None
-        else:
-            teacher_weight = load_initial_lm_head(
-                model_config.local_path,
-                tie_word_embeddings=bool(getattr(model_config.hf_config, "tie_word_embeddings", False)),
-            ).to(get_device_id()) * output_logit_scale(model_config.hf_config)
-        self.actor.set_loss_fn(partial(opsd_loss, loss_config=opsd_cfg.loss, teacher_weight_VH=teacher_weight))
+        self.opsd = OPSDConfig.from_hydra(self.opsd_config)
+        # LoRA (no ref copy): the teacher is the actor with adapters disabled; the lm_head is not adapted
+        self.actor.set_loss_fn(
+            opsd_loss_function(self.opsd.loss, self.actor.model_config, frozen_teacher_head=self.ref is not None)
+        )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    def compute_teacher_hidden(self, data):
-        """Final hidden states [B, R, H] of the frozen teacher at the positions predicting the response
-        (and ``teacher_rank`` [B, R] when the batch sets ``opsd_teacher_rank_chunk_size``)."""
-        tu.assign_non_tensor(data, **{OPSD_FORWARD_KEY: "teacher_hidden", "compute_loss": False})
+    def update_actor(self, data):
+        """verl's actor update; for an OPSD batch the frozen teacher runs first, here, on this rank's
+        rows: no teacher hidden state ever leaves the worker.
+
+        The trainer sends each row's teacher input (``opsd_teacher_{input_ids, attention_mask,
+        position_ids}``: teacher prompt + the student's response ids, left/right padded; Purified
+        OPSD also ``opsd_reference_*``) with the actor batch, so verl's dispatch gives every dp rank
+        the teacher inputs of its own rows. The teacher's hidden states at the response positions
+        (and, for ``advt:K``, the loss mask from its ranks of the sampled tokens) are added to the
+        batch before verl's mini-batch loop; ``timing_s/teacher`` (max over ranks) is added to the
+        update's metrics.
+        """
+        if tu.get_non_tensor_data(data=data, key=OPSD_FORWARD_KEY, default=None) != "student_loss":
+            return super().update_actor(data)
+        start = time.perf_counter()
+        self._add_teacher_outputs(data)
+        seconds = torch.tensor(time.perf_counter() - start, dtype=torch.float64, device=get_device_id())
+        torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
+        output = super().update_actor(data)
+        if output is not None:
+            tu.get(output, "metrics")[TEACHER_TIME_METRIC] = float(seconds)
+        return output
+
+    def _add_teacher_outputs(self, data) -> None:
+        from recipe.opsd.positions import select_positions
+
+        loss = self.opsd.loss
+        rank = loss.position_kind == "advt"
+        teacher = self._teacher_forward(data, TEACHER_INPUT_PREFIX, rank_chunk=loss.chunk_size if rank else None)
+        data["teacher_hidden"] = teacher["teacher_hidden"]
+        if rank:  # AdvT: positions where the teacher ranks the sampled token in its top K
+            data["loss_mask"] = select_positions(
+                loss.positions, response_mask_BT=data["response_mask"].bool(), teacher_rank_BT=teacher["teacher_rank"]
+            )
+        if loss.variant == "purified":
+            data["reference_hidden"] = self._teacher_forward(data, REFERENCE_INPUT_PREFIX)["teacher_hidden"]
+
+    def _teacher_forward(self, data, prefix: str, *, rank_chunk: int | None = None) -> dict:
+        """Final hidden states [b, R, H] of the frozen teacher on the inputs ``prefix*`` of ``data``
+        (popped) at the positions predicting the response, and ``teacher_rank`` [b, R] if ``rank_chunk``."""
+        from verl import DataProto
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        tensors = {field: data.pop(prefix + field) for field in TEACHER_INPUT_FIELDS}
+        for key in ("responses", "response_mask", RESPONSE_LENGTHS_KEY):
+            tensors[key] = data[key]
+        teacher = left_right_2_no_padding(
+            DataProto.from_dict(tensors=tensors, meta_info={"temperature": tu.get(data, "temperature")}).to_tensordict()
+        )
+        tu.assign_non_tensor(teacher, **{OPSD_FORWARD_KEY: "teacher_hidden", "compute_loss": False})
+        if rank_chunk is not None:
+            tu.assign_non_tensor(teacher, **{TEACHER_RANK_CHUNK_KEY: int(rank_chunk)})
         if self.ref is not None:
-            output = self.ref.infer_batch(data=data)
+            output = self.ref.infer_batch(data=teacher)
         else:
             _fsdp2_lazy_init(self.actor.engine.module)
-            tu.assign_non_tensor(data, no_lora_adapter=True)
-            output = self.actor.infer_batch(data)
-        return output.cpu() if output is not None else None
+            tu.assign_non_tensor(teacher, no_lora_adapter=True)
+            output = self.actor.infer_batch(teacher)
+        keys = ("teacher_hidden", "teacher_rank") if rank_chunk is not None else ("teacher_hidden",)
+        return {key: torch.stack(list(tu.get(output, key).unbind())) for key in keys}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def param_checksums(self) -> dict:
-        """float64 sum and sum of squares of actor and teacher parameters (tests / drift checks)."""
-        out = {}
-        for name, worker in (("actor", self.actor), ("teacher", self.ref)):
-            if worker is None:
-                continue
-            total = torch.zeros(2, dtype=torch.float64)
-            with torch.no_grad():
-                for param in worker.engine.module.parameters():
-                    full = param.full_tensor() if isinstance(param, DTensor) else param
-                    full = full.detach().double().cpu()
-                    total += torch.stack([full.sum(), (full * full).sum()])
-            out[name] = total.tolist()
-        return out
+        """float64 sum and sum of squares of actor and teacher parameters (``trainer.log_fingerprints``:
+        tests and drift checks), ``{"actor": [sum, sqsum], "teacher": [...]}``, equal on every rank."""
+        return {
+            name: sharded_param_sums(worker.engine.module.parameters())
+            for name, worker in (("actor", self.actor), ("teacher", self.ref))
+            if worker is not None
+        }
+
+
+def sharded_param_sums(params, *, block: int = 1 << 22) -> list[float]:
+    """float64 (sum, sum of squares) over ``params`` without gathering them.
+
+    Each rank sums its local FSDP2 shards, ``block`` elements at a time (no float64 copy of a whole
+    parameter: memory O(block)), then the sums are all-reduced over the mesh dimensions a parameter
+    is sharded on (replicated dimensions hold copies and are not added). Every rank must call this
+    with the same parameters in the same order (FSDP modules do).
+    """
+    totals: dict[tuple, torch.Tensor] = {}
+    with torch.no_grad():
+        for param in params:
+            local, groups = param, ()
+            if isinstance(param, DTensor):
+                local = param.to_local()
+                mesh = param.device_mesh
+                groups = tuple(mesh.get_group(dim) for dim, p in enumerate(param.placements) if p.is_shard())
+            acc = totals.setdefault(groups, torch.zeros(2, dtype=torch.float64, device=local.device))
+            if acc.device != local.device:
+                acc = totals[groups] = acc.to(local.device)
+            for part in local.detach().reshape(-1).split(block):
+                part = part.double()
+                acc += torch.stack([part.sum(), (part * part).sum()])
+    total = torch.zeros(2, dtype=torch.float64)
+    for groups, acc in totals.items():
+        acc = acc.to(get_device_id())
+        for group in groups:
+            torch.distributed.all_reduce(acc, group=group)
+        total += acc.cpu()
+    return total.tolist()
 
 
 def _fsdp2_lazy_init(module) -> None:

@@ -1,20 +1,23 @@
 """OPSD end to end on the CPU through ``bash recipe/opsd/run_opsd.sh`` (the product path), tiny model.
 
-Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot,
-the fused loss in the actor, checkpoints and resume. Four training launches and three failing
-ones (3 min 47 s - 4 min 44 s on 2 shared cores: 46-69 s, 47-65 s + 53-55 s, 52-57 s, 3 x 6-13 s):
+Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot
+(run next to the actor's update, on the workers), the fused loss in the actor, checkpoints and
+resume. Four training launches and three failing ones (3 min 42 s on 2 shared cores, 2026-11-23:
+54 s, 43 s + 43 s, 43 s, 3 x 6 s):
 
-- 2 FSDP ranks, 2 steps: every logged metric is there and finite (file logger, and verl's tensorboard
-  logger with the same names and values); the teacher's float64
+- 2 FSDP ranks, 2 steps, the model given by a fake Hub id resolved offline from a temporary
+  Hugging Face cache (sharded): every logged metric is there and finite (file logger, and verl's
+  tensorboard logger with the same names and values); the teacher's float64
   parameter checksum equals the initial model's at every step while the actor's moves; after
   every step both rollout replicas serve bit-identical trainer weights (server sha256 log vs the
   FSDP checkpoint of that step); the data order is verl's seeded sampler order.
 - 1 rank, 2 steps then the same command with 3 steps: the rerun resumes from the step-2
-  checkpoint (no step repeated), its rollout serves the resumed weights, and step 3 trains on the
-  batch an uninterrupted run would see.
-- LoRA, 2 steps: the teacher is the base model with the adapter disabled (step 1 matches the
+  checkpoint (no step repeated), its rollout serves the resumed weights, step 3 trains on the
+  batch an uninterrupted run would see, and the collapse monitor resumes with its window.
+- LoRA, 3 steps: the teacher is the base model with the adapter disabled (step 1 matches the
   full-parameter run's step 1; the checkpoint's base weights are bit-identical to the initial
-  ones; the rollout serves bf16 of the merged adapters).
+  ones; the rollout serves bf16 of the merged adapters); the collapse monitor stops the run after
+  step 2 and a checkpoint (with the monitor's state) is saved there.
 - bad ``opsd.*`` values fail before Ray starts with a message naming the field.
 """
 
@@ -33,7 +36,7 @@ SCRIPT = "recipe/opsd/run_opsd.sh"
 
 # What the paper's diagnostics and the compute tables read, per step.
 LOGGED = (
-    "opsd/loss", "opsd/fwd_kl", "opsd/clip_frac", "opsd/clipped_teacher_mass", "opsd/student_entropy",
+    "opsd/loss", "opsd/loss_token_mean", "opsd/fwd_kl", "opsd/clip_frac", "opsd/clipped_teacher_mass", "opsd/student_entropy",
     "opsd/teacher_entropy", "opsd/top1_agree", "opsd/enc_frac", "opsd/disc_frac", "opsd/loss_tokens",
     "actor/grad_norm", "actor/loss", "actor/lr", "response_length/mean", "opsd/rollout_boxed_rate",
     "timing_s/step", "timing_s/gen", "timing_s/teacher", "timing_s/update_actor", "timing_s/update_weights",
@@ -92,8 +95,9 @@ def _check_step_metrics(metrics, *, step, vocab_size, not_logged=()):
     assert not missing, f"step {step} misses {missing}"
     assert all(math.isfinite(metrics[key]) for key in logged), {k: metrics[k] for k in logged}
     assert metrics["training/global_step"] == step
-    # positions=all: the loss is the per-entry clipped forward KL, never above the unclipped one
-    assert 0.0 <= metrics["opsd/fwd_kl"] and metrics["opsd/loss"] <= metrics["opsd/fwd_kl"] + 1e-6
+    # positions=all: per token the loss is the per-entry clipped forward KL, never above the unclipped
+    # one (opsd/loss itself is the per-rollout mean, the paper's aggregation)
+    assert 0.0 <= metrics["opsd/fwd_kl"] and metrics["opsd/loss_token_mean"] <= metrics["opsd/fwd_kl"] + 1e-6
     assert metrics["opsd/loss"] == pytest.approx(metrics["actor/loss"], rel=1e-5, abs=1e-8)
     assert metrics["opsd/loss_tokens"] > 0 and 0.0 <= metrics["opsd/clip_frac"] <= 1.0
     for key in ("opsd/student_entropy", "opsd/teacher_entropy"):
@@ -111,13 +115,41 @@ def _vocab_size(model_dir):
     return json.loads((model_dir / "config.json").read_text())["vocab_size"]
 
 
+HUB_ID = "opsd-test/tiny-qwen3"  # a fake Hub id: only the local cache below knows it
+
+
+def _hub_cache(model_dir, hf_home):
+    """``hf_home`` laid out as Hugging Face's cache holding ``model_dir`` under ``HUB_ID``
+    (``hub/models--org--name/refs/main`` -> ``snapshots/<revision>/``), its weights sharded with a
+    ``model.safetensors.index.json`` as large checkpoints are."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    repo = hf_home / "hub" / ("models--" + HUB_ID.replace("/", "--"))
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / revision
+    AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).save_pretrained(
+        snapshot, max_shard_size="150KB"
+    )
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(snapshot)
+    (snapshot / "generation_config.json").write_text((model_dir / "generation_config.json").read_text())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    assert (snapshot / "model.safetensors.index.json").is_file() and len(list(snapshot.glob("*.safetensors"))) > 1
+    return hf_home
+
+
 def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data, tmp_path):
+    """Also: the model is given by a Hub id (``MODEL_PATH=org/name``, as on GPU clusters) that
+    resolves offline from a local Hugging Face cache, sharded (issue 17a)."""
     ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
+    env = _env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
+    env |= {"MODEL_PATH": HUB_ID, "HF_HOME": str(_hub_cache(tiny_model_dir, tmp_path / "hf_home")),
+            "HF_HUB_OFFLINE": "1"}
     run = run_cpu_verl(
         SCRIPT,
         ["trainer.log_fingerprints=true", "trainer.save_freq=1", "trainer.logger=[console,file,tensorboard]"],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2"),
+        env=env,
         script=True,
         timeout=300,
     )
@@ -172,6 +204,8 @@ RESUME_ARGS = [
     "trainer.log_fingerprints=true",
     "trainer.save_freq=1",
     "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
+] + [  # a 1-step early window and a 1-step recent window: the monitor compares step s with step 1
+    "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
 ]
 
 
@@ -226,6 +260,16 @@ def test_resume_continues_from_the_last_checkpoint(
     assert second.metrics[3]["opsd/teacher_param_checksum"] == first.metrics[2]["opsd/teacher_param_checksum"]
     assert second.metrics[3]["opsd/actor_param_sqsum"] != first.metrics[2]["opsd/actor_param_sqsum"]
     assert second.metrics[3]["actor/lr"] == first.metrics[2]["actor/lr"] == first.metrics[1]["actor/lr"] > 0
+
+    # The collapse monitor resumed with its window (saved with the step-2 checkpoint): step 3 is
+    # compared with step 1 of the first launch, as in an uninterrupted run.
+    def entropy(m):
+        return m["opsd/student_entropy"]
+
+    assert first.metrics[2]["opsd_monitor/entropy_ratio"] == pytest.approx(entropy(first.metrics[2]) / entropy(first.metrics[1]))
+    assert second.metrics[3]["opsd_monitor/entropy_ratio"] == pytest.approx(
+        entropy(second.metrics[3]) / entropy(first.metrics[1])
+    ), "after the resume the monitor's window must hold the steps before it"
     launches = [json.loads(line) for line in (ckpt / "run_times.jsonl").read_text().splitlines()]
     assert [(r["recipe"], r["exit_code"]) for r in launches] == [("opsd", 0), ("opsd", 0)]
 
@@ -268,14 +312,25 @@ def test_lora_teacher_is_the_base_model(
             f"actor_rollout_ref.model.lora_alpha={LORA_ALPHA}",
             # the HF rollout takes merged weights (it does not serve adapters)
             "actor_rollout_ref.model.lora.merge=True",
+            # Also (folded in to save a launch): the collapse monitor stops the run and a checkpoint is
+            # saved although no save_freq step or last step was reached. The "length" role is pointed at
+            # the step counter, so the signature fires at step 2 (2 / 1 >= length_ratio_threshold 1.5).
+            "trainer.save_freq=5",
+            "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
+            "+opsd.monitor.metric_keys.length=training/global_step", "+opsd.monitor.stop_on=[length]",
         ],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
+        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="3"),
         script=True,
         timeout=300,
     )
     assert run.returncode == 0, run.tail()
-    assert sorted(run.metrics) == [1, 2], run.tail()
+    assert sorted(run.metrics) == [1, 2], "the monitor must stop the 3-step run after step 2: " + run.tail()
+    assert run.metrics[2]["opsd_monitor/should_stop"] == 1.0 and run.metrics[1]["opsd_monitor/should_stop"] == 0.0
+    assert "[opsd] stopped by the collapse monitor: step 2: length signature" in run.log
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    saved = json.loads((ckpt / "global_step_2" / "opsd_monitor.json").read_text())
+    assert saved["should_stop"] and saved["stop_signature"] == "length" and len(saved["history"]) == 2
     lora1, full1 = run.metrics[1], full.metrics[1]
     assert lora1["training/data_index_sum"] == full1["training/data_index_sum"]  # same prompts
     # Step 1: student = base (B = 0) and teacher = base on the same teacher prompts, so the step-1
@@ -292,7 +347,7 @@ def test_lora_teacher_is_the_base_model(
     # no second copy of the model: the worker has no separate teacher parameters
     assert "opsd/teacher_param_checksum" not in lora1
     for step in (1, 2):
-        # no teacher copy; one checkpoint, at the last step
+        # no teacher copy; one checkpoint, at the stop
         absent = ("opsd/teacher_param_checksum",) + (("timing_s/save_checkpoint",) if step == 1 else ())
         _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir), not_logged=absent)
 

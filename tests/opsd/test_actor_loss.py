@@ -2,7 +2,8 @@
 
 ``actor_loss.opsd_loss`` receives final hidden states and lm_head weights (never [N, V] logits);
 the references below form the full [b, R, V] logits in float64 and apply ``losses.token_divergence``
-/ the ``variants`` functions, then the mini-batch token mean x dp_size that verl expects.
+/ the ``variants`` functions, then the mini-batch aggregation (written out by hand per
+``loss_agg_mode``, with the other dp rank's counts) x dp_size that verl expects.
 """
 
 from __future__ import annotations
@@ -14,18 +15,45 @@ import torch
 
 from recipe.opsd.actor_loss import TEACHER_WEIGHT_KEY, opsd_loss
 from recipe.opsd.config import OPSDLossConfig
-from recipe.opsd.losses import token_divergence
+from recipe.opsd.losses import LOSS_AGG_MODES, token_divergence
 from recipe.opsd.variants import beta_opsd_token_loss, purified_token_loss
 
 B, R, H, V = 3, 6, 8, 13
 RESPONSE_LENS = (6, 4, 1)
 DP = 2
-OTHER_RANK_TOKENS = 5  # loss tokens of the other dp rank's micro-batches (only the normaliser sees them)
+# loss tokens / rollouts with a loss position of the other dp rank's micro-batches (only the normalisers see them)
+OTHER_RANK_TOKENS, OTHER_RANK_SEQUENCES = 5, 2
 
 EXPECTED_METRICS = {
     "opsd/fwd_kl", "opsd/clip_frac", "opsd/clipped_teacher_mass", "opsd/student_entropy", "opsd/teacher_entropy",
-    "opsd/top1_agree", "opsd/loss", "opsd/loss_tokens", "opsd/enc_frac", "opsd/disc_frac",
+    "opsd/top1_agree", "opsd/loss", "opsd/loss_token_mean", "opsd/loss_tokens", "opsd/enc_frac", "opsd/disc_frac",
 }
+
+
+def _counts(data):
+    """The normalisers verl / the engine put on a micro-batch of this rank (+ the other rank's)."""
+    mask = data["loss_mask"].bool()
+    return {
+        "batch_num_tokens": int(mask.sum()) + OTHER_RANK_TOKENS,
+        "opsd_loss_sequences": int((mask.sum(-1) > 0).sum()) + OTHER_RANK_SEQUENCES,
+    }
+
+
+def _aggregate(per_token_bR, mask, data, mode):
+    """The mini-batch loss share of this micro-batch x dp_size, by hand for each verl mode."""
+    tokens, sequences = data["batch_num_tokens"], data["opsd_loss_sequences"]
+    rows = [per_token_bR[b][mask[b]] for b in range(mask.shape[0])]
+    if mode == "token-mean":
+        total = sum(r.sum() for r in rows) / tokens
+    elif mode == "token-sum":
+        total = sum(r.sum() for r in rows)
+    elif mode == "seq-mean-token-mean":
+        total = sum(r.mean() for r in rows if len(r)) / sequences
+    elif mode == "seq-mean-token-sum":
+        total = sum(r.sum() for r in rows) / sequences
+    else:  # seq-mean-token-sum-norm, horizon = the response width R
+        total = sum(r.sum() for r in rows) / (sequences * mask.shape[1])
+    return total * data["dp_size"]
 
 
 def _batch(seed=0, loss_mask=None):
@@ -47,9 +75,9 @@ def _batch(seed=0, loss_mask=None):
         "response_mask": response_mask,
         "responses": torch.randint(0, V, (B, R), generator=gen),
         "dp_size": DP,
-        "batch_num_tokens": int(loss_mask.sum()) + OTHER_RANK_TOKENS,
         "opsd_response_tokens": int(response_mask.sum()) + OTHER_RANK_TOKENS,
     }
+    data |= _counts(data)
     return student_hidden, student_weight, teacher_weight, data
 
 
@@ -66,14 +94,14 @@ def _run(loss_config, student_hidden, student_weight, teacher_weight, data):
     return loss, {k: m.aggregate() for k, m in metrics.items()}, grads
 
 
-def _reference(per_token_fn, student_hidden, student_weight, teacher_weight, data, mask):
-    """(loss, grads) of sum_mask per_token(logits) / batch_num_tokens * dp_size on full float64 logits."""
+def _reference(per_token_fn, student_hidden, student_weight, teacher_weight, data, mask, mode="seq-mean-token-mean"):
+    """(loss, per-token values, grads) of the ``mode`` aggregation of per_token(logits) on full float64 logits."""
     hs = student_hidden.clone().requires_grad_(True)
     ws = student_weight.clone().requires_grad_(True)
     student_logits = hs @ ws.T
     teacher_logits = data["teacher_hidden"] @ teacher_weight.T
     per_token_bR = per_token_fn(student_logits, teacher_logits)
-    loss = per_token_bR[mask].sum() / data["batch_num_tokens"] * data["dp_size"]
+    loss = _aggregate(per_token_bR, mask, data, mode)
     return loss, per_token_bR.detach(), torch.autograd.grad(loss, (hs, ws))
 
 
@@ -81,10 +109,11 @@ def _close(a, b):
     torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("beta, clip_tau, topk", [(0.0, 0.05, None), (0.5, None, None), (1.0, 0.02, 4)])
-def test_opsd_loss_equals_token_divergence_on_full_logits(beta, clip_tau, topk):
+def test_opsd_loss_equals_token_divergence_on_full_logits(beta, clip_tau, topk, mode):
     cfg = OPSDLossConfig(beta=beta, clip_tau=clip_tau, student_temperature=1.1, teacher_temperature=0.9,
-                         topk=topk, chunk_size=4)
+                         topk=topk, chunk_size=4, loss_agg_mode=mode)
     hs, ws, wt, data = _batch()
     loss, metrics, grads = _run(cfg, hs, ws, wt, data)
 
@@ -92,16 +121,28 @@ def test_opsd_loss_equals_token_divergence_on_full_logits(beta, clip_tau, topk):
         return token_divergence(s, t, beta=beta, clip_tau=clip_tau, student_temperature=1.1,
                                 teacher_temperature=0.9, topk=topk)
 
-    ref_loss, per_token_bR, ref_grads = _reference(per_token, hs, ws, wt, data, data["loss_mask"])
+    ref_loss, per_token_bR, ref_grads = _reference(per_token, hs, ws, wt, data, data["loss_mask"], mode)
     _close(loss, ref_loss)
     _close(grads[0], ref_grads[0])
     _close(grads[1], ref_grads[1])
     # no gradient reaches positions outside the loss mask
     assert torch.all(grads[0][~data["loss_mask"]] == 0)
     assert set(metrics) == EXPECTED_METRICS
-    # metrics are SUM-aggregated shares of the mini-batch: value x dp_size / mini-batch token count
+    # metrics are SUM-aggregated shares of the mini-batch: opsd/loss is the loss itself (= actor/loss)
     assert metrics["opsd/loss"] == pytest.approx(float(ref_loss))
-    assert metrics["opsd/loss_tokens"] == int(data["loss_mask"].sum()) * DP
+    mask = data["loss_mask"]
+    token_mean = float(per_token_bR[mask].sum()) * DP / data["batch_num_tokens"]
+    assert metrics["opsd/loss_token_mean"] == pytest.approx(token_mean)
+    assert metrics["opsd/loss_tokens"] == int(mask.sum()) * DP
+
+
+def test_the_aggregation_modes_differ_on_unequal_lengths():
+    """Rollouts of 6, 4 and 1 response tokens: the per-rollout mean (the paper) weighs the 1-token
+    rollout's position 6x more than a token mean does; the modes give different losses."""
+    hs, ws, wt, data = _batch(seed=23)
+    losses = {mode: float(_run(OPSDLossConfig(loss_agg_mode=mode, chunk_size=4), hs, ws, wt, data)[0])
+              for mode in LOSS_AGG_MODES}
+    assert len({round(v, 12) for v in losses.values()}) == len(LOSS_AGG_MODES), losses
 
 
 def test_metrics_against_float64_formulas():
@@ -136,7 +177,7 @@ def test_live_teacher_weight_gets_no_gradient():
     ref_ws = ws.clone().requires_grad_(True)
     s = hs @ ref_ws.T
     t = data["teacher_hidden"] @ ws.T  # constant teacher
-    ref = token_divergence(s, t, student_temperature=1.0)[data["loss_mask"]].sum() / data["batch_num_tokens"] * DP
+    ref = _aggregate(token_divergence(s, t, student_temperature=1.0), data["loss_mask"], data, "seq-mean-token-mean")
     _close(loss, ref)
     _close(gw, torch.autograd.grad(ref, (ref_ws,))[0])
 
@@ -149,7 +190,8 @@ def test_entropy_positions_are_ranked_by_the_student_entropy(spec):
     response_mask = data["response_mask"]
     # the trainer's loss_mask: the per-completion count (constant entropy selects that many)
     count_mask = select_positions(spec, response_mask_BT=response_mask, entropy_BT=torch.zeros(B, R))
-    data |= {"loss_mask": count_mask, "batch_num_tokens": int(count_mask.sum()) + OTHER_RANK_TOKENS}
+    data |= {"loss_mask": count_mask}
+    data |= _counts(data)
     cfg = OPSDLossConfig(positions=spec, clip_tau=0.05, student_temperature=1.1, chunk_size=4)
     loss, metrics, grads = _run(cfg, hs, ws, wt, data)
 
@@ -230,23 +272,39 @@ def test_beta_opsd_variant_equals_beta_opsd_token_loss_on_full_logits():
     assert not torch.allclose(other, loss)
 
 
-def test_micro_batch_split_sums_to_the_mini_batch_loss():
-    """Two micro-batches (rows 0-1 and row 2) sum to the loss of the whole micro-batch."""
-    cfg = OPSDLossConfig(clip_tau=0.05, student_temperature=1.1, chunk_size=2)
-    hs, ws, wt, data = _batch(seed=17)
-    whole, _, _ = _run(cfg, hs, ws, wt, data)
-    parts = []
-    for rows in (slice(0, 2), slice(2, 3)):
-        sub = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
-        parts.append(_run(cfg, hs[rows], ws, wt, sub)[0])
-    _close(parts[0] + parts[1], whole)
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("variant", ["opsd", "purified", "beta_opsd"])
+def test_micro_batch_and_rank_split_give_the_mini_batch_loss_and_gradient(mode, variant):
+    """The mini-batch of 3 rollouts (6, 4, 1 tokens) on 1 rank, or split into micro-batches {0, 1}, {2}
+    on rank 0 and {3, 4} on rank 1 (another seed's rows): the same loss and the same averaged gradient."""
+    cfg = OPSDLossConfig(variant=variant, beta=0.5 if variant == "purified" else 0.0, clip_tau=0.05,
+                         student_temperature=1.1, chunk_size=2, loss_agg_mode=mode)
+    hs_a, ws, wt, data_a = _batch(seed=17)
+    hs_b, _, _, data_b = _batch(seed=18)
+    rows_b = slice(0, 2)
+    mini = {k: (torch.cat([v, data_b[k][rows_b]]) if isinstance(v, torch.Tensor) else v) for k, v in data_a.items()}
+    hs_all = torch.cat([hs_a, hs_b[rows_b]])
+    mask = mini["loss_mask"]
+    counts = {"batch_num_tokens": int(mask.sum()), "opsd_loss_sequences": int((mask.sum(-1) > 0).sum()),
+              "opsd_response_tokens": int(mini["response_mask"].sum()), TEACHER_WEIGHT_KEY: 0.6}
+    whole, _, whole_grads = _run(cfg, hs_all, ws, wt, mini | counts | {"dp_size": 1})
+    grad_h, grad_w, total = torch.zeros_like(hs_all), torch.zeros_like(ws), 0.0
+    for rows in (slice(0, 2), slice(2, 3), slice(3, 5)):  # micro-batches; the last one is rank 1's
+        sub = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in mini.items()}
+        loss, _, (gh, gw) = _run(cfg, hs_all[rows], ws, wt, sub | counts | {"dp_size": 2})
+        grad_h[rows] += gh / 2  # FSDP averages the two ranks' gradients
+        grad_w += gw / 2
+        total += float(loss) / 2
+    assert total == pytest.approx(float(whole), rel=1e-12)
+    _close(grad_h, whole_grads[0])
+    _close(grad_w, whole_grads[1])
 
 
 @pytest.mark.parametrize("variant", ["opsd", "purified", "beta_opsd"])
 def test_a_micro_batch_without_selected_positions_gives_zero_and_backpropagates(variant):
     """AdvT can reject every position of a micro-batch: loss 0, a graph to backpropagate, zero grads."""
     hs, ws, wt, data = _batch(seed=19, loss_mask=torch.zeros(B, R, dtype=torch.bool))
-    data |= {"batch_num_tokens": OTHER_RANK_TOKENS, TEACHER_WEIGHT_KEY: 0.5}
+    data |= {"batch_num_tokens": OTHER_RANK_TOKENS, "opsd_loss_sequences": OTHER_RANK_SEQUENCES, TEACHER_WEIGHT_KEY: 0.5}
     cfg = OPSDLossConfig(variant=variant, beta=0.5 if variant == "purified" else 0.0, chunk_size=4)
     loss, metrics, grads = _run(cfg, hs, ws, wt, data)
     assert float(loss) == 0.0 and metrics["opsd/loss"] == 0.0 and metrics["opsd/loss_tokens"] == 0

@@ -89,10 +89,11 @@ def _linear_case(dtype=torch.float64, n=11, h=6, v=13, seed=6, bias=True):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_fused_equals_unfused_values_and_grads(opts, dtype):
     hs, ws, bs, ht, wt, bt = _linear_case(dtype)
-    w = torch.randn(hs.shape[0], dtype=dtype)
+    w = torch.randn(hs.shape[0], dtype=dtype, generator=torch.Generator().manual_seed(7))
     ref = token_divergence(hs @ ws.T + bs, ht @ wt.T + bt, **opts)
     ref_grads = torch.autograd.grad((ref * w).sum(), (hs, ws, bs))
-    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    # float32: both sides round differently; gradients are O(10) here (weights x upstream 3)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
     for cs in (1, 4, 11, 32):
         v = fused_linear_token_divergence(hs, ws, ht, wt, student_bias=bs, teacher_bias=bt, chunk_size=cs, **opts)
         assert v.shape == (hs.shape[0],)
@@ -158,11 +159,12 @@ def test_fused_mixed_dtypes_student_fp32_teacher_bf16():
 def test_weighted_fused_equals_weighted_unfused(opts, dtype):
     """Gradients formed in forward == autograd through sum_n w_n d_n on full logits, any chunking."""
     hs, ws, bs, ht, wt, bt = _linear_case(dtype)
-    w = torch.randn(hs.shape[0], dtype=dtype)
+    w = torch.randn(hs.shape[0], dtype=dtype, generator=torch.Generator().manual_seed(7))
     ref = token_divergence(hs @ ws.T + bs, ht @ wt.T + bt, **opts)
     ref_loss = (ref * w).sum()
     ref_grads = torch.autograd.grad(3.0 * ref_loss, (hs, ws, bs))  # a non-unit upstream gradient
-    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    # float32: both sides round differently; gradients are O(10) here (weights x upstream 3)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
     for cs in (1, 4, 11, 32):
         loss, values = fused_linear_weighted_divergence(
             hs, ws, ht, wt, row_weights_N=w, student_bias=bs, teacher_bias=bt, chunk_size=cs, **opts

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from recipe.opsd.losses import global_token_sum_mean, masked_token_mean, token_divergence
+from recipe.opsd.losses import LOSS_AGG_MODES, aggregation_weights, token_divergence
 
 LN2 = math.log(2.0)
 
@@ -205,53 +205,58 @@ def test_shape_and_dtype_errors():
 
 
 # ----------------------------------------------------------------------------- aggregation
-def test_masked_token_mean_by_hand_and_ignores_nan_at_masked_positions():
-    values = torch.tensor([[1.0, 2.0, float("nan")], [4.0, float("inf"), 0.0]], requires_grad=True)
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    out = masked_token_mean(values, mask)
-    assert out.item() == pytest.approx((1 + 2 + 4) / 3)
-    out.backward()
-    torch.testing.assert_close(values.grad, torch.tensor([[1 / 3, 1 / 3, 0], [1 / 3, 0, 0]]))
+# Rollouts of 3, 1 and 2 loss positions (6 in all), values written out by hand.
+AGG_VALUES = torch.tensor([[1.0, 2.0, 3.0, 0.0], [10.0, 0.0, 0.0, 0.0], [4.0, 8.0, 0.0, 0.0]], dtype=torch.float64)
+AGG_MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
 
 
-def test_zero_valid_tokens_give_zero_without_nan():
-    values = torch.randn(2, 3, requires_grad=True)
-    mask = torch.zeros(2, 3, dtype=torch.bool)
-    for out in (masked_token_mean(values, mask), global_token_sum_mean(values, mask, global_token_count=0)):
-        assert out.item() == 0.0
-        (g,) = torch.autograd.grad(out, values)
-        assert torch.equal(g, torch.zeros(2, 3))
+def _agg(mode, mask=AGG_MASK, values=AGG_VALUES, *, tokens=6, sequences=3, horizon=4):
+    w = aggregation_weights(mask, mode=mode, global_tokens=tokens, global_sequences=sequences, horizon=horizon)
+    return float(torch.where(mask, values * w, torch.zeros(())).sum()), w
 
 
-def test_global_token_sum_mean_makes_accumulation_equal_to_full_batch_mean():
-    g = torch.Generator().manual_seed(3)
-    values = torch.randn(4, 6, generator=g, requires_grad=True)
-    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]])
-    total_tokens = int(mask.sum())  # 12
-    full = masked_token_mean(values, mask)
-    (g_full,) = torch.autograd.grad(full, values)
-    micro = [global_token_sum_mean(values[i:i + 2], mask[i:i + 2], global_token_count=total_tokens) for i in (0, 2)]
-    acc = micro[0] + micro[1]
-    (g_acc,) = torch.autograd.grad(acc, values)
-    torch.testing.assert_close(acc, full)
-    torch.testing.assert_close(g_acc, g_full)
-    # per-micro-batch token means averaged over accumulation steps is NOT the same (8 vs 4 tokens)
-    naive = (masked_token_mean(values[:2], mask[:2]) + masked_token_mean(values[2:], mask[2:])) / 2
-    assert abs(naive.item() - full.item()) > 1e-3
-    with pytest.raises(ValueError, match="global_token_count"):
-        global_token_sum_mean(values, mask, global_token_count=5)
+@pytest.mark.parametrize("mode, expected", [
+    # the paper's eq. opd_obj: (mean(1, 2, 3) + mean(10) + mean(4, 8)) / 3 = (2 + 10 + 6) / 3
+    ("seq-mean-token-mean", 6.0),
+    ("token-mean", 28.0 / 6),  # (1 + 2 + 3 + 10 + 4 + 8) / 6: the 1-token rollout weighs 1/6, not 1/3
+    ("seq-mean-token-sum", 28.0 / 3),
+    ("seq-mean-token-sum-norm", 28.0 / 12),  # / (3 rollouts x horizon 4)
+    ("token-sum", 28.0),
+])
+def test_aggregation_modes_by_hand(mode, expected):
+    value, w = _agg(mode)
+    assert value == pytest.approx(expected, rel=1e-15)
+    assert torch.all(w[~AGG_MASK] == 0) and w.dtype == torch.float64
 
 
-def test_global_token_row_weights_reproduce_the_global_token_mean():
-    from recipe.opsd.losses import global_token_row_weights
+def test_aggregation_over_micro_batches_and_ranks_equals_the_mini_batch():
+    """Any split of whole rollouts into micro-batches (and ranks) sums to the mini-batch value,
+    because the weights use the mini-batch's global counts; the official code's per-micro-batch token
+    mean (averaged over micro-batches) is a different number."""
+    for mode in LOSS_AGG_MODES:
+        full, _ = _agg(mode)
+        parts = [_agg(mode, AGG_MASK[rows], AGG_VALUES[rows])[0] for rows in (slice(0, 1), slice(1, 3))]
+        assert sum(parts) == pytest.approx(full, rel=1e-15), mode
+    per_micro_batch = ((1 + 2 + 3 + 10) / 4 + (4 + 8) / 2) / 2  # micro-batches {0, 1}, {2}: 5.0
+    assert per_micro_batch != pytest.approx(_agg("token-mean")[0]) and per_micro_batch != pytest.approx(6.0)
 
-    values_BT = torch.tensor([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]], dtype=torch.float64)
-    mask_BT = torch.tensor([[True, False, True], [False, True, False]])
-    w_N = global_token_row_weights(3, global_token_count=10, dtype=torch.float64)
-    assert w_N.tolist() == [0.1, 0.1, 0.1]
-    # (1 + 4 + 16) / 10
-    assert float((w_N * values_BT[mask_BT]).sum()) == pytest.approx(2.1)
-    assert float(global_token_sum_mean(values_BT, mask_BT, global_token_count=10)) == pytest.approx(2.1)
-    with pytest.raises(ValueError, match="global_token_count=2 is smaller than the 3"):
-        global_token_row_weights(3, global_token_count=2)
-    assert global_token_row_weights(0, global_token_count=0).shape == (0,)
+
+def test_a_rollout_without_loss_positions_is_not_counted():
+    """AdvT can reject every position of a rollout: it gets no weight and is not one of the S rollouts."""
+    mask = AGG_MASK.clone()
+    mask[1] = False
+    value, w = _agg("seq-mean-token-mean", mask, tokens=5, sequences=2)
+    assert value == pytest.approx((2.0 + 6.0) / 2) and torch.all(w[1] == 0)
+    value, _ = _agg("seq-mean-token-mean", torch.zeros_like(mask), tokens=0, sequences=0)
+    assert value == 0.0  # nothing selected anywhere: 0, no NaN
+
+
+def test_aggregation_refuses_local_counts_above_the_global_ones_and_unknown_modes():
+    with pytest.raises(ValueError, match="global_tokens=5 / global_sequences=3 are smaller than this micro-batch's 6"):
+        _agg("token-mean", tokens=5)
+    with pytest.raises(ValueError, match="smaller"):
+        _agg("seq-mean-token-mean", sequences=2)
+    with pytest.raises(ValueError, match="must be one of"):
+        _agg("seq-mean")
+    with pytest.raises(ValueError, match="horizon"):
+        _agg("seq-mean-token-sum-norm", horizon=None)

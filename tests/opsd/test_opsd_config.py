@@ -35,7 +35,7 @@ def test_composes_with_the_paper_defaults():
     assert (opsd.teacher_context, opsd.student_mode, opsd.teacher_mode) == ("full_solution", "think", "think")
     assert opsd.loss == OPSDLossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=None,
                                        topk=None, positions="all", chunk_size=1024, variant="opsd",
-                                       variant_params={})
+                                       variant_params={}, loss_agg_mode="seq-mean-token-mean")
     assert opsd.loss.params is None
     assert opsd.loss.effective_teacher_temperature == 1.1
 
@@ -63,11 +63,16 @@ def test_student_mode_sets_enable_thinking_and_cannot_disagree():
         ("opsd.loss.positions=middle:3", "opsd.loss.positions"),
         ("opsd.loss.topk=0", "opsd.loss.topk"),
         ("opsd.loss.variant=ppo", "opsd.loss.variant"),
+        ("opsd.loss.loss_agg_mode=seq-mean", "opsd.loss.loss_agg_mode"),
         ("opsd.teacher_max_prompt_length=0", "opsd.teacher_max_prompt_length"),
         ("+opsd.loss.clip=0.1", "opsd.loss.clip"),
         ("opsd.loss.positions=he:1.5", "opsd.loss.positions"),
         ("opsd.loss.positions=advt:0", "opsd.loss.positions"),
         ("+opsd.loss.variant_params.pmi_strength=1", "opsd.loss.variant_params"),
+        # the collapse monitor's options are typed and validated with the rest (before Ray starts)
+        ("+opsd.monitor.recent_window=0", "opsd.monitor.recent_window"),
+        ("+opsd.monitor.stop_on=[colapse]", "opsd.monitor.stop_on"),
+        ("+opsd.monitor.window=5", "opsd.monitor.window"),
     ],
 )
 def test_bad_options_fail_naming_the_field(override, field):
@@ -98,7 +103,7 @@ def test_every_opsd_field_is_commented_in_the_yaml():
     lines = (Path(CONFIG_DIR) / "opsd_trainer.yaml").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("opsd:"))
     fields = [(prev, line) for prev, line in zip(lines[start:], lines[start + 1:]) if not line.strip().startswith("#")]
-    assert len(fields) == 16
+    assert len(fields) == 17
     for prev, line in fields:
         assert prev.strip().startswith("#"), f"no comment above {line!r}"
 
@@ -149,3 +154,36 @@ def test_null_modes_render_without_the_switch():
 def test_position_kinds():
     assert [OPSDLossConfig(positions=p).position_kind for p in ("all", "he:0.2", "le:0.8", "advt:4", "uniform:256")] == [
         "all", "he", "le", "advt", "uniform"]
+
+
+def test_monitor_options_become_a_monitor_config():
+    from recipe.opsd.monitor import MonitorConfig
+
+    opsd = prepare_config(_compose(["+opsd.monitor.stop_on=[collapse]", "+opsd.monitor.early_end=5"]))
+    assert opsd.monitor == MonitorConfig(enabled=True, stop_on=("collapse",), early_end=5)
+    assert prepare_config(_compose(["opsd.monitor.enabled=false"])).monitor.enabled is False
+
+
+def test_a_batch_that_does_not_divide_across_the_gpus_fails_at_start():
+    """verl's validate_config runs before Ray starts (verl's TaskRunner runs it; ours must too)."""
+    with pytest.raises(ValueError, match="validate_config.*train_batch_size.*divisible"):
+        prepare_config(_compose(["trainer.n_gpus_per_node=2", "data.train_batch_size=3"]))
+    prepare_config(_compose(["trainer.n_gpus_per_node=2", "data.train_batch_size=4"]))
+
+
+def test_fused_kernels_are_refused():
+    """verl's fused kernels replace model.forward: the OPSD loss head would never run."""
+    with pytest.raises(ValueError, match="use_fused_kernels must be False"):
+        prepare_config(_compose(["actor_rollout_ref.model.use_fused_kernels=true"]))
+
+
+def test_another_verl_version_is_refused_naming_the_private_apis(monkeypatch):
+    from recipe.opsd.main_opsd import ALLOW_OTHER_VERL_ENV, check_verl_version
+
+    check_verl_version()  # the installed one (pyproject pins 0.9.1)
+    monkeypatch.delenv(ALLOW_OTHER_VERL_ENV, raising=False)
+    with pytest.raises(ValueError, match=r"verl 0\.9\.2 is installed.*forward_step.*docs/verl_private_apis.md"):
+        check_verl_version("0.9.2")
+    monkeypatch.setenv(ALLOW_OTHER_VERL_ENV, "1")
+    with pytest.warns(RuntimeWarning, match="verl 0.9.2"):
+        check_verl_version("0.9.2")

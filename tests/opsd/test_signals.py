@@ -173,3 +173,67 @@ def test_signals_have_no_grad_and_validate_inputs():
         token_signals(s, torch.randn(3, 5), torch.tensor([0, 1, 2]), student_temperature=0.0)
     with pytest.raises(ValueError, match="clip_tau"):
         token_signals(s, torch.randn(3, 5), torch.tensor([0, 1, 2]), clip_tau=-1.0)
+
+
+# ----------------------------------------------------------------- signals from the loss's own pass
+def _pass_case(n=13, h=7, v=29, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    hs = torch.randn(n, h, generator=g, dtype=torch.float64).requires_grad_(True)
+    ws = (torch.randn(v, h, generator=g, dtype=torch.float64) * 0.7).requires_grad_(True)
+    ht = hs.detach() + 0.6 * torch.randn(n, h, generator=g, dtype=torch.float64)
+    wt = ws.detach() + 0.2 * torch.randn(v, h, generator=g, dtype=torch.float64)
+    bs = torch.randn(v, generator=g, dtype=torch.float64) * 0.3
+    ids = torch.randint(0, v, (n,), generator=g)
+    # weights as the actor sets them: 0 outside the loss positions
+    w = torch.rand(n, generator=g, dtype=torch.float64) * (torch.rand(n, generator=g) > 0.4)
+    return hs, ws, ht, wt, bs, ids, w
+
+
+@pytest.mark.parametrize("opts", [
+    dict(beta=0.0, clip_tau=0.05, student_temperature=1.1),
+    dict(beta=0.5, clip_tau=None, student_temperature=0.9, teacher_temperature=1.2),
+    dict(beta=1.0, clip_tau=0.01, student_temperature=1.0),
+], ids=str)
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+def test_signals_from_the_loss_pass_equal_token_signals(opts, chunk_size):
+    """float64: every signal of the fused pass equals signals.token_signals on the full logits; the
+    loss and gradients equal losses.fused_linear_weighted_divergence's (rows of weight 0 included)."""
+    from recipe.opsd.losses import fused_linear_weighted_divergence
+    from recipe.opsd.signals import weighted_divergence_and_signals
+
+    hs, ws, ht, wt, bs, ids, w = _pass_case()
+    assert 0 < int((w == 0).sum()) < len(w)
+    loss, values, sig = weighted_divergence_and_signals(
+        hs, ws, ht, wt, ids, row_weights_N=w, student_bias=bs, chunk_size=chunk_size, **opts
+    )
+    temps = {k: v for k, v in opts.items() if k.endswith("temperature")}
+    ref = token_signals((hs @ ws.T + bs).detach(), ht @ wt.T, ids, clip_tau=opts["clip_tau"], **temps)
+    assert set(sig) == set(SIGNAL_KEYS)
+    for key in SIGNAL_KEYS:
+        torch.testing.assert_close(sig[key], ref[key], rtol=1e-12, atol=1e-13, msg=key)
+    grads = torch.autograd.grad(loss, (hs, ws))
+    ref_loss, ref_values = fused_linear_weighted_divergence(hs, ws, ht, wt, row_weights_N=w, student_bias=bs,
+                                                            chunk_size=chunk_size, **opts)
+    ref_grads = torch.autograd.grad(ref_loss, (hs, ws))
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-13, atol=1e-14)
+    torch.testing.assert_close(values, ref_values, rtol=1e-13, atol=1e-14)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+    assert torch.all(grads[0][w == 0] == 0)
+
+
+def test_student_entropy_from_hidden_equals_the_signal():
+    from recipe.opsd.signals import student_entropy_from_hidden
+
+    hs, ws, ht, wt, bs, ids, _ = _pass_case(seed=9)
+    ref = token_signals_from_hidden(hs, ws, ht, wt, ids, student_bias=bs, student_temperature=1.1, chunk_size=5)
+    got = student_entropy_from_hidden(hs, ws, bias=bs, temperature=1.1, chunk_size=3)
+    torch.testing.assert_close(got, ref["student_entropy"], rtol=1e-13, atol=1e-14)
+
+
+def test_the_fused_pass_refuses_a_top_k_support():
+    from recipe.opsd.losses import fused_linear_weighted_divergence
+
+    hs, ws, ht, wt, _, _, w = _pass_case()
+    with pytest.raises(ValueError, match="on_chunk needs the full vocabulary"):
+        fused_linear_weighted_divergence(hs, ws, ht, wt, row_weights_N=w, topk=4, on_chunk=lambda *a: None)

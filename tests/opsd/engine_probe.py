@@ -1,0 +1,144 @@
+"""Run the OPSD student forward of the real verl FSDP2 engine once, on CPU, and save what it produced.
+
+    python tests/opsd/engine_probe.py <falcon_h1|granite|qwen3> <out_dir>
+
+Not a test (run by ``test_engine_forward.py`` in a fresh process: the CPU platform patches
+process-global state). World size 1 over gloo, fp32 parameters and compute. Writes
+``<out_dir>/model`` (a tiny model of the given architecture + the character tokenizer) and
+``<out_dir>/result.pt``: the batch, the engine's summed micro-batch loss, every parameter's
+gradient after ``forward_backward_batch`` (two micro-batches) and the pre-clip gradient norm
+verl's ``optimizer_step`` returns (= ``actor/grad_norm``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.update(
+    VERL_PLATFORM="cpu", VERL_ENGINE_DEVICE="cuda", VERL_USE_EXTERNAL_MODULES="recipe.cpu.plugin",
+    MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", HF_HUB_OFFLINE="1",
+    TOKENIZERS_PARALLELISM="false",
+)
+
+import torch  # noqa: E402
+
+import recipe.cpu.plugin  # noqa: E402,F401  (the cpu platform, before verl resolves devices)
+
+PROMPT_LENS = (3, 5, 2, 4)
+RESPONSE_LENS = (4, 2, 5, 3)
+LOSS = dict(beta=0.0, clip_tau=0.05, student_temperature=1.1, chunk_size=3)
+MICRO_BATCH = 2
+
+
+def tiny_model(arch: str, vocab_size: int, pad_token_id: int):
+    """A randomly initialised tiny causal LM whose head scales ``h @ W.T`` (seed 0)."""
+    import transformers
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, pad_token_id=pad_token_id, tie_word_embeddings=False)
+    if arch == "falcon_h1":
+        config = transformers.FalconH1Config(
+            **common, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+            mamba_d_state=8, mamba_chunk_size=8, lm_head_multiplier=0.37,
+        )
+        cls = transformers.FalconH1ForCausalLM
+    elif arch == "granite":
+        config = transformers.GraniteConfig(**common, logits_scaling=8.0)
+        cls = transformers.GraniteForCausalLM
+    elif arch == "qwen3":
+        config = transformers.Qwen3Config(**common, head_dim=16)
+        cls = transformers.Qwen3ForCausalLM
+    else:
+        raise ValueError(f"arch must be falcon_h1, granite or qwen3, got {arch!r}")
+    torch.manual_seed(0)
+    return cls(config)
+
+
+def batch(vocab_size: int, hidden_size: int, pad_token_id: int) -> dict:
+    """Left-padded prompts + right-padded responses (verl's layout) and a random teacher side."""
+    gen = torch.Generator().manual_seed(1)
+    b, p, r = len(PROMPT_LENS), max(PROMPT_LENS), max(RESPONSE_LENS)
+    input_ids = torch.full((b, p + r), pad_token_id)
+    attention_mask = torch.zeros(b, p + r, dtype=torch.long)
+    responses = torch.full((b, r), pad_token_id)
+    response_mask = torch.zeros(b, r, dtype=torch.long)
+    for i, (pl, rl) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS)):
+        input_ids[i, p - pl:p] = torch.randint(0, vocab_size, (pl,), generator=gen)
+        responses[i, :rl] = torch.randint(0, vocab_size, (rl,), generator=gen)
+        input_ids[i, p:p + rl] = responses[i, :rl]
+        attention_mask[i, p - pl:p + rl] = 1
+        response_mask[i, :rl] = 1
+    teacher_hidden = torch.randn(b, r, hidden_size, generator=gen) * response_mask[..., None]
+    return {
+        "input_ids": input_ids, "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "responses": responses,
+        "response_mask": response_mask, "teacher_hidden": teacher_hidden,
+    }
+
+
+def main(arch: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from recipe.models.tiny import build_char_tokenizer
+
+    model_dir = os.path.join(out_dir, "model")
+    tokenizer = build_char_tokenizer()
+    model = tiny_model(arch, len(tokenizer), tokenizer.pad_token_id)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    tensors = batch(len(tokenizer), model.config.hidden_size, tokenizer.pad_token_id)
+
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from verl import DataProto
+    from verl.trainer.config import CheckpointConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from recipe.opsd.config import OPSDLossConfig
+    from recipe.opsd.teacher_worker import (
+        OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY, opsd_engine_class, opsd_loss_function,
+    )
+
+    model_config = HFModelConfig(
+        path=model_dir, override_config={"attn_implementation": "eager"}, use_remove_padding=False,
+        enable_gradient_checkpointing=False,
+    )
+    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    engine = opsd_engine_class(FSDPEngineWithLMHead)(
+        model_config=model_config,
+        engine_config=FSDPEngineConfig(strategy="fsdp2", model_dtype="fp32", mixed_precision=fp32,
+                                       use_torch_compile=False),
+        optimizer_config=FSDPOptimizerConfig(lr=1e-3, total_training_steps=1, clip_grad=1.0),
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    loss_fn = opsd_loss_function(OPSDLossConfig(**LOSS), model_config, frozen_teacher_head=True)
+
+    proto = DataProto.from_dict(
+        tensors={**tensors, RESPONSE_LENGTHS_KEY: tensors["response_mask"].sum(-1)},
+        meta_info={"temperature": LOSS["student_temperature"]},
+    )
+    data = left_right_2_no_padding(proto.to_tensordict())
+    tu.assign_non_tensor(
+        data, **{OPSD_FORWARD_KEY: "student_loss"}, micro_batch_size_per_gpu=MICRO_BATCH, use_dynamic_bsz=False,
+        use_remove_padding=False, use_fused_kernels=False,
+    )
+    with engine.train_mode():
+        engine.optimizer_zero_grad()
+        output = engine.forward_backward_batch(data, loss_fn)
+        grads = {name: p.grad.full_tensor().detach().clone() for name, p in engine.module.named_parameters()}
+        grad_norm = engine.optimizer_step()
+    torch.save(
+        {"batch": tensors, "loss": float(sum(output["loss"])), "grads": grads, "grad_norm": grad_norm,
+         "loss_config": LOSS},
+        os.path.join(out_dir, "result.pt"),
+    )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
