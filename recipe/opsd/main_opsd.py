@@ -24,6 +24,8 @@ from omegaconf import OmegaConf, open_dict
 from verl.trainer.main_ppo import run_ppo
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
+from recipe.common.checkpoints import check_training_inputs, verl_resume_dir
+from recipe.common.cli import InputError
 from recipe.opsd.config import OPSDConfig
 
 # The verl release the glue was written against: its private APIs (docs/verl_private_apis.md) are
@@ -191,6 +193,16 @@ def main(config):
         prepare_config(config)  # fail on a bad opsd block before Ray starts
     except ValueError as err:  # a config mistake: the message names the field, no traceback
         print(f"[opsd] invalid config: {err}", file=sys.stderr)
+        sys.exit(2)
+    try:  # the model directory and the checkpoint a run would resume from, before Ray starts
+        trainer = config.trainer
+        check_training_inputs(
+            model_path=config.actor_rollout_ref.model.path,
+            resume_dir=verl_resume_dir(resume_mode=trainer.resume_mode, default_local_dir=trainer.default_local_dir,
+                                       resume_from_path=trainer.get("resume_from_path")),
+        )
+    except InputError as err:  # names the file and what is wrong with it, no traceback
+        print(f"[opsd] {err}", file=sys.stderr)
         sys.exit(2)
     run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(OPSDTaskRunner))
 

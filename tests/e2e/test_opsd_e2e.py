@@ -2,8 +2,8 @@
 
 Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot
 (run next to the actor's update, on the workers), the fused loss in the actor, checkpoints and
-resume. Four training launches and three failing ones (3 min 42 s on 2 shared cores, 2026-11-23:
-54 s, 43 s + 43 s, 43 s, 3 x 6 s):
+resume. Four training launches and four failing ones (3 min 42 s on 2 shared cores, 2026-11-23:
+54 s, 43 s + 43 s, 43 s, 3 x 6 s; the fourth, a resume from an incomplete save, ~8 s):
 
 - 2 FSDP ranks, 2 steps, the model given by a fake Hub id resolved offline from a temporary
   Hugging Face cache (sharded): every logged metric is there and finite (file logger, and verl's
@@ -393,3 +393,24 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, t
     assert f"[opsd] invalid config: {field} must be" in run.log, run.tail()
     assert "Traceback" not in run.log, run.tail()  # one line naming the field, no stack trace
     assert "ray init kwargs" not in run.log and "Started a local Ray instance" not in run.log, run.tail()
+
+
+def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """trainer.resume_mode=auto (the default) would resume from a save whose rank shards are missing
+    (a run killed while saving): one line naming the checkpoint, before Ray starts."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "global_step_2" / "actor").mkdir(parents=True)
+    (ckpt / "global_step_2" / "actor" / "fsdp_config.json").write_text('{"FSDP_version": 2, "world_size": 1}')
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("2")
+    run = run_cpu_verl(
+        SCRIPT,
+        [],
+        workdir=tmp_path,
+        env=_env(tiny_model_dir, tiny_data, ckpt, tmp_path / "weights.jsonl", STEPS="3"),
+        script=True,
+        timeout=120,
+    )
+    assert run.returncode != 0, run.tail()
+    assert f"[opsd] {ckpt / 'global_step_2' / 'actor'}: no FSDP model shards" in run.log, run.tail()
+    assert "Traceback" not in run.log, run.tail()
+    assert "Started a local Ray instance" not in run.log, run.tail()
