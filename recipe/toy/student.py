@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipe.common.prompts import BOXED_INSTRUCTION, teacher_messages
-from recipe.models import cache_root
 from recipe.toy.data import DEFAULT_SFT_MIX, check_mix, heldout_jsonl_rows, prompt_phrases, rl_rows, sft_rows
 from recipe.toy.task import TaskConfig, make_records
 
@@ -93,6 +92,10 @@ class StudentConfig:
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("OPSD_CACHE", Path.home() / ".cache" / "opsd-verl")).expanduser()
 
 
 def student_dir(config: StudentConfig) -> Path:
