@@ -149,3 +149,24 @@ def test_fetch_is_idempotent(smollm2_dir, monkeypatch):
     again = smollm2.fetch_smollm2(cache_dir=smollm2_dir.parents[2], log=lambda *_: None)
     assert again == smollm2_dir and (smollm2_dir / "BUILD.json").stat().st_mtime_ns == stamp
     assert [p.name for p in smollm2_dir.parent.iterdir()] == [smollm2_dir.name]  # no partial left
+
+
+def test_evaluation_runs_smollm2_in_native_mode(smollm2_dir, tmp_path):
+    """scripts/evaluate.py with the smollm2_cpu preset: prompts rendered with the template's default."""
+    from transformers import AutoTokenizer
+
+    from recipe.common.prompts import eval_messages
+
+    out = tmp_path / "eval"
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "evaluate.py"), "run", "--model", str(smollm2_dir),
+                          "--preset", "smollm2_cpu", "--max-new-tokens", "16", "--n", "1", "--limit", "1",
+                          "--benchmarks", "aime2024", "--backend", "hf", "--no-progress", "--out-dir", str(out)],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads((out / "run_config.json").read_text())["decoding"]["mode"] is None
+    (record,) = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    problem = json.loads((REPO_ROOT / "data" / "eval" / "aime2024.jsonl").read_text().splitlines()[0])["problem"]
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    assert record["prompt_tokens"] == len(chat.render_ids(eval_messages(problem), tok, None))
+    assert 1 <= record["num_tokens"] <= 16
