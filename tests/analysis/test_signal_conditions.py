@@ -23,24 +23,10 @@ CHATML = (
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from recipe.common.tiny_model import build_tiny_model, build_tiny_parquet
-
-    root = tmp_path_factory.mktemp("signal_conditions")
-    model_dir = build_tiny_model(root / "model", seed=0)
-    train, _ = build_tiny_parquet(root / "data", num_train=12, num_val=2, seed=0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return model, tokenizer, sa.load_rows(train), model_dir
-
-
-@pytest.fixture(scope="module")
 def native_tokenizer(tiny):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny[3])
+    tok = AutoTokenizer.from_pretrained(tiny[4])
     tok.chat_template = CHATML
     assert not chat.has_thinking_switch(tok)
     return tok
@@ -78,7 +64,7 @@ def test_condition_syntax_native_and_caps():
 
 
 def test_native_mode_renders_the_template_default(tiny, native_tokenizer):
-    _, _, rows, _ = tiny
+    _, _, rows, _, _ = tiny
     config = sa.SignalAnalysisConfig(num_prompts=2, student_mode="native", conditions=("full_solution:native", "none:native"))
     items, _ = sa.build_prompt_items(rows, native_tokenizer, config=config)
     for item in items:
@@ -91,7 +77,7 @@ def test_native_mode_renders_the_template_default(tiny, native_tokenizer):
 
 @pytest.mark.parametrize("student,conditions", [("think", ("full_solution:native",)), ("native", ("full_solution:no_think",))])
 def test_a_mode_the_template_cannot_render_is_refused(tiny, native_tokenizer, student, conditions):
-    _, _, rows, _ = tiny
+    _, _, rows, _, _ = tiny
     config = sa.SignalAnalysisConfig(num_prompts=2, student_mode=student, conditions=conditions)
     with pytest.raises(ValueError, match="no enable_thinking switch.*--student-mode native"):
         sa.build_prompt_items(rows, native_tokenizer, config=config)
@@ -99,7 +85,7 @@ def test_a_mode_the_template_cannot_render_is_refused(tiny, native_tokenizer, st
 
 def test_native_mode_on_a_switch_template_is_the_template_default(tiny):
     """native on Qwen3's template = its default (thinking): the same ids as chat mode None."""
-    _, tokenizer, rows, _ = tiny
+    _, tokenizer, rows, _, _ = tiny
     config = sa.SignalAnalysisConfig(num_prompts=1, student_mode="native", conditions=("answer_only:native",))
     (item,), _ = sa.build_prompt_items(rows, tokenizer, config=config)
     assert item.student_ids == chat.render_ids(rows[item.row]["prompt"], tokenizer, None)
@@ -107,7 +93,7 @@ def test_native_mode_on_a_switch_template_is_the_template_default(tiny):
 
 # ---------------------------------------------------------------------------- prompt caps
 def test_prompt_cap_cuts_the_solution_to_the_longest_fitting_prefix(tiny):
-    _, tokenizer, rows, _ = tiny
+    _, tokenizer, rows, _, _ = tiny
     extra = dict(rows[0]["extra_info"])
     extra["solution"] = " ".join(f"step {i}: add the tens then the ones." for i in range(8))
     full, cut = sa.teacher_prompt_ids(extra, sa.Condition("full_solution", "think"), tokenizer)
@@ -136,7 +122,7 @@ def test_prompt_cap_cuts_the_solution_to_the_longest_fitting_prefix(tiny):
 def test_sol_and_sol_long_share_rows_and_rollouts(tiny, tmp_path):
     """The paper's length control: Sol (prompt cap, C truncated) and Sol-long (no cap) on the same rows;
     the global teacher-prompt filter does not apply to capped conditions; rescoring rebuilds the cut."""
-    model, tokenizer, rows, _ = tiny
+    model, tokenizer, rows, _, _ = tiny
     lengths = sorted(len(sa.teacher_prompt_ids(r["extra_info"], sa.Condition("full_solution", "think"), tokenizer)[0])
                      for r in rows)
     cap = lengths[len(lengths) // 2]  # about half of the rows need a cut
@@ -179,7 +165,7 @@ def _falcon_h1(vocab_size: int, pad_token_id: int, multiplier: float):
 
 def test_scaled_head_model_is_scored_like_its_logits(tiny):
     """Falcon-H1 (logits = lm_head(h) x 0.37): the folded head reproduces token_signals on model(...).logits."""
-    _, tokenizer, rows, _ = tiny
+    _, tokenizer, rows, _, _ = tiny
     model = _falcon_h1(len(tokenizer), tokenizer.pad_token_id, 0.37)
     config = sa.SignalAnalysisConfig(num_prompts=2, rollouts_per_prompt=1, max_new_tokens=5, chunk_size=4,
                                      conditions=("full_solution:think", "none:think"), top_p=1.0, top_k=-1)
@@ -195,7 +181,7 @@ def test_scaled_head_model_is_scored_like_its_logits(tiny):
 
 
 def test_soft_capped_and_unknown_heads_are_refused(tiny):
-    model, tokenizer, rows, _ = tiny
+    model, tokenizer, rows, _, _ = tiny
     config = sa.SignalAnalysisConfig(num_prompts=2, rollouts_per_prompt=1, conditions=("none:think",))
     items, _ = sa.build_prompt_items(rows, tokenizer, config=config)
     rollouts = [sa.Rollout(prompt=0, response_ids=[40, 41], finish_reason="length")]
@@ -225,7 +211,7 @@ def test_rollout_sampling_defaults_are_the_trainers():
 
 @pytest.mark.parametrize("top_p,top_k", [(0.95, 20), (0.9, -1), (1.0, 3), (1.0, -1)])
 def test_rescoring_check_sees_the_filtered_sampling_distribution(tiny, top_p, top_k):
-    model, tokenizer, rows, _ = tiny
+    model, tokenizer, rows, _, _ = tiny
     config = sa.SignalAnalysisConfig(num_prompts=2, rollouts_per_prompt=2, max_new_tokens=8, top_p=top_p, top_k=top_k,
                                      conditions=("none:think",), chunk_size=5)
     items, _ = sa.build_prompt_items(rows, tokenizer, config=config)
