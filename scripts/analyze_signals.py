@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from recipe.analysis import signal_analysis as sa
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = sa.load_rows(args.data)
     tokenizer = sa.load_tokenizer(args.model)
     model = None
+    timing = {"sample": 0.0}
     if args.rollouts:
         items, rollouts, meta = sa.load_rollouts(args.rollouts, rows, tokenizer, config=config)
         print(f"rescoring {len(rollouts)} saved rollouts from {args.rollouts} (sampled with {meta.get('sampling')})")
@@ -107,15 +109,20 @@ def main(argv: list[str] | None = None) -> int:
         if config.backend == "hf":
             model = sa.load_model(args.model, device=args.device, dtype=args.dtype)
         # vLLM samples first and frees the GPU before the HF model is loaded for scoring.
+        start = time.time()
         rollouts = sa.sample_rollouts(model if model is not None else args.model, tokenizer, items, config=config)
+        timing["sample"] = round(time.time() - start, 1)
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {"model": str(args.model), "data": str(args.data), "sampling": sa.sampling_settings(config)}
         sa.save_rollouts(rollouts_out, items, rollouts, meta=meta)
     if model is None:
         model = sa.load_model(args.model, device=args.device, dtype=args.dtype)
     data_label = args.data_label or Path(args.data).stem
+    start = time.time()
     result = sa.run_signal_analysis(model, tokenizer, rows, config=config, model_name=model_name, data_label=data_label,
                                     rollouts=rollouts, items=items)
+    result["timing_s"] = {**timing, "score": round(time.time() - start, 1)}
+    print(f"sampling {timing['sample']} s, scoring {result['timing_s']['score']} s")
     paths = sa.write_outputs(result, out_dir, overwrite=args.overwrite)
     print(sa.markdown_report(result))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
