@@ -305,7 +305,7 @@ def teacher_prompt_ids(extra_info: Mapping[str, Any], cond: Condition, tokenizer
             return None
         return cut if len(cut) <= cond.prompt_cap else None
 
-    lo, hi, best = 0, len(text_ids) - 1, None  # the largest k in [1, hi] whose prompt fits
+    lo, hi = 0, len(text_ids) - 1  # the largest k in [1, hi] whose prompt fits (0: none does)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if fitting(mid) is not None:
