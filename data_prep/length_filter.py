@@ -146,8 +146,12 @@ def load_tokenizer(path: str, chat_template: Path | None):
     return tokenizer
 
 
+MODE_CHOICES = ("think", "no_think", "native")
+
+
 def _mode(value: str) -> str | None:
-    return None if value == "default" else value
+    """CLI mode -> chat mode: ``native`` = the template's own default (no enable_thinking passed)."""
+    return None if value == "native" else value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -156,9 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--input", required=True, type=Path, help="a parquet written by a data_prep builder")
     p.add_argument("--tokenizer", required=True, help="tokenizer folder (or hub name when online)")
     p.add_argument("--chat-template", type=Path, default=None, help="jinja file replacing the tokenizer's chat template")
-    p.add_argument("--student-mode", required=True, choices=["think", "no_think", "default"],
-                   help="student reasoning mode; 'default' = the template's own default (no enable_thinking passed)")
-    p.add_argument("--teacher-mode", default="think", choices=["think", "no_think", "default"], help="teacher reasoning mode")
+    p.add_argument("--student-mode", required=True, choices=MODE_CHOICES,
+                   help="student reasoning mode; 'native' = the template's own default (no enable_thinking passed: "
+                        "templates without a thinking switch, e.g. SmolLM2, DeepSeek-R1-Distill)")
+    p.add_argument("--teacher-mode", default="think", choices=MODE_CHOICES,
+                   help="teacher reasoning mode ('native' for templates without a thinking switch)")
     p.add_argument("--teacher-context", action="append", default=[], metavar="NAME[:CAP]",
                    help=f"teacher context to fit (repeatable); NAME in {list(TEACHER_CONTEXTS)}, CAP default 1024 (8192 for cot_solution)")
     p.add_argument("--max-prompt-length", type=int, default=DEFAULT_PROMPT_CAP, help="student prompt cap (tokens)")

@@ -23,6 +23,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from recipe.analysis import signal_analysis as sa
@@ -39,13 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--combine", nargs="+", metavar="SIGNALS_JSON",
                    help="only print one table over earlier runs' signals.json (models / student modes, macro average)")
     p.add_argument("--model-name", default=None, help="name in tables and figures (default: the directory name)")
-    p.add_argument("--conditions", nargs="+", default=list(defaults.conditions), help="teacher conditions context:mode")
-    p.add_argument("--student-mode", default=defaults.student_mode, choices=sa.MODES)
+    p.add_argument("--data-label", default=None,
+                   help="dataset name in multi-run tables and the joint PCA (default: the --data file name without suffix)")
+    p.add_argument("--conditions", nargs="+", default=list(defaults.conditions),
+                   help="teacher conditions context:mode or context:mode@CAP (mode think | no_think | native = the "
+                        "template's default; @CAP cuts the privileged text so the teacher prompt fits CAP tokens)")
+    p.add_argument("--student-mode", default=defaults.student_mode, choices=sa.MODES,
+                   help="student prompt mode (native = the template's default, for templates without a thinking switch)")
     p.add_argument("--num-prompts", type=int, default=defaults.num_prompts)
     p.add_argument("--rollouts-per-prompt", type=int, default=defaults.rollouts_per_prompt)
     p.add_argument("--temperature", type=float, default=defaults.temperature)
-    p.add_argument("--top-p", type=float, default=defaults.top_p)
-    p.add_argument("--top-k", type=int, default=defaults.top_k, help="-1 = off")
+    p.add_argument("--top-p", type=float, default=defaults.top_p, help="rollout top-p (default: the trainer's 0.95; 1 = off)")
+    p.add_argument("--top-k", type=int, default=defaults.top_k, help="rollout top-k (default: the trainer's 20; -1 = off)")
     p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="rollout cap")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--signal-temperature", type=float, default=None, help="scoring temperature (default: --temperature)")
@@ -54,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-tokens", type=int, default=defaults.top_tokens)
     p.add_argument("--windows", nargs="+", default=None, metavar="LO:HI",
                    help="response-position windows (default: the paper's 0:128 128:256 ... 4096:6144)")
-    p.add_argument("--teacher-max-prompt-length", type=int, default=None, help="skip rows with longer teacher prompts")
+    p.add_argument("--teacher-max-prompt-length", type=int, default=None,
+                   help="skip rows with longer teacher prompts (conditions without @CAP)")
     p.add_argument("--chunk-size", type=int, default=defaults.chunk_size, help="lm_head rows per chunk")
     p.add_argument("--sample-batch-size", type=int, default=defaults.sample_batch_size)
     p.add_argument("--score-batch-size", type=int, default=defaults.score_batch_size)
@@ -97,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = sa.load_rows(cli.require_file(args.data, what="training parquet"))
     tokenizer = sa.load_tokenizer(args.model)
     model = None
+    timing = {"sample": 0.0}
     if args.rollouts:
         with cli.reraise_as_input(ValueError, KeyError, file=args.rollouts, hint="pass a rollouts.json of the same data and model"):
             items, rollouts, meta = sa.load_rollouts(cli.require_file(args.rollouts, what="rollouts file"), rows,
@@ -109,13 +117,20 @@ def main(argv: list[str] | None = None) -> int:
         if config.backend == "hf":
             model = sa.load_model(args.model, device=args.device, dtype=args.dtype)
         # vLLM samples first and frees the GPU before the HF model is loaded for scoring.
+        start = time.time()
         rollouts = sa.sample_rollouts(model if model is not None else args.model, tokenizer, items, config=config)
+        timing["sample"] = round(time.time() - start, 1)
         out_dir.mkdir(parents=True, exist_ok=True)
         meta = {"model": str(args.model), "data": str(args.data), "sampling": sa.sampling_settings(config)}
         sa.save_rollouts(rollouts_out, items, rollouts, meta=meta)
     if model is None:
         model = sa.load_model(args.model, device=args.device, dtype=args.dtype)
-    result = sa.run_signal_analysis(model, tokenizer, rows, config=config, model_name=model_name, rollouts=rollouts, items=items)
+    data_label = args.data_label or Path(args.data).stem
+    start = time.time()
+    result = sa.run_signal_analysis(model, tokenizer, rows, config=config, model_name=model_name, data_label=data_label,
+                                    rollouts=rollouts, items=items)
+    result["timing_s"] = {**timing, "score": round(time.time() - start, 1)}
+    print(f"sampling {timing['sample']} s, scoring {result['timing_s']['score']} s")
     paths = sa.write_outputs(result, out_dir, overwrite=args.overwrite)
     print(sa.markdown_report(result))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -20,7 +20,7 @@ ALLOWED = {
     "recipe.evaluation": {"recipe.common", "recipe.cpu"},
     "data_prep": {"recipe.common"},
     "recipe.analysis": {"recipe.common", "recipe.cpu", "recipe.opsd"},
-    "recipe.launch": {"recipe.common", "recipe.cpu", "recipe.analysis"},
+    "recipe.launch": {"recipe.common", "recipe.cpu", "recipe.analysis", "recipe.models"},
     "recipe.toy": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models", "data_prep"},
     "recipe.experiments": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models",
                            "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "data_prep"},

@@ -31,7 +31,15 @@ Protocol implemented here (``run_signal_analysis``):
 
 The student mode is one per run (the rollouts depend on it); the paper's S/T mode grid is
 two runs, ``--student-mode think`` and ``--student-mode no_think``, each with conditions
-``full_solution:think full_solution:no_think``.
+``full_solution:think full_solution:no_think``. A template without an enable_thinking switch
+(SmolLM2, DeepSeek-R1-Distill, OLMo-3) has one mode, ``native`` (the template's own default):
+``--student-mode native`` and conditions ``full_solution:native``. A prompt cap
+``full_solution:think@1024`` cuts the reference solution so the teacher prompt fits 1,024 tokens
+(the paper's Sol vs Sol-long control, ``TRUNCATED_FIELD``).
+
+Model heads: the logit scale of ``recipe.common.heads.output_logit_scale`` is folded into the
+lm_head weight, the trainer's policy (Falcon-H1R's ``lm_head_multiplier``); soft-capped heads are
+refused; any other head whose logits are not ``h @ W.T + b`` is refused by a check on one sequence.
 """
 
 from __future__ import annotations
@@ -47,12 +55,19 @@ from typing import Any
 
 import torch
 
-from recipe.common import chat, prompts
+from recipe.analysis import generation_features
+from recipe.common import chat, heads, prompts
 from recipe.opsd import signals
 
 logger = logging.getLogger(__name__)
 
-MODES = ("think", "no_think")
+# Reasoning modes of student and teacher prompts; ``native`` renders the chat template's own default
+# (no enable_thinking passed), the only mode of a template without the switch (SmolLM2, DeepSeek-R1-Distill).
+MODES = ("think", "no_think", "native")
+# The privileged text a prompt cap ``context:mode@N`` truncates (token prefix) so the rendered teacher
+# prompt has at most N tokens (paper, appendix "Long Full-Solution Teacher Prefixes": the short
+# condition truncates C in Q + C). cot_solution: the CoT is cut, the final solution kept whole.
+TRUNCATED_FIELD = {"full_solution": "solution", "cot_solution": "cot", "unrelated": "unrelated_solution"}
 # Warn when rescored student log-probs differ from the sampler's by more than this (nats);
 # fp32 generate with a KV cache vs one full forward agree to ~1e-5 on CPU, bf16 to ~1e-2.
 SAMPLER_GAP_WARNING = 5e-2
@@ -64,22 +79,35 @@ ROLLOUT_FEATURES = ("fwd_kl", "kl_gt_rate", "abs_adv", "top1_agree", "enc", "dis
 _STUDENT_CHANGING_CONTEXTS = tuple(c for c in prompts.TEACHER_CONTEXTS if prompts.student_style(c) is not None)
 
 
+def chat_mode(mode: str) -> str | None:
+    """The ``recipe.common.chat`` mode of an analysis mode (``native`` -> None, the template's default)."""
+    return None if mode == "native" else mode
+
+
 @dataclass(frozen=True)
 class Condition:
-    """A teacher condition: privileged context and reasoning mode of the teacher prompt."""
+    """A teacher condition: privileged context, reasoning mode and optional prompt cap of the teacher prompt.
+
+    ``prompt_cap`` (``context:mode@N``): the context's privileged text (``TRUNCATED_FIELD``) is cut to the
+    longest token prefix whose rendered teacher prompt has at most N tokens; None = the full text.
+    """
 
     context: str
     mode: str
+    prompt_cap: int | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.context}:{self.mode}"
+        base = f"{self.context}:{self.mode}"
+        return base if self.prompt_cap is None else f"{base}@{self.prompt_cap}"
 
     @classmethod
     def parse(cls, spec: str) -> "Condition":
-        context, sep, mode = spec.partition(":")
+        body, at, cap = spec.partition("@")
+        context, sep, mode = body.partition(":")
         if not sep:
-            raise ValueError(f"condition {spec!r} must be context:mode, e.g. full_solution:think")
+            raise ValueError(f"condition {spec!r} must be context:mode[@cap], e.g. full_solution:think, "
+                             "full_solution:native (template default) or full_solution:think@1024")
         if context not in prompts.TEACHER_CONTEXTS:
             raise ValueError(f"condition {spec!r}: context must be one of {list(prompts.TEACHER_CONTEXTS)}")
         if context in _STUDENT_CHANGING_CONTEXTS:
@@ -89,7 +117,15 @@ class Condition:
             )
         if mode not in MODES:
             raise ValueError(f"condition {spec!r}: mode must be one of {list(MODES)}")
-        return cls(context=context, mode=mode)
+        prompt_cap = None
+        if at:
+            if context not in TRUNCATED_FIELD:
+                raise ValueError(f"condition {spec!r}: a prompt cap @N truncates the privileged text of "
+                                 f"{list(TRUNCATED_FIELD)}; {context!r} has none to truncate")
+            if not cap.isdigit() or int(cap) < 1:
+                raise ValueError(f"condition {spec!r}: the prompt cap after @ must be a positive integer")
+            prompt_cap = int(cap)
+        return cls(context=context, mode=mode, prompt_cap=prompt_cap)
 
 
 @dataclass
@@ -98,10 +134,16 @@ class SignalAnalysisConfig:
 
     Attributes:
         num_prompts, rollouts_per_prompt: K prompts x R rollouts (paper: 2,048 x 2).
-        temperature, top_p, top_k, max_new_tokens: rollout sampling (paper: 1.1, off, off, 1,024).
+        temperature, top_p, top_k, max_new_tokens: rollout sampling. The paper states T 1.1 and the
+            1,024-token cap ("two on-policy rollouts each ... at temperature 1.1"), not top-p / top-k;
+            the default is the training sampler's (opsd_trainer.yaml rollout: top-p 0.95, top-k 20,
+            the paper's "Student rollouts use multinomial sampling with temperature 1.1, top-p=0.95,
+            top-k=20"), so the rollouts are the ones training would score. ``top_p=1.0, top_k=-1``
+            samples the untruncated distribution instead. The scored distributions are never
+            truncated (the loss's full-vocabulary distributions at the scoring temperature).
         seed: prompt draw and sampling seed.
-        student_mode: reasoning mode of the student prompt (``think`` / ``no_think``).
-        conditions: teacher conditions ``context:mode``.
+        student_mode: reasoning mode of the student prompt (``think`` / ``no_think`` / ``native``).
+        conditions: teacher conditions ``context:mode`` or ``context:mode@cap`` (``Condition``).
         signal_temperature: temperature of both distributions when scoring; None = ``temperature``
             (training divides both logits by the rollout temperature).
         clip_tau: per-entry cap used only for the clip diagnostics (clip_frac, clipped mass);
@@ -110,8 +152,8 @@ class SignalAnalysisConfig:
         windows: response-position windows [lo, hi) of the position table (paper: 0-128-256-
             512-1k-2k-4k-6k, ``signals.DEFAULT_WINDOWS``).
         top_tokens: number of vocabulary items listed by divergence mass.
-        teacher_max_prompt_length: rows whose teacher prompt is longer (under any condition) are
-            not drawn; None = no cap.
+        teacher_max_prompt_length: rows whose teacher prompt is longer (under any condition without
+            its own ``@cap``) are not drawn; None = no cap.
         chunk_size: rows per lm_head chunk in the signal computation.
         sample_batch_size, score_batch_size: sequences per generate / scoring forward call.
         backend: ``hf`` (transformers generate, any device) or ``vllm`` (GPU, lazy import).
@@ -120,8 +162,8 @@ class SignalAnalysisConfig:
     num_prompts: int = 2048
     rollouts_per_prompt: int = 2
     temperature: float = 1.1
-    top_p: float = 1.0
-    top_k: int = -1
+    top_p: float = 0.95
+    top_k: int = 20
     max_new_tokens: int = 1024
     seed: int = 42
     student_mode: str = "think"
@@ -191,6 +233,8 @@ class PromptItem:
     row: int
     student_ids: list[int]
     teacher_ids: dict[str, list[int]]
+    # conditions whose privileged text was cut to fit their prompt cap
+    truncated: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -226,6 +270,65 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+class _Unusable(ValueError):
+    """A row that cannot be scored under a condition (the message is the skip reason)."""
+
+
+def teacher_prompt_ids(extra_info: Mapping[str, Any], cond: Condition, tokenizer) -> tuple[list[int], bool]:
+    """Rendered teacher prompt ids of one row under ``cond``, and whether its privileged text was cut.
+
+    Without a prompt cap: the full prompt. With ``cond.prompt_cap``: the full prompt if it fits, else the
+    privileged text ``TRUNCATED_FIELD[context]`` is cut to its longest token prefix (tokenized without
+    special tokens, decoded back, prompt re-rendered) whose prompt has at most ``prompt_cap`` tokens
+    (binary search over the prefix length). Raises ``_Unusable`` (a ``ValueError``) naming the reason
+    when a field is missing or not even a one-token prefix fits.
+    """
+    mode = chat_mode(cond.mode)
+
+    def render(extra: Mapping[str, Any]) -> list[int]:
+        try:
+            _, teacher_msgs = prompts.build_prompt_pair(cond.context, extra)
+        except ValueError:
+            raise _Unusable(f"missing field for {cond.context}") from None
+        return list(chat.render_ids(teacher_msgs, tokenizer, mode))
+
+    ids = render(extra_info)
+    if cond.prompt_cap is None or len(ids) <= cond.prompt_cap:
+        return ids, False
+    field_name = TRUNCATED_FIELD[cond.context]
+    text_ids = tokenizer(extra_info[field_name], add_special_tokens=False)["input_ids"]
+
+    def fitting(k: int) -> list[int] | None:
+        try:
+            cut = render({**extra_info, field_name: tokenizer.decode(text_ids[:k])})
+        except _Unusable:  # a whitespace-only prefix
+            return None
+        return cut if len(cut) <= cond.prompt_cap else None
+
+    lo, hi = 0, len(text_ids) - 1  # the largest k in [1, hi] whose prompt fits (0: none does)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fitting(mid) is not None:
+            lo = mid
+        else:
+            hi = mid - 1
+    best = fitting(lo) if lo > 0 else None
+    if best is None:
+        raise _Unusable(f"teacher prompt > {cond.prompt_cap} tokens with {field_name} cut ({cond.name})")
+    return best, True
+
+
+def check_modes(tokenizer, config: SignalAnalysisConfig) -> None:
+    """Refuse think / no_think up front when the chat template has no enable_thinking switch."""
+    asked = sorted(({config.student_mode} | {Condition.parse(c).mode for c in config.conditions}) - {"native"})
+    if asked and not chat.has_thinking_switch(tokenizer):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(
+            f"mode(s) {asked} asked for, but the chat template of {name!r} has no enable_thinking switch; "
+            "use --student-mode native and conditions context:native (the template's own default)"
+        )
+
+
 def build_prompt_items(
     rows: Sequence[Mapping[str, Any]], tokenizer, *, config: SignalAnalysisConfig
 ) -> tuple[list[PromptItem], dict[str, int]]:
@@ -233,6 +336,7 @@ def build_prompt_items(
 
     Returns the items and counts of skipped rows by reason.
     """
+    check_modes(tokenizer, config)
     conditions = [Condition.parse(c) for c in config.conditions]
     order = list(range(len(rows)))
     random.Random(config.seed).shuffle(order)
@@ -241,23 +345,24 @@ def build_prompt_items(
         if len(items) == config.num_prompts:
             break
         record = rows[row]
-        teacher_ids, reason = {}, None
+        teacher_ids, truncated, reason = {}, [], None
         for cond in conditions:
             try:
-                _, teacher_msgs = prompts.build_prompt_pair(cond.context, record["extra_info"])
-            except ValueError:
-                reason = f"missing field for {cond.context}"
+                ids, cut = teacher_prompt_ids(record["extra_info"], cond, tokenizer)
+            except _Unusable as err:
+                reason = str(err)
                 break
-            ids = chat.render_ids(teacher_msgs, tokenizer, cond.mode)
-            if config.teacher_max_prompt_length is not None and len(ids) > config.teacher_max_prompt_length:
-                reason = f"teacher prompt > {config.teacher_max_prompt_length} tokens ({cond.name})"
+            limit = config.teacher_max_prompt_length
+            if cond.prompt_cap is None and limit is not None and len(ids) > limit:
+                reason = f"teacher prompt > {limit} tokens ({cond.name})"
                 break
-            teacher_ids[cond.name] = list(ids)
+            teacher_ids[cond.name] = ids
+            truncated += [cond.name] if cut else []
         if reason is not None:
             skipped[reason] = skipped.get(reason, 0) + 1
             continue
-        student_ids = list(chat.render_ids(record["prompt"], tokenizer, config.student_mode))
-        items.append(PromptItem(row=row, student_ids=student_ids, teacher_ids=teacher_ids))
+        student_ids = list(chat.render_ids(record["prompt"], tokenizer, chat_mode(config.student_mode)))
+        items.append(PromptItem(row=row, student_ids=student_ids, teacher_ids=teacher_ids, truncated=truncated))
     if not items:
         raise ValueError(f"no parquet row can be scored under {list(config.conditions)}; skipped: {skipped}")
     if len(items) < config.num_prompts:
@@ -358,19 +463,59 @@ def response_hidden_states(model, sequences: Sequence[tuple[Sequence[int], Seque
     return torch.cat(rows, dim=0)
 
 
-def check_lm_head_matches_logits(model, ids: Sequence[int]) -> None:
-    """Refuse models whose logits are not ``lm_head(final hidden)`` (soft-capping, logit scale)."""
+def output_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(weight_VH, bias_V)`` with the head's logit scale folded in: logits = h @ W.T + b.
+
+    One policy with the trainer (``recipe.common.heads.output_logit_scale``): a linear logit scale
+    (Falcon-H1's ``lm_head_multiplier``, Cohere, Granite) multiplies the weight and bias; a soft-capped
+    head is refused there.
+    """
+    head = model.get_output_embeddings()
+    scale = heads.output_logit_scale(model.config)
+    weight_VH, bias_V = head.weight, getattr(head, "bias", None)
+    if scale != 1.0:
+        weight_VH = weight_VH * scale
+        bias_V = bias_V * scale if bias_V is not None else None
+    return weight_VH, bias_V
+
+
+def check_head_matches_logits(model, ids: Sequence[int], weight_VH: torch.Tensor, bias_V: torch.Tensor | None) -> None:
+    """Refuse a model whose logits are not ``h @ W.T + b`` with the folded head (a head the policy misses)."""
     input_ids = torch.as_tensor([list(ids)], device=model.device)
     logits = model(input_ids=input_ids).logits[0].float()
     backbone = getattr(model, model.base_model_prefix)
     hidden = backbone(input_ids=input_ids).last_hidden_state[0]
-    head = model.get_output_embeddings()
-    rebuilt = head(hidden).float()
+    rebuilt = torch.nn.functional.linear(hidden, weight_VH, bias_V).float()
     if not torch.allclose(logits, rebuilt, atol=1e-3, rtol=1e-3):
         raise ValueError(
-            f"{type(model).__name__}: logits are not lm_head(last_hidden_state) (max diff "
-            f"{(logits - rebuilt).abs().max().item():.3g}); models with logit soft-capping or scaling are not supported"
+            f"{type(model).__name__}: logits are not output_logit_scale x lm_head(last_hidden_state) (max diff "
+            f"{(logits - rebuilt).abs().max().item():.3g}); this model's output head is not supported "
+            "(recipe.common.heads.output_logit_scale)"
         )
+
+
+def sampler_view_logp(
+    student_NH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None, sampled_N: torch.Tensor, *,
+    config: SignalAnalysisConfig,
+) -> torch.Tensor:
+    """log-prob of each sampled token under the distribution the sampler drew it from: the student
+    logits at the sampling temperature, then top-k, then top-p (transformers' warpers, the order of
+    ``recipe.common.hf_generate``). Compared with the sampler's own log-probs by the rescoring check."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = []
+    if config.top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k=config.top_k, min_tokens_to_keep=1))
+    if config.top_p < 1:
+        warpers.append(TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
+    out = []
+    for start in range(0, student_NH.shape[0], config.chunk_size):
+        rows = slice(start, start + config.chunk_size)
+        scores = torch.nn.functional.linear(student_NH[rows], weight_VH, bias_V).float() / config.temperature
+        for warper in warpers:
+            scores = warper(None, scores)
+        out.append(torch.log_softmax(scores, dim=-1).gather(-1, sampled_N[rows].unsqueeze(-1)).squeeze(-1))
+    return torch.cat(out) if out else student_NH.new_zeros(0)
 
 
 @torch.no_grad()
@@ -380,16 +525,15 @@ def score_rollouts(
     """Token signals of every rollout under every condition.
 
     Returns ``{condition: {signal: Tensor[N]}}`` (the keys of ``signals.token_signals_from_hidden``
-    plus ``sampled_id``, ``rollout`` and ``position``: token id, rollout index and 0-based
-    response position of each row; rows are the response tokens of all rollouts in order)
+    plus ``sampled_id``, ``rollout``, ``position``: token id, rollout index and 0-based response
+    position of each row, and ``sampler_view_logp`` (``sampler_view_logp``); rows are the response
+    tokens of all rollouts in order)
     and ``mass_V``: the float64 [V] divergence mass sum_i d_{i,v} per vocabulary id.
     """
-    head = model.get_output_embeddings()
-    weight_VH = head.weight
-    bias_V = getattr(head, "bias", None)
+    weight_VH, bias_V = output_head(model)
     conditions = [Condition.parse(c) for c in config.conditions]
     temperature = config.scoring_temperature
-    check_lm_head_matches_logits(model, (items[0].student_ids + rollouts[0].response_ids)[:64])
+    check_head_matches_logits(model, (items[0].student_ids + rollouts[0].response_ids)[:64], weight_VH, bias_V)
     parts: dict[str, list[dict[str, torch.Tensor]]] = {c.name: [] for c in conditions}
     mass = {c.name: None for c in conditions}
     for start in range(0, len(rollouts), config.score_batch_size):
@@ -402,6 +546,7 @@ def score_rollouts(
             "position": torch.as_tensor([j for r in responses for j in range(len(r))], dtype=torch.long),
         }
         student_NH = response_hidden_states(model, [(items[rollouts[i].prompt].student_ids, rollouts[i].response_ids) for i in batch])
+        index["sampler_view_logp"] = sampler_view_logp(student_NH, weight_VH, bias_V, sampled_N, config=config).cpu()
         for cond in conditions:
             teacher_NH = response_hidden_states(
                 model, [(items[rollouts[i].prompt].teacher_ids[cond.name], rollouts[i].response_ids) for i in batch]
@@ -422,19 +567,16 @@ def score_rollouts(
 
 
 # ---------------------------------------------------------------------------- summaries
-def sampler_logp_gap(rollouts: Sequence[Rollout], token_signals: Mapping[str, torch.Tensor], *, config: SignalAnalysisConfig) -> float | None:
-    """Max |rescored student log-prob - sampler log-prob| over all response tokens: a check that
-    the rescoring sees the rollouts exactly as they were sampled (prompt, alignment, template).
-
-    Comparable only when the sampler reports log-probs of the scoring distribution (no top-p /
-    top-k filtering, scoring temperature = sampling temperature); None otherwise.
+def sampler_logp_gap(rollouts: Sequence[Rollout], token_signals: Mapping[str, torch.Tensor]) -> float | None:
+    """Max |rescored log-prob - sampler log-prob| of the sampled tokens, both under the sampling
+    distribution (``sampler_view_logp``: sampling temperature, top-k, top-p): a check that the
+    rescoring sees the rollouts exactly as they were sampled (prompt, alignment, template, dtype).
+    None when the sampler reported no log-probs (vLLM backend).
     """
-    if any(r.logprobs is None for r in rollouts) or config.top_p < 1 or config.top_k > 0:
-        return None
-    if config.scoring_temperature != config.temperature:
+    if any(r.logprobs is None for r in rollouts):
         return None
     sampled = torch.tensor([lp for r in rollouts for lp in r.logprobs], dtype=torch.float64)
-    return float((token_signals["student_logp"].double() - sampled).abs().max())
+    return float((token_signals["sampler_view_logp"].double() - sampled).abs().max())
 
 
 def rollout_features(token_signals: Mapping[str, torch.Tensor], *, num_rollouts: int) -> torch.Tensor:
@@ -492,6 +634,24 @@ def pca(features_MF: torch.Tensor, *, n_components: int = 2) -> PCAResult:
     return PCAResult(coords_MC=centred @ components.T, components_CF=components, explained_variance_ratio_C=ratio, mean_F=mean_F)
 
 
+def entropy_strata(fwd_kl_N: torch.Tensor, entropy_N: torch.Tensor, *, fraction: float) -> dict[str, float]:
+    """Mean forward KL and D > .05 rate (%) of the highest- and the lowest-student-entropy ``fraction``
+    of the pooled positions (paper ``tab:token_entropy_signal_app``, "Highest 20%" / "Lowest 20%").
+
+    Selection as ``signals.entropy_tail_shares``: ceil(fraction x N) positions, stable sort, ties
+    broken by index. Keys ``highest_kl``, ``highest_d_gt_005``, ``lowest_kl``, ``lowest_d_gt_005``.
+    """
+    n = fwd_kl_N.numel()
+    keep = math.ceil(n * fraction - 1e-9)
+    kl = fwd_kl_N.double()
+    out = {}
+    for name, descending in (("highest", True), ("lowest", False)):
+        chosen = kl[torch.sort(entropy_N.double(), descending=descending, stable=True).indices[:keep]]
+        out[f"{name}_kl"] = float(chosen.mean()) if keep else math.nan
+        out[f"{name}_d_gt_005"] = 100.0 * float((chosen > signals.HIGH_KL_THRESHOLD).double().mean()) if keep else math.nan
+    return out
+
+
 def condition_report(
     token_signals: Mapping[str, torch.Tensor], tokenizer, *, config: SignalAnalysisConfig, num_rollouts: int
 ) -> dict[str, Any]:
@@ -519,7 +679,8 @@ def condition_report(
     ]
     return {
         "summary": summary,
-        "entropy_tails": {"fraction": config.entropy_fraction, **tails},
+        "entropy_tails": {"fraction": config.entropy_fraction, **tails,
+                          **entropy_strata(sig["fwd_kl"], sig["student_entropy"], fraction=config.entropy_fraction)},
         "position_windows": windows,
         "top_tokens": top,
         "rollout_features": rollout_features(token_signals, num_rollouts=num_rollouts).tolist(),
@@ -536,9 +697,13 @@ def _window_label(lo: int, hi: int) -> str:
 # ---------------------------------------------------------------------------- driver
 def run_signal_analysis(
     model, tokenizer, rows: Sequence[Mapping[str, Any]], *, config: SignalAnalysisConfig, model_name: str = "model",
-    rollouts: Sequence[Rollout] | None = None, items: Sequence[PromptItem] | None = None,
+    data_label: str = "data", rollouts: Sequence[Rollout] | None = None, items: Sequence[PromptItem] | None = None,
 ) -> dict[str, Any]:
-    """Sample (unless ``rollouts`` + ``items`` are given), score, summarise. Returns the result dict."""
+    """Sample (unless ``rollouts`` + ``items`` are given), score, summarise. Returns the result dict.
+
+    ``model_name`` and ``data_label`` (the dataset, e.g. ``openthoughts``) name the run in multi-run
+    tables and the joint PCA, where conditions of different datasets are kept apart.
+    """
     skipped: dict[str, int] = {}
     if items is None:
         items, skipped = build_prompt_items(rows, tokenizer, config=config)
@@ -555,15 +720,19 @@ def run_signal_analysis(
     for name, xy in zip(names, coords):
         conditions[name]["pca"] = xy.tolist()
     lengths = [len(r.response_ids) for r in rollouts]
-    gap = sampler_logp_gap(rollouts, next(iter(token_signals.values())), config=config)
+    gap = sampler_logp_gap(rollouts, next(iter(token_signals.values())))
     if gap is not None and gap > SAMPLER_GAP_WARNING:
         logger.warning(
             "rescored student log-probs differ from the sampler's by up to %.3g (> %g): the rescoring does not see "
             "the rollouts as sampled (prompt, template or dtype mismatch?)", gap, SAMPLER_GAP_WARNING,
         )
+    texts = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in rollouts]
+    style = generation_features.feature_rates([{"text": t, "num_tokens": n} for t, n in zip(texts, lengths)])
+    prompt_truncated = {name: sum(name in item.truncated for item in items) for name in names if "@" in name}
     return {
         "sampler_logp_max_abs_diff": gap,
         "model": model_name,
+        "data_label": data_label,
         "config": asdict(config),
         "num_prompts": len(items),
         "num_rollouts": len(rollouts),
@@ -571,6 +740,8 @@ def run_signal_analysis(
         "mean_response_length": sum(lengths) / len(lengths),
         "truncated_rate": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
         "skipped_rows": skipped,
+        "prompt_truncated_rows": prompt_truncated,
+        "rollout_style": style,
         "rollout_features": list(ROLLOUT_FEATURES),
         "pca": {
             "features": list(ROLLOUT_FEATURES),
@@ -605,8 +776,15 @@ def markdown_report(result: Mapping[str, Any]) -> str:
         f"{result['num_prompts']} prompts x {cfg['rollouts_per_prompt']} rollouts = {result['num_rollouts']} rollouts, "
         f"{result['num_tokens']} response tokens (mean length {result['mean_response_length']:.1f}, "
         f"{100 * result['truncated_rate']:.1f}% hit the {cfg['max_new_tokens']}-token cap); student mode "
-        f"`{cfg['student_mode']}`, sampling T={cfg['temperature']}, scoring T={cfg['signal_temperature'] or cfg['temperature']}.",
+        f"`{cfg['student_mode']}`, data `{result.get('data_label', '-')}`, sampling T={cfg['temperature']} "
+        f"top-p={cfg['top_p']} top-k={cfg['top_k'] if cfg['top_k'] > 0 else 'off'}, "
+        f"scoring T={cfg['signal_temperature'] or cfg['temperature']} (full vocabulary).",
         f"Rescoring check: max |student log-prob - sampler log-prob| = {_f(result.get('sampler_logp_max_abs_diff'), 6)}.",
+    ]
+    if result.get("prompt_truncated_rows"):
+        cut = ", ".join(f"{name}: {n} of {result['num_prompts']}" for name, n in result["prompt_truncated_rows"].items())
+        lines.append(f"Rows whose privileged text was cut to the prompt cap: {cut}.")
+    lines += [
         "",
         "## Signal summary",
         "",
@@ -630,14 +808,17 @@ def markdown_report(result: Mapping[str, Any]) -> str:
         "",
         f"## Highest-entropy {frac}% shares (HE{frac})",
         "",
-        f"Share (%) of total forward KL and of total |adv| carried by the {frac}% positions with the highest student entropy.",
+        f"Mean forward KL and D>.05 (%) within the {frac}% positions of highest / lowest student entropy; share (%) "
+        f"of total forward KL and of total |adv| carried by the highest {frac}% (pooled positions).",
         "",
-        f"| Condition | HE{frac} KL (%) | HE{frac} abs adv (%) |",
-        "|---|---|---|",
+        f"| Condition | Highest {frac}% KL | Highest {frac}% D>.05 (%) | Lowest {frac}% KL | Lowest {frac}% D>.05 (%) "
+        f"| HE{frac} KL (%) | HE{frac} abs adv (%) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, rep in conds.items():
         t = rep["entropy_tails"]
-        lines.append(f"| {name} | {_f(t['kl_share'], 1)} | {_f(t['abs_adv_share'], 1)} |")
+        lines.append(f"| {name} | {_f(t['highest_kl'], 3)} | {_f(t['highest_d_gt_005'], 1)} | {_f(t['lowest_kl'], 3)} | "
+                     f"{_f(t['lowest_d_gt_005'], 1)} | {_f(t['kl_share'], 1)} | {_f(t['abs_adv_share'], 1)} |")
     labels = [w["window"] for w in first["position_windows"]]
     lines += [
         "",
@@ -657,6 +838,15 @@ def markdown_report(result: Mapping[str, Any]) -> str:
         for rank, item in enumerate(rep["top_tokens"], start=1):
             lines.append(f"| {rank} | `{_token_text(item['token'])}` | {_f(item['mass'], 4)} | {_f(item['share'], 1)} |")
         lines.append("")
+    style = result["rollout_style"]
+    lines += [
+        "## Rollout text features (% of rollouts; recipe/analysis/generation_features.py)",
+        "",
+        '| "wait" | Self-correction | <think> |',
+        "|---|---|---|",
+        f"| {_f(style['wait'], 1)} | {_f(style['self_correction'], 1)} | {_f(style['think_tag'], 1)} |",
+        "",
+    ]
     pca_info = result["pca"]
     ratios = ", ".join(f"{100 * r:.1f}%" for r in pca_info["explained_variance_ratio"])
     lines += [
@@ -715,26 +905,27 @@ def load_rollouts(
     differ = {k: (saved[k], current[k]) for k in current if k in saved and saved[k] != current[k]}
     if differ:
         raise ValueError(f"{path}: rollouts were sampled with different settings (saved, requested): {differ}")
+    check_modes(tokenizer, config)
     conditions = [Condition.parse(c) for c in config.conditions]
     items = []
     for k, saved in enumerate(payload["items"]):
         row = saved["row"]
         if not 0 <= row < len(rows):
             raise ValueError(f"{path}: item {k} refers to parquet row {row}, but the parquet has {len(rows)} rows")
-        student_ids = chat.render_ids(rows[row]["prompt"], tokenizer, config.student_mode)
+        student_ids = chat.render_ids(rows[row]["prompt"], tokenizer, chat_mode(config.student_mode))
         if list(student_ids) != saved["student_ids"]:
             raise ValueError(
                 f"{path}: item {k} (row {row}): the student prompt ids differ from the saved ones; "
                 "different parquet, tokenizer, chat template or student mode?"
             )
-        teacher_ids = {}
+        teacher_ids, truncated = {}, []
         for cond in conditions:
             try:
-                _, teacher_msgs = prompts.build_prompt_pair(cond.context, rows[row]["extra_info"])
-            except ValueError as err:
+                teacher_ids[cond.name], cut = teacher_prompt_ids(rows[row]["extra_info"], cond, tokenizer)
+            except _Unusable as err:
                 raise ValueError(f"{path}: item {k} (row {row}) cannot be scored under {cond.name}: {err}") from None
-            teacher_ids[cond.name] = list(chat.render_ids(teacher_msgs, tokenizer, cond.mode))
-        items.append(PromptItem(row=row, student_ids=list(student_ids), teacher_ids=teacher_ids))
+            truncated += [cond.name] if cut else []
+        items.append(PromptItem(row=row, student_ids=list(student_ids), teacher_ids=teacher_ids, truncated=truncated))
     rollouts = [Rollout(**r) for r in payload["rollouts"]]
     return items, rollouts, payload["meta"]
 
@@ -800,22 +991,38 @@ def _token_text(token: str) -> str:
     return token.replace("\n", "\\n").replace("\t", "\\t").replace("|", "\\|").replace("`", "'") or " "
 
 
-def joint_pca(results: Sequence[Mapping[str, Any]], *, n_components: int = 2) -> tuple[dict[str, list[list[float]]], list[float]]:
-    """One PCA over the rollout features of several analysis results (e.g. several models),
-    each standardised within its own result first (the paper: "Features are standardized
-    within each model--mode setting before the joint PCA fit").
+def _setting(result: Mapping[str, Any]) -> tuple[str, str]:
+    """The model--mode setting of a result: (model name, student mode)."""
+    return str(result["model"]), str(result["config"]["student_mode"])
 
-    Returns ``({condition: [[pc1, pc2], ...]}, explained_variance_ratio)``; points of the same
-    condition name from different results are pooled.
+
+def joint_pca(results: Sequence[Mapping[str, Any]], *, n_components: int = 2) -> tuple[dict[str, list[list[float]]], list[float]]:
+    """One PCA over the rollout features of several analysis results (models, student modes, datasets).
+
+    The paper (``fig:teacher_context_pca_by_model``): "large markers are centroids for the seven
+    dataset--context conditions ... Features are standardized within each model--mode setting
+    before the joint PCA fit". So the results of one (model, student mode) setting (e.g. three runs on
+    OpenThoughts, OpenMathReasoning and DAPO) are stacked and standardised together, then one PCA is
+    fitted on all settings. A point's label is its condition, prefixed with the run's ``data_label``
+    when the results span several datasets (``OMR/answer_only:think`` and ``DAPO/answer_only:think``
+    stay apart); points with the same label from different settings are pooled (a per-condition
+    cloud over models). Returns ``({label: [[pc1, pc2], ...]}, explained_variance_ratio)``.
     """
-    blocks, labels = [], []
+    by_data = len({r.get("data_label", "data") for r in results}) > 1
+    settings: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for result in results:
         if list(result["rollout_features"]) != list(ROLLOUT_FEATURES):
             raise ValueError(f"{result.get('model')}: rollout features {result['rollout_features']} != {list(ROLLOUT_FEATURES)}")
-        names = list(result["conditions"])
-        feats = torch.cat([torch.tensor(result["conditions"][n]["rollout_features"], dtype=torch.float64) for n in names])
-        blocks.append(standardize(feats))
-        labels += [n for n in names for _ in result["conditions"][n]["rollout_features"]]
+        settings.setdefault(_setting(result), []).append(result)
+    blocks, labels = [], []
+    for group in settings.values():
+        feats = []
+        for result in group:
+            prefix = f"{result.get('data_label', 'data')}/" if by_data else ""
+            for name, rep in result["conditions"].items():
+                feats.append(torch.tensor(rep["rollout_features"], dtype=torch.float64))
+                labels += [prefix + name] * len(rep["rollout_features"])
+        blocks.append(standardize(torch.cat(feats)))
     fit = pca(torch.cat(blocks), n_components=n_components)
     points: dict[str, list[list[float]]] = {}
     for label, xy in zip(labels, fit.coords_MC.tolist()):
@@ -824,37 +1031,38 @@ def joint_pca(results: Sequence[Mapping[str, Any]], *, n_components: int = 2) ->
 
 
 def combined_table(results: Sequence[Mapping[str, Any]]) -> str:
-    """One Markdown table over several analyses (models and/or student modes), in the layout
-    of the paper's ``tab:token_context_signal_app`` / ``tab:token_signal_summary``: Model, S,
-    T, Context, Fwd KL, D>.05, abs adv, Agree, Enc, Disc. For each (student mode, condition)
-    that every model analysed in that student mode has (two or more models), a macro-average
-    row gives each model equal weight."""
+    """One Markdown table over several analyses (models, student modes, datasets), in the layout of the
+    paper's ``tab:token_context_signal_app`` / ``tab:token_signal_summary``: Model, Data, S, T, Context,
+    Fwd KL, D>.05, abs adv, Agree, Enc, Disc; one row per run and condition (a condition of two runs
+    never collides). For each (student mode, dataset, condition) that every model analysed in that
+    student mode has (two or more models), a macro-average row gives each model equal weight (a model
+    with several runs of it counts once, with the mean of its runs)."""
     cols = (("fwd_kl", 3), ("d_gt_005", 1), ("abs_adv", 3), ("agree", 1), ("enc", 1), ("disc", 1))
     lines = [
-        "| Model | S | T | Context | Fwd KL | D>.05 (%) | abs adv | Agree (%) | Enc (%) | Disc (%) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| Model | Data | S | T | Context | Fwd KL | D>.05 (%) | abs adv | Agree (%) | Enc (%) | Disc (%) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    groups: dict[tuple[str, str], dict[str, Mapping[str, float]]] = {}
+    groups: dict[tuple[str, str, str], dict[str, list[Mapping[str, float]]]] = {}
     models_by_mode: dict[str, set[str]] = {}
     for result in results:
-        student, model = result["config"]["student_mode"], result["model"]
+        model, student = _setting(result)
+        data = str(result.get("data_label", "data"))
         models_by_mode.setdefault(student, set()).add(model)
         for name, rep in result["conditions"].items():
             cond = Condition.parse(name)
             s = rep["summary"]
-            if model in groups.setdefault((student, name), {}):
-                raise ValueError(f"combined_table: {model} / student {student} / {name} appears twice")
-            groups[(student, name)][model] = s
+            groups.setdefault((student, data, name), {}).setdefault(model, []).append(s)
+            context = cond.context if cond.prompt_cap is None else f"{cond.context}@{cond.prompt_cap}"
             cells = " | ".join(_f(s[key], digits) for key, digits in cols)
-            lines.append(f"| {model} | {student} | {cond.mode} | {cond.context} | {cells} |")
-    for (student, name), by_model in groups.items():
+            lines.append(f"| {model} | {data} | {student} | {cond.mode} | {context} | {cells} |")
+    for (student, data, name), by_model in groups.items():
         if len(models_by_mode[student]) < 2 or set(by_model) != models_by_mode[student]:
             continue
         cond = Condition.parse(name)
-        cells = " | ".join(
-            _f(sum(_nan_none(s[key]) for s in by_model.values()) / len(by_model), digits) for key, digits in cols
-        )
-        lines.append(f"| Macro average | {student} | {cond.mode} | {cond.context} | {cells} |")
+        context = cond.context if cond.prompt_cap is None else f"{cond.context}@{cond.prompt_cap}"
+        per_model = [{key: sum(_nan_none(s[key]) for s in runs) / len(runs) for key, _ in cols} for runs in by_model.values()]
+        cells = " | ".join(_f(sum(m[key] for m in per_model) / len(per_model), digits) for key, digits in cols)
+        lines.append(f"| Macro average | {data} | {student} | {cond.mode} | {context} | {cells} |")
     return "\n".join(lines) + "\n"
 
 

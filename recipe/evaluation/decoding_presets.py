@@ -23,7 +23,10 @@ leaves room for any evaluation prompt, so it never binds there.
 ``mode`` is the chat-template reasoning switch the preset evaluates in: ``think`` /
 ``no_think`` set ``enable_thinking``; ``None`` renders the model's native template without
 the switch (models whose template has none). ``tiny_cpu`` is for CPU tests with the tiny
-local model.
+local model. ``smollm2_cpu`` (not a paper model: SmolLM2-135M-Instruct from
+``recipe.models.smollm2``, HF generate on CPU) takes the paper's setting for every model without a
+vendor-specific one (T 0.6, top-p 0.95, top-k off), its native ChatML template, its 8,192-token
+context and a 1,024-token cap (the training / analysis rollout cap: longer does not fit a CPU budget).
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ PRESETS: dict[str, DecodingPreset] = {
         _preset("falcon_h1r", "sglang", None, 65_536, 73_728, 0.6, 0.95, None, 0.0),
         _preset("mimo_7b_rl", "sglang", None, 32_768, 32_768, 0.6, 0.95, None, 0.0, system=""),
         _preset("tiny_cpu", "hf", "think", 48, 4_096, 1.0, 1.0, None, 0.0),
+        _preset("smollm2_cpu", "hf", None, 1_024, 8_192, 0.6, 0.95, None, 0.0),
     )
 }
 

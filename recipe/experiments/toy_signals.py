@@ -21,6 +21,8 @@ def signal_config(*, num_prompts: int = 128, rollouts_per_prompt: int = 2, tempe
                   max_new_tokens: int = 48, seed: int = 42, contexts=CONTEXTS) -> sa.SignalAnalysisConfig:
     return sa.SignalAnalysisConfig(
         num_prompts=num_prompts, rollouts_per_prompt=rollouts_per_prompt, temperature=temperature,
+        # untruncated sampling, as the toy measurements of docs/toy_world.md were taken
+        top_p=1.0, top_k=-1,
         max_new_tokens=max_new_tokens, seed=seed, student_mode="no_think",
         conditions=tuple(f"{context}:no_think" for context in contexts), windows=TOY_WINDOWS,
         sample_batch_size=64, score_batch_size=32, top_tokens=10,

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipe.cpu.vllm_cpu import default_venv
+from recipe.models import DEFAULT_CACHE
 
 DEVICES = ("cpu", "gpu")
 CPU_ROLLOUTS = ("hf", "vllm")
-DEFAULT_CACHE = "~/.cache/opsd-verl"
 # Names earlier run scripts read; setting one is an error naming its replacement (never silently ignored).
 RETIRED = {
     "OPSD_DEVICE": "DEVICE", "CACHE_DIR": "OPSD_CACHE", "ROLLOUT_NAME": "actor_rollout_ref.rollout.name=<engine>",

@@ -11,22 +11,6 @@ from recipe.common import chat, prompts
 from recipe.opsd import signals
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from recipe.models.tiny import build_tiny_model
-    from recipe.toy.demo import write_tiny_data
-    from recipe.toy.task import TaskConfig
-
-    root = tmp_path_factory.mktemp("signal_analysis")
-    model_dir = build_tiny_model(root / "model", seed=0)
-    train = write_tiny_data(root / "data", TaskConfig(num_operands=2, digits=2, n_train=12, n_heldout=2))["train"]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return model, tokenizer, sa.load_rows(train), train, model_dir
-
-
 CONDITIONS = ("full_solution:think", "answer_only:no_think", "none:think")
 
 
@@ -91,12 +75,13 @@ def test_signals_equal_token_signals_on_plain_full_logits(tiny, analysed):
 
 
 def test_student_logp_matches_the_sampler(analysed):
-    """Rescored student log-probs (full forward, right padding) equal the sampler's own
-    (generate, left padding, KV cache): the rollouts are rescored exactly as sampled."""
+    """Rescored student log-probs (full forward, right padding) under the sampling distribution
+    (T, top-k 20, top-p 0.95) equal the sampler's own (generate, left padding, KV cache): the
+    rollouts are rescored exactly as sampled."""
     _, _, rollouts, scored, result = analysed
     sampled = torch.tensor([lp for r in rollouts for lp in r.logprobs], dtype=torch.float64)
     for cond in CONDITIONS:
-        torch.testing.assert_close(scored[cond]["student_logp"].double(), sampled, atol=1e-4, rtol=0)
+        torch.testing.assert_close(scored[cond]["sampler_view_logp"].double(), sampled, atol=1e-4, rtol=0)
     assert result["sampler_logp_max_abs_diff"] < 1e-4
 
 
@@ -228,7 +213,7 @@ def test_joint_pca_standardises_within_each_result():
                          [0.2, 0.4, 0.1, 0.7, 0.6, 0.5, 0.9], [0.5, 0.3, 0.4, 0.6, 0.3, 0.7, 1.1]], dtype=torch.float64)
 
     def result(model, feats):
-        return {"model": model, "rollout_features": list(sa.ROLLOUT_FEATURES),
+        return {"model": model, "config": {"student_mode": "think"}, "rollout_features": list(sa.ROLLOUT_FEATURES),
                 "conditions": {"full": {"rollout_features": feats[:2].tolist()},
                                "answer": {"rollout_features": feats[2:].tolist()}}}
 
@@ -240,24 +225,6 @@ def test_joint_pca_standardises_within_each_result():
     single = sa.pca(sa.standardize(base), n_components=2)
     torch.testing.assert_close(torch.tensor(points["full"][:2], dtype=torch.float64), single.coords_MC[:2])
     assert explained == pytest.approx(single.explained_variance_ratio_C.tolist())
-
-
-def test_combined_table_rows_and_macro_average():
-    def result(model, student, conds):
-        keys = ("fwd_kl", "d_gt_005", "abs_adv", "agree", "enc", "disc")
-        return {"model": model, "config": {"student_mode": student},
-                "conditions": {name: {"summary": dict(zip(keys, values))} for name, values in conds.items()}}
-
-    table = sa.combined_table([
-        result("A", "think", {"full_solution:think": (0.1, 20, 0.15, 93, 30, 60), "answer_only:think": (0.02, 3, 0.04, 98, 40, 50)}),
-        result("B", "think", {"full_solution:think": (0.3, 40, 0.25, 91, 20, 70)}),
-        result("A", "no_think", {"full_solution:think": (0.2, 25, 0.2, 92, 15, 71)}),
-    ]).splitlines()
-    assert "| A | think | think | full_solution | 0.100 | 20.0 | 0.150 | 93.0 | 30.0 | 60.0 |" in table
-    assert "| A | no_think | think | full_solution | 0.200 | 25.0 | 0.200 | 92.0 | 15.0 | 71.0 |" in table
-    macro = [line for line in table if line.startswith("| Macro")]
-    # Only full_solution under student think is shared by both models.
-    assert macro == ["| Macro average | think | think | full_solution | 0.200 | 30.0 | 0.200 | 92.0 | 25.0 | 65.0 |"]
 
 
 def test_cli_samples_saves_rescoring_and_combines(tiny, tmp_path):
@@ -287,4 +254,4 @@ def test_cli_samples_saves_rescoring_and_combines(tiny, tmp_path):
     assert again.returncode != 0 and "exists" in again.stderr
     combined = subprocess.run([sys.executable, str(script), "--combine", str(tmp_path / "a" / "signals.json"),
                                str(tmp_path / "b" / "signals.json")], capture_output=True, text=True, timeout=120)
-    assert "| again | think | no_think | answer_only |" in combined.stdout
+    assert "| again | train | think | no_think | answer_only |" in combined.stdout

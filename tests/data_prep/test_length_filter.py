@@ -128,6 +128,30 @@ def test_cli_end_to_end(tmp_path, tokenizer_dir):
         length_filter.main(argv)
 
 
+def test_cli_native_mode_for_a_template_without_switch(tmp_path, tokenizer_dir, tok):
+    """A ChatML template without enable_thinking (SmolLM2's shape): native mode counts the template's own
+    rendering; think is refused with the chat module's error."""
+    import pandas as pd
+
+    template = tmp_path / "chatml.jinja"
+    template.write_text("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    src = tmp_path / "in.parquet"
+    pd.DataFrame(rows_of([record(0), record(1, solution="y" * 2000)])).to_parquet(src, index=False)
+    common = ["--input", str(src), "--tokenizer", str(tokenizer_dir), "--chat-template", str(template),
+              "--teacher-context", "full_solution"]
+    out = tmp_path / "out.parquet"
+    assert length_filter.main([*common, "--student-mode", "native", "--teacher-mode", "native", "--out", str(out)]) == 0
+    assert [r["extra_info"]["id"] for r in read_parquet_rows(out)] == ["r0"]
+    kept = json.loads((tmp_path / "out.summary.json").read_text())["kept_prompt_tokens"]
+    native_tok = length_filter.load_tokenizer(str(tokenizer_dir), template)
+    student, teacher = build_prompt_pair("full_solution", record(0))
+    assert kept["student"]["max"] == len(render_ids(student, native_tok, None))
+    assert kept["full_solution"]["max"] == len(render_ids(teacher, native_tok, None))
+    with pytest.raises(ValueError, match="no enable_thinking switch"):
+        length_filter.main([*common, "--student-mode", "native", "--teacher-mode", "think", "--out", str(tmp_path / "b.parquet")])
+
+
 def test_verl_rl_dataset_reads_filtered_parquet_and_agrees_on_length(tmp_path, tokenizer_dir, tok):
     import pandas as pd
     from omegaconf import OmegaConf

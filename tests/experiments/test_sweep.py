@@ -88,6 +88,14 @@ def test_eval_choice_and_steps():
     assert sweep.decoding_for("qwen35_4b", "no_think").mode == "no_think"
 
 
+def test_eval_choice_of_a_model_without_thinking_switch():
+    """SmolLM2's preset: null modes on both sides, evaluated natively with its CPU decoding preset."""
+    cfg = sweep.compose(["+model=smollm2_135m", "+experiment=[default]", "actor_rollout_ref.model.path=/m/smollm2"])
+    assert (cfg.opsd.student_mode, cfg.opsd.teacher_mode) == (None, None)
+    assert sweep.eval_choice(cfg) == ("native", "smollm2_cpu", None)
+    assert sweep.decoding_for("smollm2_cpu", None).mode is None
+
+
 def _results(n, avg, pas, length):
     return {"n": n, "macro": {f"avg@{n}": avg, f"pass@{n}": pas, "mean_length": length}}
 

@@ -118,6 +118,7 @@ BATCH_TABLE = {
     "falcon_h1r_7b": ("sglang", 4, 2, 4, 32),
     "mimo_7b_rl": ("sglang", 4, 2, 4, 32),
     "tiny_cpu": ("hf", 1, 2, 2, 4),
+    "smollm2_135m": ("hf", 1, 4, 2, 8),  # not a paper model (CPU)
 }
 # Paper tab:evaluation_config: preset -> decoding preset per evaluation mode.
 EVAL_TABLE = {
@@ -134,6 +135,7 @@ EVAL_TABLE = {
     "falcon_h1r_7b": {"native": "falcon_h1r"},
     "mimo_7b_rl": {"native": "mimo_7b_rl"},
     "tiny_cpu": {"think": "tiny_cpu", "no_think": "tiny_cpu"},
+    "smollm2_135m": {"native": "smollm2_cpu"},
 }
 CAPS = (128, 256, 512, 1024, 2048, 4096, 6144)
 
@@ -210,8 +212,8 @@ def test_model_preset_matches_paper_tables(name, hydra_dir):
     engine, gpus, micro, accum, global_batch = BATCH_TABLE[name]
     assert micro * accum * gpus == global_batch  # the table's own identity
     overrides = [f"+model={name}"]
-    if name == "tiny_cpu":
-        overrides.append("actor_rollout_ref.model.path=/tmp/tiny")
+    if name in ("tiny_cpu", "smollm2_135m"):  # locally built models: no hub id
+        overrides.append("actor_rollout_ref.model.path=/tmp/local_model")
     cfg = _compose(*overrides)
     preset = cfg.model_preset
     assert (preset.engine, preset.gpus, preset.micro_batch, preset.accumulation, preset.global_batch) == BATCH_TABLE[name]

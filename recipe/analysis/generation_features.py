@@ -1,0 +1,85 @@
+"""Stylistic and length feature rates of generated texts (pure stdlib).
+
+Paper, Table 1(b) ``tab:mode_discourse`` ("Qwen3-4B feature rates. Self-correction includes
+Hmm/Actually/No/But"): the % of generations that contain "wait", a self-correction marker, or
+``<think>``; appendix ``tab:sft_output_degen``: N, mean tokens, the % of generations with >= 32k and
+>= 38k tokens, the boxed rate and Avg@8, "pooled over AIME 2024--2026 and HMMT25".
+
+The paper does not spell the matching rules out; ours (docs/analysis.md):
+
+- ``wait``: the word "wait" in any case (``\\bwait\\b``, case-insensitive: "Wait," and "wait" count);
+- ``self_correction``: one of the words Hmm (any number of m's), Actually, No, But, case-sensitive
+  as written (capitalised discourse markers; lower-case "but"/"no" inside a sentence are ordinary
+  words). "Wait" is not in the list: the paper's thinking base has 100.0% "wait" and 99.7%
+  self-correction, so self-correction cannot include it;
+- ``think_tag``: the literal text ``<think>`` (decode with ``skip_special_tokens=True``; Qwen3's
+  ``<think>`` is an added, non-special token and survives it);
+- length thresholds: 32k = 32,768 and 38k = 38,912 tokens (binary k, as in the paper's 6k =
+  6,144-token window; 38,912 is the Qwen3 thinking cap, so ">= 38k" counts generations cut at the
+  cap). Both are parameters.
+
+Rates are pooled over all generations given (the paper pools the four benchmarks: N = 960).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+STYLE_PATTERNS = {
+    "wait": re.compile(r"\bwait\b", re.IGNORECASE),
+    "self_correction": re.compile(r"\b(?:Hm+|Actually|No|But)\b"),
+    "think_tag": re.compile(re.escape("<think>")),
+}
+LENGTH_THRESHOLDS = (32_768, 38_912)
+
+
+def style_flags(text: str) -> dict[str, bool]:
+    """Whether ``text`` contains each stylistic feature of ``STYLE_PATTERNS``."""
+    return {name: pattern.search(text) is not None for name, pattern in STYLE_PATTERNS.items()}
+
+
+def _pct(flags: Iterable[bool]) -> float:
+    flags = list(flags)
+    return 100.0 * sum(flags) / len(flags) if flags else float("nan")
+
+
+def feature_rates(records: Sequence[Mapping], *, thresholds: Sequence[int] = LENGTH_THRESHOLDS) -> dict[str, float]:
+    """Pooled rates (%) over generation records (``text``, ``num_tokens``; optional ``has_boxed``, ``acc``).
+
+    Keys: ``n``, ``mean_tokens``, ``ge_<t>`` per threshold t, ``wait``, ``self_correction``,
+    ``think_tag``, and ``boxed`` / ``accuracy`` when every record has ``has_boxed`` / ``acc``.
+    """
+    if not records:
+        raise ValueError("feature_rates: no generation records")
+    missing = [i for i, r in enumerate(records) if "text" not in r or "num_tokens" not in r]
+    if missing:
+        raise ValueError(f"feature_rates: records {missing[:5]} lack 'text' or 'num_tokens'")
+    flags = [style_flags(r["text"]) for r in records]
+    out = {"n": float(len(records)), "mean_tokens": sum(r["num_tokens"] for r in records) / len(records)}
+    for t in thresholds:
+        out[f"ge_{t}"] = _pct(r["num_tokens"] >= t for r in records)
+    for name in STYLE_PATTERNS:
+        out[name] = _pct(f[name] for f in flags)
+    if all("has_boxed" in r for r in records):
+        out["boxed"] = _pct(bool(r["has_boxed"]) for r in records)
+    if all("acc" in r for r in records):
+        out["accuracy"] = _pct(bool(r["acc"]) for r in records)
+    return out
+
+
+def _k(t: int) -> str:
+    return f"{t // 1024}k" if t % 1024 == 0 else str(t)
+
+
+def rates_table(named: Mapping[str, Mapping[str, float]], *, thresholds: Sequence[int] = LENGTH_THRESHOLDS) -> str:
+    """Markdown table of ``feature_rates`` results, one row per name (the paper's two tables side by side)."""
+    cols = [("N", "n", 0), ("Tokens", "mean_tokens", 0)]
+    cols += [(f">={_k(t)} (%)", f"ge_{t}", 1) for t in thresholds]
+    cols += [("Boxed (%)", "boxed", 1), ("Acc (%)", "accuracy", 1), ('"wait" (%)', "wait", 1),
+             ("Self-correction (%)", "self_correction", 1), ("<think> (%)", "think_tag", 1)]
+    lines = ["| Run | " + " | ".join(c[0] for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    for name, rates in named.items():
+        cells = [f"{rates[key]:.{digits}f}" if key in rates else "-" for _, key, digits in cols]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
