@@ -500,7 +500,7 @@ def sampler_view_logp(
 ) -> torch.Tensor:
     """log-prob of each sampled token under the distribution the sampler drew it from: the student
     logits at the sampling temperature, then top-k, then top-p (transformers' warpers, the order of
-    ``recipe.common.hf_generate``). Compared with the sampler's own log-probs by the rescoring check."""
+    ``recipe.cpu.hf_generate``). Compared with the sampler's own log-probs by the rescoring check."""
     from transformers import TopKLogitsWarper, TopPLogitsWarper
 
     warpers = []

@@ -217,14 +217,26 @@ def _preset_values_replaced(recipe: Recipe, overrides: OverrideList, cfg, base) 
     return notes
 
 
+# rollout engines registered by the CPU plugin only (recipe.cpu): a GPU launch cannot start them
+CPU_ONLY_ENGINES = {"hf": "recipe.cpu.rollout, batched HF generate"}
+
+
 def _validate(recipe: Recipe, settings: Settings, cfg, base) -> None:
     missing = composer.missing(cfg)
     if missing:
         raise ValueError(f"mandatory config values are not set: {missing} (pass them as hydra overrides)")
+    model_preset = composer.select(cfg, "model_preset.name")
     for key, variable in ((recipe.model_key, "MODEL_PATH"), (recipe.train_key, "TRAIN_FILES")):
         if composer.select(cfg, key) == composer.select(base, key):
             hint = " or a +model=<preset>" if variable == "MODEL_PATH" and recipe.presets("model") else ""
+            if variable == "MODEL_PATH" and model_preset is not None:  # a preset of a locally built model
+                hint = f" (+model={model_preset} names no Hub id: the model is built locally, see its preset file)"
             raise ValueError(f"{key} is verl's placeholder {composer.select(cfg, key)!r}: set {variable}{hint}")
+    engine = composer.select(cfg, "actor_rollout_ref.rollout.name")
+    if settings.device == "gpu" and engine in CPU_ONLY_ENGINES:
+        source = f"+model={model_preset}" if model_preset is not None else "the config"
+        raise ValueError(f"actor_rollout_ref.rollout.name={engine} ({source}) is the CPU path's rollout "
+                         f"({CPU_ONLY_ENGINES[engine]}); on a GPU set actor_rollout_ref.rollout.name=vllm or sglang")
 
 
 def _kill_group(process: subprocess.Popen) -> None:

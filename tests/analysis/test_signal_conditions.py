@@ -125,7 +125,8 @@ def test_sol_and_sol_long_share_rows_and_rollouts(tiny, tmp_path):
     model, tokenizer, rows, _, _ = tiny
     lengths = sorted(len(sa.teacher_prompt_ids(r["extra_info"], sa.Condition("full_solution", "think"), tokenizer)[0])
                      for r in rows)
-    cap = lengths[len(lengths) // 2]  # about half of the rows need a cut
+    assert lengths[0] < lengths[-1]
+    cap = lengths[0]  # the shortest teacher prompt: every longer row needs a cut
     conds = ("full_solution:think", f"full_solution:think@{cap}")
     config = sa.SignalAnalysisConfig(num_prompts=len(rows), rollouts_per_prompt=1, max_new_tokens=6, conditions=conds)
     items, skipped = sa.build_prompt_items(rows, tokenizer, config=config)
@@ -315,9 +316,10 @@ def test_cli_on_smollm2_native(smollm2_dir, tmp_path):
     import subprocess
     import sys
 
-    from recipe.common.tiny_model import build_tiny_parquet
+    from recipe.toy.demo import write_tiny_data
+    from recipe.toy.task import TaskConfig
 
-    train, _ = build_tiny_parquet(tmp_path / "data", num_train=4, num_val=1, seed=0)
+    train = write_tiny_data(tmp_path / "data", TaskConfig(num_operands=2, digits=2, n_train=4, n_heldout=1))["train"]
     script = REPO_ROOT / "scripts" / "analyze_signals.py"
     common = [sys.executable, str(script), "--model", str(smollm2_dir), "--data", str(train), "--num-prompts", "2",
               "--rollouts-per-prompt", "1", "--max-new-tokens", "12", "--windows", "0:4", "4:12"]

@@ -25,7 +25,9 @@ from recipe.launch.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OPSD, GRPO, SFT = get_recipe("opsd"), get_recipe("grpo"), get_recipe("sft")
-PAPER_MODELS = [m for m in OPSD.presets("model") if m != "tiny_cpu"]
+# the presets of Hub models (the CPU presets tiny_cpu / smollm2_135m name a locally built model)
+PAPER_MODELS = [m for m in OPSD.presets("model")
+                if OmegaConf.load(OPSD.config_dir / "model" / f"{m}.yaml").model_preset.hf_id is not None]
 # one factor each: caps (with micro-batch rebalancing), teacher cap, global batch + steps, schedule, temperatures
 EXPERIMENTS = ["default", "rollout_4096", "context_cot_solution", "opsd_vs_grpo_matched", "steps_300", "temp_s06_t06",
                "rollout_256", "lora_r64"]
@@ -99,6 +101,17 @@ def test_sweep_gpu_keeps_every_model_preset(model, tmp_path):
         assert cfg.data.train_files.endswith("runs/" + experiment + "/data/train.parquet")  # the data step's output
     assert_reaches(cfg, expected)
     assert not (tmp_path / "sweep").exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize("model", ["tiny_cpu", "smollm2_135m"])
+def test_cpu_model_presets_on_a_gpu_fail_with_what_to_set(model):
+    with pytest.raises(ValueError, match=f"set MODEL_PATH \\(\\+model={model} names no Hub id"):
+        gpu_plan(OPSD, [f"+model={model}"])
+    with pytest.raises(ValueError, match=r"rollout.name=hf \(\+model=.*\) is the CPU path's rollout .* set "
+                                         r"actor_rollout_ref.rollout.name=vllm"):
+        gpu_plan(OPSD, [f"+model={model}"], model_path="/models/m")
+    launch = gpu_plan(OPSD, [f"+model={model}", "actor_rollout_ref.rollout.name=vllm"], model_path="/models/m")
+    assert launch.config.actor_rollout_ref.model.path == "/models/m"
 
 
 def test_explicit_choices_win_and_are_printed():

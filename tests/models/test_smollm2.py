@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from recipe.common import chat
-from recipe.common.tiny_model import IM_END, IM_START, build_tiny_model
+from recipe.models.tiny import IM_END, IM_START, build_tiny_model
 from recipe.models import smollm2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
