@@ -263,14 +263,14 @@ def _record(launch: Launch, *, start: float, returncode: int) -> dict:
 def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s: float | None = None) -> dict:
     """Start the launch in the repository root; return its ``run_times.jsonl`` record.
 
-    Without ``log`` verl's output goes to this console. With ``log`` it goes to that file and
-    ``on_line(line)`` sees every line (the CPU demos print condensed progress from it). After
+    Without ``log`` verl's output goes to this console. With ``log`` it is appended to that file (a
+    relaunch that resumes keeps the earlier launches' output) and ``on_line(line)`` sees every line (the CPU demos print condensed progress from it). After
     ``timeout_s`` the launch's process group (driver, Ray, workers) is killed (exit code -9).
     """
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
     launch.config_path.write_text(launch.resolved_yaml())
     start = time.time()
-    sink = open(log, "w") if log is not None else None
+    sink = open(log, "a") if log is not None else None
     process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env=launch.env, start_new_session=True, text=True,
                                stdout=subprocess.PIPE if sink else None, stderr=subprocess.STDOUT if sink else None)
     watchdog = threading.Timer(timeout_s, _kill_group, args=(process,)) if timeout_s else None

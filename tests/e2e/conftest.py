@@ -163,6 +163,8 @@ def run_cpu_verl():
     ``script=False``: ``target`` is a module run as ``python -m <target> +platform=cpu <args>`` with
     the CPU environment of ``recipe.cpu.env`` (pass ``--config-path`` / ``--config-name`` for verl's
     own entry points). The metrics jsonl is ``<workdir>/metrics.jsonl`` (``VERL_FILE_LOGGER_PATH``).
+    ``VerlRun.log`` is the console output followed by what this launch added to ``$CKPT_DIR/train.log``
+    (a CPU demo launch writes verl's own output there and shows condensed progress on the console).
     """
     from recipe.cpu.env import cpu_environment
 
@@ -177,6 +179,8 @@ def run_cpu_verl():
             {"VERL_FILE_LOGGER_PATH": str(metrics_path), "RAY_DEDUP_LOGS": "0", "PYTHON": sys.executable}
         )
         full_env.update(env or {})
+        train_log = Path(full_env["CKPT_DIR"]) / "train.log" if full_env.get("CKPT_DIR") else None
+        train_log_start = train_log.stat().st_size if train_log is not None and train_log.exists() else 0
         if script:
             command = ["bash", str(REPO_ROOT / target), *args]
         else:
@@ -197,9 +201,14 @@ def run_cpu_verl():
                 os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group (driver + Ray)
                 proc.wait()
                 returncode = -9
+        log = log_path.read_text(errors="replace")
+        if train_log is not None and train_log.exists():
+            with open(train_log, "rb") as handle:
+                handle.seek(train_log_start)
+                log += handle.read().decode(errors="replace")
         return VerlRun(
             returncode=returncode,
-            log=log_path.read_text(errors="replace"),
+            log=log,
             metrics=read_metrics_jsonl(metrics_path),
             metrics_path=metrics_path,
             log_path=log_path,
