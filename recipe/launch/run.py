@@ -22,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
@@ -146,6 +147,9 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
         if count > 0:
             overrides.add([f"trainer.n_gpus_per_node={count}"], source="nvidia-smi")
             notes.append(f"trainer.n_gpus_per_node={count}: all GPUs nvidia-smi lists (no preset or NGPUS sets it)")
+    if vllm:  # the vLLM venv reaches the main venv it was built from (recipe/cpu/vllm_cpu_venv.sh)
+        tie = vllm_cpu.main_venv_note(settings.vllm_venv_dir, sysconfig.get_paths()["purelib"])
+        notes += [tie] if tie else []
     for key, value, why in composer.token_budget_fixes(cfg, recipe):
         overrides.add([f"{key}={value}"], source="derived")
         notes.append(f"{key}={value} {why}")

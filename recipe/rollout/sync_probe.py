@@ -8,7 +8,8 @@ float32 Hugging Face forward of exactly the tensors the trainer pushed. One JSON
 ``{"global_steps", "replica_rank", "max_abs_logprob_diff", "mean_abs_logprob_diff", "response_ids",
 "rollout_log_probs", "trainer_log_probs", "update_max_abs_logprob_diff"}``. A rollout that kept
 stale weights differs by the size of the update; one in sync differs by the engine's numerics only
-(vLLM bfloat16 vs float32 reference: ~1e-2; vLLM float32: ~1e-6, docs/vllm_cpu.md).
+(vLLM float32: <= 5e-7 on the tiny Qwen3, <= 3e-5 on SmolLM2-135M; vLLM bfloat16 on SmolLM2: up to
+0.16, as large as one update, so a tight check needs ``rollout.dtype=float32``: docs/vllm_cpu.md).
 ``update_max_abs_logprob_diff`` is the same comparison between the previous push's weights and
 this push's (null at the first push): how far a rollout that missed this push would be off, so a
 test can check that its tolerance could have failed.

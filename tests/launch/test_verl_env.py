@@ -131,3 +131,18 @@ def test_run_grpo_dry_run_shows_the_vllm_cpu_launch(tmp_path):
         "+platform=cpu_vllm" in command
     assert "VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1" in out.stdout
     assert "actor_rollout_ref.rollout.name" in out.stdout and "name: vllm" in out.stdout
+
+
+def test_a_venv_built_from_another_main_venv_is_noted(tmp_path):
+    import sysconfig
+
+    venv = fake_venv(tmp_path)
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    settings = Settings(device="cpu", model_path="/m", train_files="/t.parquet", cpu_rollout="vllm", vllm_venv=str(venv))
+    (site / "zz_opsd_main_venv.pth").write_text("import site; site.addsitedir('/other/venv/lib/python3.11/site-packages')\n")
+    note = next(n for n in plan(GRPO, settings, [], environ={}).notes if n.startswith("VLLM_VENV="))
+    assert f"built from the main venv of /other/venv/lib/python3.11/site-packages, not this launcher's " \
+           f"({sysconfig.get_paths()['purelib']})" in note
+    (site / "zz_opsd_main_venv.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    assert not [n for n in plan(GRPO, settings, [], environ={}).notes if n.startswith("VLLM_VENV=")]
