@@ -176,7 +176,6 @@ def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, env=None,
         timeout=timeout,
     )
     run.wall_s = time.monotonic() - start
-    run.log += _train_log(tmp_path)
     run.probe = _read_probe(probe_log)
     return run
 
