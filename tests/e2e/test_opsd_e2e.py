@@ -18,7 +18,9 @@ resume. Four training launches and four failing ones (3 min 42 s on 2 shared cor
   full-parameter run's step 1; the checkpoint's base weights are bit-identical to the initial
   ones; the rollout serves bf16 of the merged adapters); the collapse monitor stops the run after
   step 2 and a checkpoint (with the monitor's state) is saved there.
-- bad ``opsd.*`` values fail before Ray starts with a message naming the field.
+- bad ``opsd.*`` values fail before Ray starts with a message naming the field; the pre-flight gate
+  prints its line before Ray starts, and a student prompt of another context stops the run there
+  with the diff of the two renderings.
 """
 
 import json
@@ -155,6 +157,8 @@ def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir
     )
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
+    # the pre-flight gate ran before Ray (on by default) on the tokenizer of the Hub id
+    assert "[opsd] preflight: ok (4 rows, context full_solution, modes think/think)" in run.log, run.tail()
     for step in (1, 2):
         _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
 
@@ -393,6 +397,24 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, t
     assert f"[opsd] invalid config: {field} must be" in run.log, run.tail()
     assert "Traceback" not in run.log, run.tail()  # one line naming the field, no stack trace
     assert "ray init kwargs" not in run.log and "Started a local Ray instance" not in run.log, run.tail()
+
+
+def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """The tiny parquet holds the default student message; an instruction-only context changes the
+    student's message, so the gate stops the run with the diff of the two renderings, in one message."""
+    run = run_cpu_verl(
+        SCRIPT,
+        ["opsd.teacher_context=concise_to_detailed"],
+        workdir=tmp_path,
+        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl"),
+        script=True,
+        timeout=120,
+    )
+    assert run.returncode != 0, run.tail()
+    assert "[opsd] preflight failed (opsd.preflight=false skips this gate): row 0" in run.log, run.tail()
+    assert "+Write a concise solution" in run.log, run.tail()
+    assert "Traceback" not in run.log, run.tail()
+    assert "Started a local Ray instance" not in run.log, run.tail()
 
 
 def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
