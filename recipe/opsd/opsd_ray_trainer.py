@@ -22,6 +22,9 @@ weight sync to the rollout servers, validation, checkpoints, logging -- is verl'
   (``variants.teacher_weight_schedule`` over ``trainer.total_training_steps``) goes to the actor.
 
 The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
+With ``opsd.objective.task_weight`` > 0 the trainer grades every rollout with the one grader and
+sends each response's GRPO group advantage to the actor (``_add_task_advantages``; docs/core_math.md
+"Mixed objectives").
 """
 
 from __future__ import annotations

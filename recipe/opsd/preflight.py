@@ -24,8 +24,8 @@ prompt builder (``prompts.build_prompt_pair``) and renderer (``chat.render_ids``
 
 A failure raises ``PreflightError`` whose message is the readable diff of the two renderings
 (``rendering_diff``); success returns a ``PreflightReport`` whose ``summary()`` is the one log line.
-The divergence of the first K response positions needs the model (docs/opsd_recipe.md: where it
-runs); ``divergence_line`` formats it.
+The gate needs the tokenizer only (seconds at any model size); why the model-level divergence of
+the first response positions is not part of it yet: docs/opsd_recipe.md, "Pre-flight gate".
 
 Example::
 
@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["PreflightError", "PreflightReport", "rendering_diff", "generation_suffix", "turn_end_text",
-           "check_row", "run_preflight", "divergence_line"]
+           "check_row", "run_preflight"]
 
 # a neutral user message: the generation prompt of a mode is what the template appends after it
 PROBE_MESSAGE = "PREFLIGHT PROBE"
@@ -126,7 +126,7 @@ class PreflightReport:
     notes: list = field(default_factory=list)
 
     def summary(self) -> str:
-        modes = f"{self.student_mode}/{self.teacher_mode}"
+        modes = "/".join("native" if mode is None else mode for mode in (self.student_mode, self.teacher_mode))
         line = (f"[opsd] preflight: ok ({self.rows} rows, context {self.teacher_context}, modes {modes}): rollout "
                 f"prompts are the context's student message; none control gives identical inputs (divergence 0); "
                 f"generation prompts student {self.student_suffix!r} teacher {self.teacher_suffix!r}; turn end "
@@ -252,17 +252,3 @@ def run_preflight(rows: Sequence[Mapping], *, teacher_context: str, student_mode
                            teacher_mode=teacher_mode, turn_end=seen["turn_end"], student_suffix=seen["student_suffix"],
                            teacher_suffix=seen["teacher_suffix"], seconds=time.perf_counter() - start, notes=notes)
 
-
-def divergence_line(values_BK, *, teacher_context: str) -> str:
-    """One line: the mean divergence at each of the first K response positions over the rows
-    (``values_BK``: rows x positions, None/NaN where a row is shorter)."""
-    import math
-
-    k = max((len(row) for row in values_BK), default=0)
-    means = []
-    for position in range(k):
-        column = [float(row[position]) for row in values_BK
-                  if position < len(row) and row[position] is not None and not math.isnan(float(row[position]))]
-        means.append(sum(column) / len(column) if column else float("nan"))
-    shown = " ".join(f"{m:.4g}" for m in means)
-    return f"[opsd] preflight: divergence at response positions 1..{k} (context {teacher_context}, mean over rows): {shown}"
