@@ -79,27 +79,26 @@ def _render_text(messages, tokenizer, mode, *, add_generation_prompt: bool = Tru
 
 
 def generation_suffix(messages: Sequence[Mapping], tokenizer, mode) -> str:
-    """The rendered text after the last user message's content: the generation prompt (role header
-    and any reasoning-mode tokens such as an empty ``<think></think>`` block)."""
+    """The generation prompt: what ``add_generation_prompt`` adds to the rendering (role header and
+    any reasoning-mode tokens such as an empty ``<think></think>`` block); for a template whose
+    rendering without it is not a prefix, the text after the last message's content."""
     from recipe.common.chat import render
 
     text = render(messages, tokenizer, mode)
-    content = messages[-1]["content"]
-    at = text.rfind(content)
-    if at < 0:
-        raise PreflightError(f"the chat template does not render the last message's text verbatim (mode {mode!r}); "
-                             "the pre-flight gate cannot locate the generation prompt")
-    return text[at + len(content):]
+    without = _render_text(messages, tokenizer, mode, add_generation_prompt=False)
+    if text.startswith(without):
+        return text[len(without):]
+    at = text.rfind(messages[-1]["content"])
+    return text[at + len(messages[-1]["content"]):] if at >= 0 else text
 
 
-def turn_end_text(messages: Sequence[Mapping], tokenizer, mode) -> str:
-    """What the template writes right after an assistant reply (the turn's end, e.g. ``<|im_end|>\\n``)."""
+def turn_end_text(messages: Sequence[Mapping], tokenizer, mode) -> str | None:
+    """What the template writes right after an assistant reply (the turn's end, e.g. ``<|im_end|>\\n``);
+    None if the template does not render the reply verbatim."""
     conversation = [*messages, {"role": "assistant", "content": PROBE_REPLY}]
     text = _render_text(conversation, tokenizer, mode, add_generation_prompt=False)
     at = text.rfind(PROBE_REPLY)
-    if at < 0:
-        raise PreflightError(f"the chat template does not render an assistant reply verbatim (mode {mode!r})")
-    return text[at + len(PROBE_REPLY):]
+    return None if at < 0 else text[at + len(PROBE_REPLY):]
 
 
 def _first_token(text: str, tokenizer) -> int | None:
@@ -207,6 +206,9 @@ def check_row(extra_info: Mapping, *, rollout_messages: Sequence[Mapping] | None
     # 4. EOS: the same turn end on both sides, one the rollout stops at
     ends = {"student": turn_end_text(student_messages, tokenizer, student_mode),
             "teacher": turn_end_text(teacher_messages, tokenizer, teacher_mode)}
+    if None in ends.values():  # the template rewrites an assistant reply: the turn end cannot be located
+        return {"student_suffix": suffixes["student"], "teacher_suffix": suffixes["teacher"],
+                "turn_end": "not checked (the template does not render an assistant reply verbatim)"}
     end_ids = {side: _first_token(text, tokenizer) for side, text in ends.items()}
     if end_ids["student"] != end_ids["teacher"]:
         raise PreflightError(
@@ -241,8 +243,14 @@ def run_preflight(rows: Sequence[Mapping], *, teacher_context: str, student_mode
     seen = None
     for index, info in enumerate(rows):
         messages = None if rollout_prompts is None else rollout_prompts[index]
-        result = check_row(info, rollout_messages=messages, teacher_context=teacher_context, student_mode=student_mode,
-                           teacher_mode=teacher_mode, tokenizer=tokenizer, eos_ids=eos_ids, row=index)
+        try:
+            result = check_row(info, rollout_messages=messages, teacher_context=teacher_context,
+                               student_mode=student_mode, teacher_mode=teacher_mode, tokenizer=tokenizer,
+                               eos_ids=eos_ids, row=index)
+        except PreflightError:
+            raise
+        except ValueError as err:  # a field the context needs, a mode the template cannot render
+            raise PreflightError(f"row {index} (id={info.get('id')!r}): {err}") from None
         seen = seen or result
     notes = []
     if student_mode != teacher_mode:

@@ -112,6 +112,30 @@ def test_a_none_control_that_differs_fails(monkeypatch):
         _run(build_char_tokenizer())
 
 
+def test_a_row_without_the_contexts_field_or_a_mode_the_template_lacks_names_the_row():
+    with pytest.raises(PreflightError, match=r"row 0 \(id='r0'\): teacher context 'unrelated' needs .*'unrelated_problem'"):
+        _run(build_char_tokenizer(), context="unrelated")
+    plain = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '<|im_end|>' }}{% endfor %}"
+    with pytest.raises(PreflightError, match=r"row 0 \(id='r0'\): mode='think' was asked for, but .* no enable_thinking"):
+        _run(build_char_tokenizer(chat_template=plain))
+    # the same template in its native mode passes
+    assert _run(build_char_tokenizer(chat_template=plain), student_mode=None, teacher_mode=None).rows == 2
+
+
+def test_a_template_that_rewrites_the_content_still_gets_its_generation_prompt_checked():
+    """A template that upper-cases the content: the generation prompt is what add_generation_prompt adds."""
+    upper = CONTENT_SWITCH.replace("m['content'] + END", "m['content']|upper + END")
+    tok = build_char_tokenizer(chat_template=upper)
+    with pytest.raises(PreflightError, match="the teacher's generation prompt '<\\|im_start\\|>assistant\\\\n<think>"):
+        _run(tok)
+
+
+def test_a_template_that_rewrites_replies_skips_the_turn_end_check_and_says_so():
+    lower = WRONG_TURN_END.replace("m['content'] + END", "m['content']|lower + END")
+    report = _run(build_char_tokenizer(chat_template=lower))  # the wrong turn end is not visible any more
+    assert "turn end not checked (the template does not render an assistant reply verbatim)" in report.summary()
+
+
 def test_rendering_diff_shows_line_ends_and_is_capped():
     diff = rendering_diff("a\nb\n", "a\nc\n")
     assert diff.splitlines() == ["--- student", "+++ teacher", "@@ -1,2 +1,2 @@", " a\\n", "-b\\n", "+c\\n"]
