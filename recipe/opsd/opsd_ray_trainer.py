@@ -183,6 +183,9 @@ class RayOPSDTrainer(RayPPOTrainer):
         texts = self.tokenizer.batch_decode(
             [ids[: int(n)] for ids, n in zip(batch.batch["responses"], lengths)], skip_special_tokens=True
         )
+        if "reward_model" not in batch.non_tensor_batch:
+            raise ValueError("opsd.objective.task_weight > 0 grades the rollouts against the parquet's "
+                             "reward_model.ground_truth column, which this data set does not have")
         truths = [info["ground_truth"] for info in batch.non_tensor_batch["reward_model"]]
         rewards_B = torch.tensor([compute_score("", text, truth)["score"] for text, truth in zip(texts, truths)],
                                  dtype=torch.float32)
