@@ -148,11 +148,14 @@ PREFLIGHT_ROWS = 4
 def preflight_gate(config, opsd: OPSDConfig) -> str:
     """The pre-flight gate on the first ``PREFLIGHT_ROWS`` rows of the first train file, with the
     tokenizer verl will build (``tokenizer_path`` or ``path``, ``custom_chat_template``) and no model.
-    Returns the report line; raises ``preflight.PreflightError`` (message with the diff)."""
+    Returns the report line; raises ``preflight.PreflightError`` (message with the diff). Data or a
+    tokenizer the driver cannot read (a remote path verl copies to the workers, a model directory that
+    only the worker nodes have) skip the gate with a line saying why: the gate never blocks a run verl
+    could start."""
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer, GenerationConfig
 
-    from recipe.opsd.preflight import PreflightError, run_preflight
+    from recipe.opsd.preflight import run_preflight
 
     model = config.actor_rollout_ref.model
     files = config.data.train_files
@@ -161,10 +164,13 @@ def preflight_gate(config, opsd: OPSDConfig) -> str:
     try:
         batch = next(pq.ParquetFile(path).iter_batches(batch_size=PREFLIGHT_ROWS, columns=[prompt_key, "extra_info"]))
     except (OSError, StopIteration, KeyError, ValueError) as err:
-        raise PreflightError(f"cannot read the `{prompt_key}` and `extra_info` columns of {path}: {err}") from None
+        return f"[opsd] preflight: skipped (cannot read the `{prompt_key}` and `extra_info` columns of {path} here: {err})"
     rows = batch.to_pylist()
     source = model.get("tokenizer_path") or model.path
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=bool(model.get("trust_remote_code", False)))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=bool(model.get("trust_remote_code", False)))
+    except (OSError, ValueError) as err:
+        return f"[opsd] preflight: skipped (cannot load the tokenizer of {source} here: {err})"
     if model.get("custom_chat_template"):
         tokenizer.chat_template = model.custom_chat_template
     eos_ids = {tokenizer.eos_token_id} - {None}
@@ -255,7 +261,7 @@ def main(config):
         print(f"[opsd] wrong verl version: {err}", file=sys.stderr)
         sys.exit(2)
     try:
-        prepare_config(config)  # fail on a bad opsd block before Ray starts
+        opsd = prepare_config(config)  # fail on a bad opsd block before Ray starts
     except ValueError as err:  # a config mistake: the message names the field, no traceback
         print(f"[opsd] invalid config: {err}", file=sys.stderr)
         sys.exit(2)
@@ -269,7 +275,6 @@ def main(config):
     except InputError as err:  # names the file and what is wrong with it, no traceback
         print(f"[opsd] {err}", file=sys.stderr)
         sys.exit(2)
-    opsd = OPSDConfig.from_hydra(config.opsd)
     if opsd.preflight:  # template / reasoning-mode / EOS mismatches stop the run here, before Ray
         try:
             print(preflight_gate(config, opsd))

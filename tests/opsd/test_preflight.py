@@ -173,6 +173,18 @@ def test_the_driver_gate_reads_the_first_rows_and_the_tokenizer(tmp_path):
         _gate(tmp_path / "switch", template=CONTENT_SWITCH)
 
 
+def test_the_driver_gate_skips_what_it_cannot_read_and_says_so(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from recipe.opsd.main_opsd import preflight_gate, prepare_config
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="opsd_trainer", overrides=[
+            f"actor_rollout_ref.model.path={tmp_path / 'model'}", "data.train_files=hdfs://cluster/train.parquet"])
+    assert preflight_gate(cfg, prepare_config(cfg)).startswith(
+        "[opsd] preflight: skipped (cannot read the `prompt` and `extra_info` columns of hdfs://cluster/train.parquet")
+
+
 @pytest.mark.parametrize("value", ["maybe", "1"])
 def test_preflight_must_be_a_bool(value):
     from recipe.opsd.config import OPSDConfig
