@@ -35,6 +35,21 @@ ranks. d_t is, by ``opsd.loss.variant``:
   The two variants take their diagnostics from a separate no-grad pass
   (``signals.token_signals_from_hidden``).
 
+``objective`` (``objectives.ObjectiveWeights``, from ``opsd.objective``; None = the divergence
+alone) changes d_t for ``variant: opsd``:
+
+- ``sampled_token``: the per-token surrogate ``objectives.policy_gradient_terms`` with the advantage
+  ``objectives.sampled_token_advantages`` (teacher log-prob of the sampled token from the
+  diagnostics pass at the teacher temperature, minus the student's from a chunked, checkpointed
+  pass at the student temperature, ``variants.sampled_token_log_probs_from_hidden``; pS_old = that
+  pass detached: the rollout policy with the recipe's one update per batch), plus ``task_weight``
+  x the response's GRPO advantage (``objectives.mix_task_advantages``; ``opsd_task_advantages``
+  [b], set by the trainer from the grader);
+- ``full_vocabulary`` with ``task_weight`` > 0: the divergence plus task_weight x the surrogate
+  with A = the GRPO advantage (``objectives.objective_loss``).
+
+Both surrogates are aggregated over the loss positions with the divergence's weights.
+
 Token-level diagnostics are exact token means over the mini-batch's response tokens (all ranks):
 no sampling.
 
@@ -55,6 +70,14 @@ from __future__ import annotations
 import torch
 
 from recipe.opsd.losses import aggregation_weights, fused_linear_weighted_divergence
+from recipe.opsd.objectives import (
+    ObjectiveWeights,
+    mix_task_advantages,
+    objective_loss,
+    policy_gradient_terms,
+    sampled_token_advantages,
+    weighted_sum,
+)
 from recipe.opsd.positions import parse_position_spec, select_positions
 from recipe.opsd.signals import student_entropy_from_hidden, token_signals_from_hidden, weighted_divergence_and_signals
 from recipe.opsd.variants import (
@@ -69,6 +92,8 @@ TEACHER_WEIGHT_KEY = "opsd_teacher_weight"
 # tokens and rollouts with at least one loss position, over the whole mini-batch (all dp ranks)
 RESPONSE_TOKENS_KEY = "opsd_response_tokens"
 LOSS_SEQUENCES_KEY = "opsd_loss_sequences"
+# tensor [B] the trainer adds when opsd.objective.task_weight > 0: each response's GRPO advantage
+TASK_ADVANTAGES_KEY = "opsd_task_advantages"
 
 # signals.token_signals_from_hidden key -> logged metric name
 SIGNAL_METRICS = {
@@ -106,7 +131,16 @@ def _loss_mask(loss_config, data, response_mask_bR, student_entropy_N):
     return selected_bR
 
 
-def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_VH=None):
+def _surrogate(objective, advantages_bR, student_logp_bR, weight_bR):
+    """(the surrogate's weighted sum, its per-token terms [b, R]); pS_old = pS_theta detached."""
+    terms_bR = policy_gradient_terms(
+        log_probs_BT=student_logp_bR, old_log_probs_BT=student_logp_bR.detach(), advantages_BT=advantages_bR,
+        clip_ratio_low=objective.clip_ratio_low, clip_ratio_high=objective.clip_ratio_high,
+    )
+    return weighted_sum(terms_bR, weights=weight_bR.to(terms_bR.dtype)), terms_bR
+
+
+def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_VH=None, objective=None):
     """verl loss function: OPSD divergence (or a variant's loss) on the loss positions of one micro-batch.
 
     model_output: ``student_hidden`` [b, R, H] (grad), ``student_weight`` [V, H] (grad),
@@ -117,6 +151,8 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
         mini-batch over all dp ranks), ``dp_size``, ``opsd_response_tokens``, ``opsd_loss_sequences``;
         beta_opsd: ``opsd_teacher_weight``.
     teacher_weight_VH: frozen initial lm_head; None = the live one, detached (LoRA mode).
+    objective: ``objectives.ObjectiveWeights`` (None = the divergence alone); a task weight needs
+        ``opsd_task_advantages`` [b] in ``data``.
     """
     from verl.utils.metric import AggregationType, Metric
 
@@ -149,7 +185,11 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
             global_sequences=int(data[LOSS_SEQUENCES_KEY]), horizon=response_mask_bR.shape[-1],
         ).mul_(dp_size)
 
-    fused = loss_config.variant == "opsd" and loss_config.topk is None
+    objective = objective or ObjectiveWeights()
+    sampled = objective.objective == "sampled_token"
+    if objective.needs_policy_gradient and loss_config.variant != "opsd":  # guarded by OPSDConfig
+        raise ValueError(f"opsd.objective {objective} needs opsd.loss.variant=opsd, got {loss_config.variant!r}")
+    fused = loss_config.variant == "opsd" and loss_config.topk is None and not sampled
     if fused:
         student_entropy_N = None
         if parse_position_spec(str(loss_config.positions)).kind in ("he", "le"):
@@ -174,8 +214,28 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
             )
         loss_mask_bR = _loss_mask(loss_config, data, response_mask_bR, signals["student_entropy"])
         weight_bR = weights(loss_mask_bR)
-    extra = {}
-    if loss_config.variant == "opsd" and not fused:  # top-k support
+    extra, loss_terms = {}, {}
+    student_logp_bR = None
+    if objective.needs_policy_gradient:  # the sampled tokens' student log-probs, with grad
+        student_logp_bR = _scatter(response_mask_bR, sampled_token_log_probs_from_hidden(
+            student_NH, student_weight_VH, sampled_N, bias=student_bias_V,
+            temperature=loss_config.student_temperature, chunk_size=loss_config.chunk_size,
+        ))
+    if objective.needs_task_reward:
+        task_advantages_b = data[TASK_ADVANTAGES_KEY].to(device=device, dtype=student_logp_bR.dtype)
+    if sampled:
+        advantages_bR = sampled_token_advantages(
+            teacher_log_probs_BT=_scatter(response_mask_bR, signals["teacher_logp"].to(student_logp_bR.dtype)),
+            old_log_probs_BT=student_logp_bR.detach(), mask_BT=response_mask_bR, discount=objective.discount,
+        )
+        if objective.needs_task_reward:
+            advantages_bR = mix_task_advantages(distill_advantages_BT=advantages_bR, task_advantages_B=task_advantages_b,
+                                                mask_BT=response_mask_bR, task_weight=objective.task_weight)
+        policy_gradient, terms_bR = _surrogate(objective, advantages_bR, student_logp_bR, weight_bR)
+        loss = objective_loss(objective, policy_gradient=policy_gradient)
+        per_token_N = terms_bR[loss_mask_bR]
+        extra = {"opsd/pg_advantage": advantages_bR[response_mask_bR]}
+    elif loss_config.variant == "opsd" and not fused:  # top-k support
         loss, per_token_N = fused_linear_weighted_divergence(
             student_hidden_bRH[loss_mask_bR], student_weight_VH, teacher_hidden_bRH[loss_mask_bR], teacher_weight,
             row_weights_N=weight_bR[loss_mask_bR], student_bias=student_bias_V, teacher_bias=teacher_bias,
@@ -211,6 +271,14 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
         extra = {"opsd/beta_reward": out.reward_BT[response_mask_bR], "opsd/beta_return": out.return_BT[response_mask_bR]}
     elif loss_config.variant != "opsd":  # guarded by OPSDLossConfig
         raise ValueError(f"opsd.loss.variant must be one of opsd | purified | beta_opsd, got {loss_config.variant!r}")
+    if not sampled and objective.needs_task_reward:  # the divergence + task_weight x PG(A = GRPO advantage)
+        task_advantages_bR = mix_task_advantages(
+            distill_advantages_BT=torch.zeros_like(student_logp_bR), task_advantages_B=task_advantages_b,
+            mask_BT=response_mask_bR, task_weight=1.0,
+        )
+        task_policy_gradient, _ = _surrogate(objective, task_advantages_bR, student_logp_bR, weight_bR)
+        loss_terms["opsd/task_pg_loss"] = task_policy_gradient.detach()
+        loss = objective_loss(objective, divergence=loss, task_policy_gradient=task_policy_gradient)
 
     with torch.no_grad():
         scale = dp_size / max(response_tokens, 1)
@@ -220,6 +288,8 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
         }
         for name, values_N in extra.items():
             metrics[name] = Metric(AggregationType.SUM, float(values_N.double().sum()) * scale)
+        for name, value in loss_terms.items():  # a term's micro-batch share (summed: the term)
+            metrics[name] = Metric(AggregationType.SUM, float(value))
         # the optimised loss itself (its micro-batch share; = actor/loss)
         metrics["opsd/loss"] = Metric(AggregationType.SUM, float(loss.detach()))
         # token mean of the per-position loss over the loss positions (whatever loss_agg_mode)

@@ -123,6 +123,46 @@ class OPSDLossConfig:
         return parse_position_spec(str(self.positions)).kind
 
 
+# --- objectives (issue 22 item 2): recipe.opsd.objectives
+@dataclass
+class OPSDObjectiveConfig:
+    """Which objective the actor optimises (``opsd.objective``; defaults: the paper's divergence alone).
+
+    kind: ``full_vocabulary`` (the ``opsd.loss`` divergence, the paper) or ``sampled_token`` (teacher -
+        student log-prob of the sampled token as a per-token advantage through verl's PPO surrogate;
+        ``opsd.loss`` then sets temperatures, positions and aggregation, not beta / clip_tau / topk).
+    task_weight: weight of the grader's GRPO group advantage (the task reward) added to the
+        distillation signal; > 0 needs ``actor_rollout_ref.rollout.n`` > 1 (groups of rollouts per prompt).
+    clip_ratio_low / clip_ratio_high: the surrogate's PPO clip (verl's 0.2 / 0.2); both null = unclipped.
+    discount: discount of the sampled-token advantage over later tokens (0 = per token).
+    """
+
+    kind: str = "full_vocabulary"
+    task_weight: float = 0.0
+    clip_ratio_low: float | None = 0.2
+    clip_ratio_high: float | None = 0.2
+    discount: float = 0.0
+
+    def __post_init__(self):
+        from recipe.opsd.objectives import OBJECTIVES
+
+        if self.kind not in OBJECTIVES:
+            raise ValueError(f"opsd.objective.kind must be one of {list(OBJECTIVES)}, got {self.kind!r}")
+        try:
+            self.weights  # noqa: B018 - validates the numbers
+        except ValueError as err:
+            raise ValueError(f"opsd.objective.{err}") from None
+
+    @property
+    def weights(self):
+        """The pure ``objectives.ObjectiveWeights`` (no SFT term: not wired into the trainer)."""
+        from recipe.opsd.objectives import ObjectiveWeights
+
+        return ObjectiveWeights(objective=self.kind, task_weight=self.task_weight,
+                                clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high,
+                                discount=self.discount)
+
+
 @dataclass
 class OPSDConfig:
     """The ``opsd:`` block.
@@ -135,6 +175,11 @@ class OPSDConfig:
     teacher_max_prompt_length: cap on the rendered teacher prompt in tokens (the paper: 1,024;
         8,192 for the CoT + solution context). A longer teacher prompt is an error, never truncated.
     monitor: the collapse monitor's options (``recipe.opsd.monitor.MonitorConfig``).
+    objective: the objective (``OPSDObjectiveConfig``): the divergence (default), the sampled-token
+        form, a task-reward weight.
+    preflight: run the pre-flight gate before Ray starts (``recipe.opsd.preflight``: student and
+        teacher renderings of the first training rows agree on EOS and reasoning-mode tokens, the
+        ``none`` control gives the student's exact input); False skips it.
     """
 
     teacher_context: str = "full_solution"
@@ -143,6 +188,10 @@ class OPSDConfig:
     teacher_max_prompt_length: int = 1024
     loss: OPSDLossConfig = field(default_factory=OPSDLossConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    # --- objectives (issue 22 item 2)
+    objective: OPSDObjectiveConfig = field(default_factory=OPSDObjectiveConfig)
+    # --- pre-flight gate (issue 22 item 3)
+    preflight: bool = True
 
     def __post_init__(self):
         if isinstance(self.loss, Mapping):
@@ -163,6 +212,18 @@ class OPSDConfig:
                     f"opsd.teacher_context must be one of {list(REFERENCE_CONTEXTS)} with opsd.loss.variant=purified "
                     f"(its reference-only teacher needs a reference), got {self.teacher_context!r}"
                 )
+        if self.objective is None or isinstance(self.objective, Mapping):
+            self.objective = _build(OPSDObjectiveConfig, self.objective or {}, prefix="opsd.objective")
+        if self.objective.weights.needs_policy_gradient and self.loss.variant != "opsd":
+            raise ValueError(
+                f"opsd.objective (kind {self.objective.kind!r}, task_weight {self.objective.task_weight}) needs "
+                f"opsd.loss.variant=opsd; {self.loss.variant!r} has its own target"
+            )
+        if self.objective.kind == "sampled_token" and self.loss.topk is not None:
+            raise ValueError(f"opsd.loss.topk must be null with opsd.objective.kind=sampled_token (it scores the "
+                             f"sampled token only, no vocabulary support), got {self.loss.topk!r}")
+        if not isinstance(self.preflight, bool):
+            raise ValueError(f"opsd.preflight must be true or false, got {self.preflight!r}")
         tmax = self.teacher_max_prompt_length
         if isinstance(tmax, bool) or int(tmax) != tmax or tmax < 1:
             raise ValueError(f"opsd.teacher_max_prompt_length must be an integer >= 1, got {tmax!r}")

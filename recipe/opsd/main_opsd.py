@@ -8,7 +8,9 @@ is checked to be the version the glue was written against, the ``opsd:`` block i
 (``recipe.opsd.config.OPSDConfig``), verl's own ``validate_config`` runs (batch sizes that do not
 divide across the GPUs fail here), settings that would silently bypass the OPSD forward are
 refused, and the student's chat-template mode is wired into verl's dataset
-(``data.apply_chat_template_kwargs.enable_thinking``).
+(``data.apply_chat_template_kwargs.enable_thinking``). Then the pre-flight gate
+(``recipe.opsd.preflight``; ``opsd.preflight=false`` skips it) renders the first training rows for
+student and teacher with the tokenizer alone and stops on a template / mode / EOS mismatch.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def prepare_config(config) -> OPSDConfig:
             f"opsd.loss.student_temperature {opsd.loss.student_temperature}"
         )
     actor = config.actor_rollout_ref.actor
+    _check_objective(config, opsd)
     if opsd.loss.position_kind in ("he", "le") and (
         actor.ppo_mini_batch_size != config.data.train_batch_size or actor.get("ppo_epochs", 1) != 1
     ):
@@ -114,6 +117,74 @@ def prepare_config(config) -> OPSDConfig:
             "or ppo_epochs > 1) later updates rank by the partly updated student, not the rollout policy"
         )
     return opsd
+
+
+# --- objectives (issue 22 item 2)
+def _check_objective(config, opsd: OPSDConfig) -> None:
+    """The task reward needs groups of rollouts; the sampled-token advantage's student log-prob is
+    the update's own forward (the rollout policy only with one update per batch)."""
+    objective = opsd.objective
+    n = int(config.actor_rollout_ref.rollout.n)
+    if objective.task_weight > 0 and n < 2:
+        raise ValueError(
+            f"opsd.objective.task_weight={objective.task_weight} needs actor_rollout_ref.rollout.n > 1 (the GRPO "
+            f"advantage compares the rollouts of one prompt; with n={n} it is 0), or set task_weight=0"
+        )
+    actor = config.actor_rollout_ref.actor
+    if objective.weights.needs_policy_gradient and (
+        actor.ppo_mini_batch_size != config.data.train_batch_size or actor.get("ppo_epochs", 1) != 1
+    ):
+        print(
+            "[opsd] note: the policy-gradient objective takes pS_old from each update's own forward; with several "
+            "updates per batch (ppo_mini_batch_size < train_batch_size or ppo_epochs > 1) later updates use the "
+            "partly updated student (verl's use_policy_gradient does the same), not the rollout policy"
+        )
+
+
+# --- pre-flight gate (issue 22 item 3): rows of the first train file it renders
+PREFLIGHT_ROWS = 4
+
+
+def preflight_gate(config, opsd: OPSDConfig) -> str:
+    """The pre-flight gate on the first ``PREFLIGHT_ROWS`` rows of the first train file, with the
+    tokenizer verl will build (``tokenizer_path`` or ``path``, ``custom_chat_template``) and no model.
+    Returns the report line; raises ``preflight.PreflightError`` (message with the diff). Data or a
+    tokenizer the driver cannot read (a remote path verl copies to the workers, a model directory that
+    only the worker nodes have) skip the gate with a line saying why: the gate never blocks a run verl
+    could start."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from recipe.opsd.preflight import run_preflight
+
+    model = config.actor_rollout_ref.model
+    files = config.data.train_files
+    path = str(files if isinstance(files, str) else list(files)[0])
+    prompt_key = config.data.get("prompt_key", "prompt")
+    try:
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=PREFLIGHT_ROWS, columns=[prompt_key, "extra_info"]))
+    except (OSError, StopIteration, KeyError, ValueError) as err:
+        return f"[opsd] preflight: skipped (cannot read the `{prompt_key}` and `extra_info` columns of {path} here: {err})"
+    rows = batch.to_pylist()
+    source = model.get("tokenizer_path") or model.path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=bool(model.get("trust_remote_code", False)))
+    except (OSError, ValueError) as err:
+        return f"[opsd] preflight: skipped (cannot load the tokenizer of {source} here: {err})"
+    if model.get("custom_chat_template"):
+        tokenizer.chat_template = model.custom_chat_template
+    eos_ids = {tokenizer.eos_token_id} - {None}
+    try:  # the rollout also stops at the generation config's EOS ids
+        generation_eos = GenerationConfig.from_pretrained(model.path).eos_token_id
+        eos_ids |= set(generation_eos if isinstance(generation_eos, (list, tuple)) else [generation_eos]) - {None}
+    except OSError:
+        pass
+    report = run_preflight(
+        [row["extra_info"] for row in rows], rollout_prompts=[row[prompt_key] for row in rows],
+        teacher_context=opsd.teacher_context, student_mode=opsd.student_mode, teacher_mode=opsd.teacher_mode,
+        tokenizer=tokenizer, eos_ids=eos_ids,
+    )
+    return report.summary()
 
 
 def _validate_verl_config(config, *, lora: bool) -> None:
@@ -190,7 +261,7 @@ def main(config):
         print(f"[opsd] wrong verl version: {err}", file=sys.stderr)
         sys.exit(2)
     try:
-        prepare_config(config)  # fail on a bad opsd block before Ray starts
+        opsd = prepare_config(config)  # fail on a bad opsd block before Ray starts
     except ValueError as err:  # a config mistake: the message names the field, no traceback
         print(f"[opsd] invalid config: {err}", file=sys.stderr)
         sys.exit(2)
@@ -204,6 +275,12 @@ def main(config):
     except InputError as err:  # names the file and what is wrong with it, no traceback
         print(f"[opsd] {err}", file=sys.stderr)
         sys.exit(2)
+    if opsd.preflight:  # template / reasoning-mode / EOS mismatches stop the run here, before Ray
+        try:
+            print(preflight_gate(config, opsd))
+        except ValueError as err:  # PreflightError, or a row without a field its context needs
+            print(f"[opsd] preflight failed (opsd.preflight=false skips this gate): {err}", file=sys.stderr)
+            sys.exit(2)
     run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(OPSDTaskRunner))
 
 

@@ -22,6 +22,9 @@ weight sync to the rollout servers, validation, checkpoints, logging -- is verl'
   (``variants.teacher_weight_schedule`` over ``trainer.total_training_steps``) goes to the actor.
 
 The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
+With ``opsd.objective.task_weight`` > 0 the trainer grades every rollout with the one grader and
+sends each response's GRPO group advantage to the actor (``_add_task_advantages``; docs/core_math.md
+"Mixed objectives").
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from recipe.opsd.actor_loss import TEACHER_WEIGHT_KEY
+from recipe.opsd.actor_loss import TASK_ADVANTAGES_KEY, TEACHER_WEIGHT_KEY
 from recipe.opsd.config import OPSDConfig
 from recipe.opsd.monitor import TrainingCollapseError, TrainingDynamicsMonitor
 from recipe.opsd.teacher_inputs import TeacherInputs
@@ -166,6 +169,29 @@ class RayOPSDTrainer(RayPPOTrainer):
             else:
                 metrics[f"actor/{key}"] = value
         return reduce_metrics(metrics)
+
+    # ------------------------------------------------------------------ task reward (opsd.objective.task_weight)
+    def _add_task_advantages(self, batch: DataProto) -> dict:
+        """Each response's GRPO advantage in its prompt's group (``objectives.group_advantages`` over verl's
+        ``uid``) of the one grader's reward (``recipe.common.reward.compute_score`` on the response decoded as
+        verl's reward managers decode it, against ``reward_model.ground_truth``), as ``opsd_task_advantages``
+        [B] of the actor batch. Returns the step's reward metrics."""
+        from recipe.common.reward import compute_score
+        from recipe.opsd.objectives import group_advantages
+
+        lengths = batch.batch[RESPONSE_LENGTHS_KEY]
+        texts = self.tokenizer.batch_decode(
+            [ids[: int(n)] for ids, n in zip(batch.batch["responses"], lengths)], skip_special_tokens=True
+        )
+        if "reward_model" not in batch.non_tensor_batch:
+            raise ValueError("opsd.objective.task_weight > 0 grades the rollouts against the parquet's "
+                             "reward_model.ground_truth column, which this data set does not have")
+        truths = [info["ground_truth"] for info in batch.non_tensor_batch["reward_model"]]
+        rewards_B = torch.tensor([compute_score("", text, truth)["score"] for text, truth in zip(texts, truths)],
+                                 dtype=torch.float32)
+        advantages_B = group_advantages(rewards_B=rewards_B, group_ids_B=list(batch.non_tensor_batch["uid"]))
+        batch.batch[TASK_ADVANTAGES_KEY] = advantages_B
+        return {"opsd/task_reward": rewards_B.mean().item(), "opsd/task_advantage_abs": advantages_B.abs().mean().item()}
 
     # ------------------------------------------------------------------ metrics
     def _rollout_metrics(self, batch: DataProto) -> dict:
@@ -316,6 +342,8 @@ class RayOPSDTrainer(RayPPOTrainer):
                     self._check_student_prompts(batch)
                     self._add_teacher_inputs(batch)
                     batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
+                    if self.opsd.objective.task_weight > 0:  # the grader's GRPO advantage (opsd.objective)
+                        metrics.update(self._add_task_advantages(batch))
                     variant_inputs = {}
                     if self.opsd.loss.variant == "beta_opsd":
                         variant_inputs[TEACHER_WEIGHT_KEY] = self._teacher_weight()

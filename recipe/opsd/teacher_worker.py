@@ -207,12 +207,13 @@ def _check_head_output(output, loss, hf_config) -> None:
         )
 
 
-def opsd_loss_function(loss_config, model_config, *, frozen_teacher_head: bool):
+def opsd_loss_function(loss_config, model_config, *, frozen_teacher_head: bool, objective=None):
     """The actor's verl loss function: ``actor_loss.opsd_loss`` with the teacher's lm_head.
 
     ``frozen_teacher_head``: a frozen copy of the initial lm_head, read once from the checkpoint
     (``actor_rollout_ref.model.path``: a directory or a Hub id), with the model's head scale folded
     in; False (LoRA): the live lm_head, detached. Soft-capped heads are refused here, at start.
+    ``objective``: ``recipe.opsd.objectives.ObjectiveWeights`` (None: the divergence alone).
     """
     scale = output_logit_scale(model_config.hf_config)
     teacher_weight = None
@@ -221,7 +222,7 @@ def opsd_loss_function(loss_config, model_config, *, frozen_teacher_head: bool):
             model_config.local_path,
             tie_word_embeddings=bool(getattr(model_config.hf_config, "tie_word_embeddings", False)),
         ).to(get_device_id()) * scale
-    return partial(opsd_loss, loss_config=loss_config, teacher_weight_VH=teacher_weight)
+    return partial(opsd_loss, loss_config=loss_config, teacher_weight_VH=teacher_weight, objective=objective)
 
 
 def _response_hidden(hidden, *, micro_batch, packed: bool):
@@ -287,7 +288,8 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         self.opsd = OPSDConfig.from_hydra(self.opsd_config)
         # LoRA (no ref copy): the teacher is the actor with adapters disabled; the lm_head is not adapted
         self.actor.set_loss_fn(
-            opsd_loss_function(self.opsd.loss, self.actor.model_config, frozen_teacher_head=self.ref is not None)
+            opsd_loss_function(self.opsd.loss, self.actor.model_config, frozen_teacher_head=self.ref is not None,
+                               objective=self.opsd.objective.weights)
         )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))

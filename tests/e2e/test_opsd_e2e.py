@@ -18,7 +18,11 @@ resume. Four training launches and four failing ones (3 min 42 s on 2 shared cor
   full-parameter run's step 1; the checkpoint's base weights are bit-identical to the initial
   ones; the rollout serves bf16 of the merged adapters); the collapse monitor stops the run after
   step 2 and a checkpoint (with the monitor's state) is saved there.
-- bad ``opsd.*`` values fail before Ray starts with a message naming the field.
+- ``+experiment=objective_sampled_token_task``, 1 step: the sampled-token surrogate with the
+  grader's GRPO advantage trains through the real trainer.
+- bad ``opsd.*`` values fail before Ray starts with a message naming the field; the pre-flight gate
+  prints its line before Ray starts, and a student prompt of another context stops the run there
+  with the diff of the two renderings.
 """
 
 import json
@@ -155,6 +159,8 @@ def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir
     )
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
+    # the pre-flight gate ran before Ray (on by default) on the tokenizer of the Hub id
+    assert "[opsd] preflight: ok (4 rows, context full_solution, modes think/think)" in run.log, run.tail()
     for step in (1, 2):
         _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
 
@@ -393,6 +399,44 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, t
     assert f"[opsd] invalid config: {field} must be" in run.log, run.tail()
     assert "Traceback" not in run.log, run.tail()  # one line naming the field, no stack trace
     assert "ray init kwargs" not in run.log and "Started a local Ray instance" not in run.log, run.tail()
+
+
+def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """opsd.objective through the real trainer: the sampled-token surrogate with the grader's GRPO group
+    advantage (2 prompts x 4 rollouts, one step): the trainer grades, the workers get the advantages."""
+    run = run_cpu_verl(
+        SCRIPT,
+        ["+experiment=objective_sampled_token_task", "data.train_batch_size=2", "trainer.save_freq=-1"],
+        workdir=tmp_path,
+        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl", STEPS="1"),
+        script=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.tail()
+    metrics = run.metrics[1]
+    for key in ("opsd/loss", "actor/loss", "actor/grad_norm", "opsd/pg_advantage", "opsd/task_reward",
+                "opsd/task_advantage_abs", "opsd/fwd_kl"):
+        assert math.isfinite(metrics[key]), (key, metrics)
+    assert metrics["opsd/loss"] == pytest.approx(metrics["actor/loss"], rel=1e-5, abs=1e-8)
+    assert 0.0 <= metrics["opsd/task_reward"] <= 1.0 and metrics["actor/grad_norm"] > 0
+
+
+def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """The tiny parquet holds the default student message; an instruction-only context changes the
+    student's message, so the gate stops the run with the diff of the two renderings, in one message."""
+    run = run_cpu_verl(
+        SCRIPT,
+        ["opsd.teacher_context=concise_to_detailed"],
+        workdir=tmp_path,
+        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl"),
+        script=True,
+        timeout=120,
+    )
+    assert run.returncode != 0, run.tail()
+    assert "[opsd] preflight failed (opsd.preflight=false skips this gate): row 0" in run.log, run.tail()
+    assert "+Write a concise solution" in run.log, run.tail()
+    assert "Traceback" not in run.log, run.tail()
+    assert "Started a local Ray instance" not in run.log, run.tail()
 
 
 def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):

@@ -66,6 +66,26 @@ def expected_opsd(model: str, experiment: str) -> dict:
     }
 
 
+@pytest.mark.parametrize("experiment, kind, task_weight, n", [
+    ("objective_sampled_token", "sampled_token", 0.0, 1),
+    ("objective_sampled_token_task", "sampled_token", 0.1, 4),
+    ("objective_divergence_task", "full_vocabulary", 0.1, 4),
+])
+def test_objective_presets_reach_the_final_config_and_validate(experiment, kind, task_weight, n):
+    from recipe.opsd.main_opsd import prepare_config
+
+    launch = gpu_plan(OPSD, ["+model=qwen3_1p7b", f"+experiment={experiment}"])
+    assert_reaches(launch.config, {"opsd.objective.kind": kind, "opsd.objective.task_weight": task_weight,
+                                   "actor_rollout_ref.rollout.n": n})
+    opsd = prepare_config(launch.config.copy())
+    assert (opsd.objective.kind, opsd.objective.task_weight) == (kind, task_weight)
+    if task_weight:  # the task reward refuses a single rollout per prompt
+        single = launch.config.copy()
+        single.actor_rollout_ref.rollout.n = 1
+        with pytest.raises(ValueError, match=r"opsd.objective.task_weight=0.1 needs actor_rollout_ref.rollout.n > 1"):
+            prepare_config(single)
+
+
 def assert_reaches(cfg, expected: dict):
     got = {key: OmegaConf.select(cfg, key) for key in expected}
     assert got == expected

@@ -13,9 +13,15 @@ import math
 import pytest
 import torch
 
-from recipe.opsd.actor_loss import TEACHER_WEIGHT_KEY, opsd_loss
+from recipe.opsd.actor_loss import TASK_ADVANTAGES_KEY, TEACHER_WEIGHT_KEY, opsd_loss
 from recipe.opsd.config import OPSDLossConfig
 from recipe.opsd.losses import LOSS_AGG_MODES, token_divergence
+from recipe.opsd.objectives import (
+    ObjectiveWeights,
+    mix_task_advantages,
+    policy_gradient_terms,
+    sampled_token_advantages,
+)
 from recipe.opsd.variants import beta_opsd_token_loss, purified_token_loss
 
 B, R, H, V = 3, 6, 8, 13
@@ -81,7 +87,7 @@ def _batch(seed=0, loss_mask=None):
     return student_hidden, student_weight, teacher_weight, data
 
 
-def _run(loss_config, student_hidden, student_weight, teacher_weight, data):
+def _run(loss_config, student_hidden, student_weight, teacher_weight, data, objective=None):
     hs = student_hidden.clone().requires_grad_(True)
     ws = student_weight.clone().requires_grad_(True)
     loss, metrics = opsd_loss(
@@ -89,6 +95,7 @@ def _run(loss_config, student_hidden, student_weight, teacher_weight, data):
         data,
         loss_config=loss_config,
         teacher_weight_VH=teacher_weight,
+        objective=objective,
     )
     grads = torch.autograd.grad(loss, (hs, ws))
     return loss, {k: m.aggregate() for k, m in metrics.items()}, grads
@@ -309,3 +316,107 @@ def test_a_micro_batch_without_selected_positions_gives_zero_and_backpropagates(
     loss, metrics, grads = _run(cfg, hs, ws, wt, data)
     assert float(loss) == 0.0 and metrics["opsd/loss"] == 0.0 and metrics["opsd/loss_tokens"] == 0
     assert all(torch.all(g == 0) for g in grads)
+
+
+# --- objectives (opsd.objective): the glue's loss equals the pure objectives on full float64 logits
+TASK_ADVANTAGES = torch.tensor([1.2, -0.4, -0.8], dtype=torch.float64)  # one GRPO advantage per response
+
+
+def _sampled_logps(s_logits, t_logits, data, *, student_temperature=1.1, teacher_temperature=0.9):
+    y = data["responses"].unsqueeze(-1)
+    s_logp = torch.log_softmax(s_logits / student_temperature, -1).gather(-1, y).squeeze(-1)
+    t_logp = torch.log_softmax(t_logits / teacher_temperature, -1).gather(-1, y).squeeze(-1)
+    return s_logp, t_logp
+
+
+def _pure_surrogate(s_logp, advantages, objective):
+    return policy_gradient_terms(log_probs_BT=s_logp, old_log_probs_BT=s_logp.detach(), advantages_BT=advantages,
+                                 clip_ratio_low=objective.clip_ratio_low, clip_ratio_high=objective.clip_ratio_high)
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean"])
+@pytest.mark.parametrize("task_weight, discount, clip", [(0.0, 0.0, 0.2), (0.3, 0.0, 0.2), (0.3, 0.9, None)])
+def test_sampled_token_objective_equals_the_pure_surrogate_on_full_logits(task_weight, discount, clip, mode):
+    objective = ObjectiveWeights(objective="sampled_token", task_weight=task_weight, discount=discount,
+                                 clip_ratio_low=clip, clip_ratio_high=clip)
+    cfg = OPSDLossConfig(student_temperature=1.1, teacher_temperature=0.9, chunk_size=4, loss_agg_mode=mode)
+    hs, ws, wt, data = _batch(seed=23)
+    data[TASK_ADVANTAGES_KEY] = TASK_ADVANTAGES
+    loss, metrics, grads = _run(cfg, hs, ws, wt, data, objective)
+    response = data["response_mask"]
+
+    def per_token(s, t):
+        s_logp, t_logp = _sampled_logps(s, t, data)
+        adv = sampled_token_advantages(teacher_log_probs_BT=t_logp, old_log_probs_BT=s_logp.detach(),
+                                       mask_BT=response, discount=discount)
+        adv = mix_task_advantages(distill_advantages_BT=adv, task_advantages_B=TASK_ADVANTAGES, mask_BT=response,
+                                  task_weight=task_weight)
+        return _pure_surrogate(s_logp, adv, objective)
+
+    ref_loss, per_token_bR, ref_grads = _reference(per_token, hs, ws, wt, data, data["loss_mask"], mode)
+    _close(loss, ref_loss)
+    _close(grads[0], ref_grads[0])
+    _close(grads[1], ref_grads[1])
+    assert set(metrics) == EXPECTED_METRICS | {"opsd/pg_advantage"}
+    assert metrics["opsd/loss"] == pytest.approx(float(ref_loss), rel=1e-10)
+    # at r = 1 the surrogate is -A per token: the loss is minus the aggregated advantage (by hand)
+    s_logp, t_logp = _sampled_logps(hs @ ws.T, data["teacher_hidden"] @ wt.T, data)
+    if discount == 0.0:
+        adv_by_hand = torch.where(response, t_logp - s_logp + task_weight * TASK_ADVANTAGES[:, None], 0.0)
+        _close(loss, -_aggregate(adv_by_hand, data["loss_mask"], data, mode))
+        scale = DP / data["opsd_response_tokens"]
+        assert metrics["opsd/pg_advantage"] == pytest.approx(float(adv_by_hand[response].sum()) * scale, rel=1e-10)
+
+
+def test_a_task_weight_on_the_divergence_adds_the_task_surrogate():
+    objective = ObjectiveWeights(task_weight=0.5)
+    cfg = OPSDLossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=0.9, chunk_size=4)
+    hs, ws, wt, data = _batch(seed=29)
+    data[TASK_ADVANTAGES_KEY] = TASK_ADVANTAGES
+    loss, metrics, grads = _run(cfg, hs, ws, wt, data, objective)
+    mask, response = data["loss_mask"], data["response_mask"]
+
+    def task_terms(s, t):
+        s_logp, _ = _sampled_logps(s, t, data)
+        return _pure_surrogate(s_logp, torch.where(response, TASK_ADVANTAGES[:, None].expand(B, R), 0.0), objective)
+
+    def per_token(s, t):
+        return token_divergence(s, t, beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=0.9)
+
+    div_loss, _, div_grads = _reference(per_token, hs, ws, wt, data, mask)
+    task_loss, _, task_grads = _reference(task_terms, hs, ws, wt, data, mask)
+    _close(loss, div_loss + 0.5 * task_loss)
+    _close(grads[0], div_grads[0] + 0.5 * task_grads[0])
+    _close(grads[1], div_grads[1] + 0.5 * task_grads[1])
+    assert metrics["opsd/task_pg_loss"] == pytest.approx(float(task_loss), rel=1e-10)
+    # the task term is not nothing: without it the gradient is the divergence's alone (the task term's
+    # value at r = 1 is -sum w Ahat, 0 here: the group advantages sum to 0 and each rollout weighs 1/3)
+    alone, _, alone_grads = _run(cfg, hs, ws, wt, data)
+    _close(alone, div_loss)
+    _close(alone_grads[0], div_grads[0])
+    assert (grads[0] - alone_grads[0]).abs().max() > 1e-3
+
+
+def test_the_objectives_split_into_micro_batches_and_ranks_exactly():
+    """As the variants: 5 rollouts on 1 rank, or {0, 1}, {2} on rank 0 and {3, 4} on rank 1."""
+    objective = ObjectiveWeights(objective="sampled_token", task_weight=0.3, discount=0.5)
+    cfg = OPSDLossConfig(student_temperature=1.1, chunk_size=2)
+    hs_a, ws, wt, data_a = _batch(seed=31)
+    hs_b, _, _, data_b = _batch(seed=32)
+    data_a[TASK_ADVANTAGES_KEY], data_b[TASK_ADVANTAGES_KEY] = TASK_ADVANTAGES, -TASK_ADVANTAGES
+    mini = {k: (torch.cat([v, data_b[k][:2]]) if isinstance(v, torch.Tensor) else v) for k, v in data_a.items()}
+    hs_all = torch.cat([hs_a, hs_b[:2]])
+    mask = mini["loss_mask"]
+    counts = {"batch_num_tokens": int(mask.sum()), "opsd_loss_sequences": int((mask.sum(-1) > 0).sum()),
+              "opsd_response_tokens": int(mini["response_mask"].sum())}
+    whole, _, whole_grads = _run(cfg, hs_all, ws, wt, mini | counts | {"dp_size": 1}, objective)
+    grad_h, grad_w, total = torch.zeros_like(hs_all), torch.zeros_like(ws), 0.0
+    for rows in (slice(0, 2), slice(2, 3), slice(3, 5)):
+        sub = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in mini.items()}
+        loss, _, (gh, gw) = _run(cfg, hs_all[rows], ws, wt, sub | counts | {"dp_size": 2}, objective)
+        grad_h[rows] += gh / 2
+        grad_w += gw / 2
+        total += float(loss) / 2
+    assert total == pytest.approx(float(whole), rel=1e-12)
+    _close(grad_h, whole_grads[0])
+    _close(grad_w, whole_grads[1])

@@ -27,6 +27,8 @@ RESPONSE = {
     "distillation.teacher_models.teacher_model.inference.response_length",
 }
 LORA = {"actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora_alpha", "actor_rollout_ref.model.target_modules"}
+ROLLOUT_N = {"actor_rollout_ref.rollout.n", "actor_rollout_ref.actor.rollout_n", "actor_rollout_ref.ref.rollout_n",
+             "critic.rollout_n"}
 REPLICATION = LORA | {"actor_rollout_ref.actor.optim.lr", "trainer.total_training_steps", "sweep.global_batch"}
 STUDENT_TEMP = {
     "actor_rollout_ref.rollout.temperature",
@@ -97,6 +99,10 @@ EXPECTED = {
         "opsd.loss.variant_params.pmi_strength", "opsd.loss.variant_params.pmi_clip",
         "opsd.loss.variant_params",
     },
+    "objective_sampled_token": {"opsd.objective.kind"},
+    # verl interpolates rollout.n into the actor, ref and critic blocks
+    "objective_sampled_token_task": {"opsd.objective.kind", "opsd.objective.task_weight"} | ROLLOUT_N,
+    "objective_divergence_task": {"opsd.objective.task_weight"} | ROLLOUT_N,
     "beta_opsd": REPLICATION | {
         "opsd.loss.variant", "opsd.loss.variant_params.teacher_weight_start",
         "opsd.loss.variant_params.teacher_weight_end", "opsd.loss.variant_params.discount", "opsd.loss.variant_params",
