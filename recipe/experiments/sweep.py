@@ -223,6 +223,10 @@ def plan_run(
     if sweep.get("init_stage"):
         stage_cmds, init_model = init_stage_commands(sweep["init_stage"], cfg=cfg, run_dir=run_dir, device=device)
         stages += stage_cmds
+        if cfg.opsd.teacher.kind == "checkpoint":
+            # the teacher is the checkpoint the presets named before the stage (sft10_then_no_privilege:
+            # ${actor_rollout_ref.model.path}, the pre-SFT model), not the stage's output
+            forced.append(f"opsd.teacher.path={cfg.opsd.teacher.path}")
         forced.append(f"actor_rollout_ref.model.path={init_model}")
     # the caps the budgets derive from are those of the first composition (the steps above change paths only)
     forced += [f"{key}={value}" for key, value, _ in composer.token_budget_fixes(cfg, RECIPE)]
