@@ -450,7 +450,8 @@ def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, run_cpu_
     run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=ema",
                             "opsd.teacher.ema_decay=1.0")
     for step in (1, 2):
-        assert _sums(run.metrics[step], "teacher") == _sums(frozen.metrics[step], "teacher") == _float64_sums(tiny_model_dir)
+        assert _sums(run.metrics[step], "teacher") == _sums(frozen.metrics[step], "teacher")
+        assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
     ema1, frozen1 = run.metrics[1], frozen.metrics[1]
     assert ema1["training/data_index_sum"] == frozen1["training/data_index_sum"]
@@ -465,7 +466,7 @@ def test_ema_teacher_follows_the_student(run_cpu_verl, tiny_model_dir, tiny_data
     run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=ema",
                             "opsd.teacher.ema_decay=0.5")
     initial_sum, _ = _float64_sums(tiny_model_dir)
-    assert _sums(run.metrics[1], "teacher") == _float64_sums(tiny_model_dir)
+    assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     actor_sum, _ = _sums(run.metrics[1], "actor")
     assert run.metrics[2]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * initial_sum + 0.5 * actor_sum, rel=1e-6)
     assert run.metrics[2]["opsd/teacher_param_checksum"] != pytest.approx(initial_sum, rel=1e-9)
@@ -475,7 +476,7 @@ def test_live_teacher_is_the_current_student(run_cpu_verl, tiny_model_dir, tiny_
     """No second copy: the weights that score step s are the actor's after step s - 1 (the student
     that sampled the rollouts), the initial model at step 1."""
     run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=live")
-    assert _sums(run.metrics[1], "teacher") == _float64_sums(tiny_model_dir)
+    assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "teacher") == _sums(run.metrics[1], "actor")
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
 
@@ -489,7 +490,7 @@ def test_checkpoint_teacher_is_that_model(run_cpu_verl, tiny_model_dir, tiny_dat
     run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path / "run", "opsd.teacher.kind=checkpoint",
                             f"opsd.teacher.path={teacher_dir}")
     for step in (1, 2):
-        assert _sums(run.metrics[step], "teacher") == _float64_sums(teacher_dir)
+        assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(teacher_dir), rel=1e-12)
     assert _float64_sums(teacher_dir) != _float64_sums(tiny_model_dir)
 
 
