@@ -178,6 +178,20 @@ def check_teacher_checkpoint(opsd: OPSDConfig, *, student_path: str) -> None:
     check_same_model(dirs[0], dirs[1], keys=TEACHER_SAME_KEYS)
 
 
+def check_ema_resume(opsd: OPSDConfig, *, resume_dir) -> None:
+    """kind ema: the checkpoint a run resumes from holds the EMA teacher (``opsd_ema_teacher/``);
+    one from another teacher kind would silently restart the teacher from the initial model."""
+    if opsd.teacher.kind != "ema" or resume_dir is None:
+        return
+    from recipe.opsd.teacher_kinds import EMA_TEACHER_DIR
+
+    if not os.path.isdir(os.path.join(resume_dir, EMA_TEACHER_DIR)):
+        raise InputError(
+            f"no {EMA_TEACHER_DIR}/ (the EMA teacher) in the checkpoint a run with opsd.teacher.kind=ema resumes from",
+            file=resume_dir, hint="resume it with the teacher kind it was trained with, or start a new CKPT_DIR",
+        )
+
+
 # what a teacher checkpoint must share with the student (the loss compares the two vocabularies)
 TEACHER_SAME_KEYS = ("vocab_size",)
 
@@ -268,8 +282,12 @@ def main(config):
             resume_dir=verl_resume_dir(resume_mode=trainer.resume_mode, default_local_dir=trainer.default_local_dir,
                                        resume_from_path=trainer.get("resume_from_path")),
         )
-        # teacher kind checkpoint: same tokenizer as the student
-        check_teacher_checkpoint(OPSDConfig.from_hydra(config.opsd), student_path=config.actor_rollout_ref.model.path)
+        # teacher kind checkpoint: same tokenizer as the student; kind ema: a resume needs the EMA state
+        opsd = OPSDConfig.from_hydra(config.opsd)
+        check_teacher_checkpoint(opsd, student_path=config.actor_rollout_ref.model.path)
+        check_ema_resume(opsd, resume_dir=verl_resume_dir(
+            resume_mode=trainer.resume_mode, default_local_dir=trainer.default_local_dir,
+            resume_from_path=trainer.get("resume_from_path")))
     except InputError as err:  # names the file and what is wrong with it, no traceback
         print(f"[opsd] {err}", file=sys.stderr)
         sys.exit(2)

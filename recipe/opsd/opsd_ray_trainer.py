@@ -220,24 +220,31 @@ class RayOPSDTrainer(RayPPOTrainer):
     def _save_checkpoint(self):
         """verl's checkpoint, plus the collapse monitor's state (written first: verl's last act is the
         ``latest_checkpointed_iteration.txt`` a resume trusts)."""
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if self.monitor is not None:
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, MONITOR_STATE_FILE), "w") as handle:
                 json.dump(self.monitor.state_dict(), handle)
+        if self.opsd.teacher.kind == "ema":  # verl saves the actor only; the EMA teacher is state too
+            self.actor_rollout_wg.save_ema_teacher(os.path.abspath(folder))
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
         """verl's resume, plus the collapse monitor's window (so collapse detection is not silently
         off for the first ``early_end + recent_window`` steps after a resume)."""
         result = super()._load_checkpoint()
-        if self.monitor is None or self.global_steps == 0:
+        if self.global_steps == 0:
             return result
         trainer_cfg = self.config.trainer
         if trainer_cfg.resume_mode == "resume_path":
             folder = trainer_cfg.resume_from_path
         else:
             folder = os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}")
+        if self.opsd.teacher.kind == "ema":
+            self.actor_rollout_wg.load_ema_teacher(os.path.abspath(folder))
+            print(f"[opsd] EMA teacher restored from {folder}")
+        if self.monitor is None:
+            return result
         path = os.path.join(os.path.abspath(folder), MONITOR_STATE_FILE)
         if not os.path.isfile(path):
             print(f"[opsd] WARNING: no {MONITOR_STATE_FILE} in {folder}: the collapse monitor starts with an empty "

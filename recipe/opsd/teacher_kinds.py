@@ -27,6 +27,8 @@ import torch
 TEACHER_KINDS = ("frozen_initial", "checkpoint", "ema", "live")
 # kinds whose teacher is a second copy of the weights in verl's reference slot
 SECOND_COPY_KINDS = ("frozen_initial", "checkpoint", "ema")
+# kind ema: the folder of every checkpoint (global_step_<s>/) holding the EMA teacher's state
+EMA_TEACHER_DIR = "opsd_ema_teacher"
 
 
 @torch.no_grad()

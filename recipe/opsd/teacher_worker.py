@@ -49,6 +49,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from recipe.common.heads import checkpoint_lm_head, output_logit_scale, response_rows
 from recipe.opsd.actor_loss import LOSS_SEQUENCES_KEY, RESPONSE_TOKENS_KEY, opsd_loss
 from recipe.opsd.signals import sampled_token_rank_from_hidden
+from recipe.opsd.teacher_kinds import EMA_TEACHER_DIR
 
 OPSD_FORWARD_KEY = "opsd_forward"
 RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
@@ -368,8 +369,7 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
                 isinstance(teacher_param, DTensor) and teacher_param.placements != student_param.placements
             ):
                 raise RuntimeError(f"EMA teacher: {name!r} is sharded differently in the teacher and the student")
-            local = (lambda p: p.to_local() if isinstance(p, DTensor) else p)
-            pairs.append((name, local(teacher_param).data, local(student_param).data))
+            pairs.append((name, _local(teacher_param).data, _local(student_param).data))
         ema_update_all_(pairs, decay=decay)
         head = _unwrap_causal_lm(self.actor.engine.module).get_output_embeddings().weight
         with torch.no_grad():
@@ -457,11 +457,50 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         return {key: torch.stack(list(tu.get(output, key).unbind())) for key in keys}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_ema_teacher(self, folder: str) -> None:
+        """kind ema: this rank's local shards of the EMA teacher and its head copy, to
+        ``<folder>/opsd_ema_teacher/rank_<r>.pt`` (the checkpoint's ``global_step_<s>``)."""
+        if self.opsd.teacher.kind != "ema":
+            return
+        state = {name: _local(param).detach().cpu().clone() for name, param in self.ref.engine.module.named_parameters()}
+        state[EMA_HEAD_KEY] = self._teacher_head_VH.detach().cpu().clone()
+        path = ema_teacher_file(folder, rank=torch.distributed.get_rank())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_ema_teacher(self, folder: str) -> None:
+        """kind ema, on resume: the EMA teacher saved with the checkpoint (verl restores the actor only;
+        the reference copy was loaded from the initial model)."""
+        path = ema_teacher_file(folder, rank=torch.distributed.get_rank())
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: the checkpoint has no EMA teacher state (opsd.teacher.kind=ema)")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.no_grad():
+            for name, param in self.ref.engine.module.named_parameters():
+                _local(param).copy_(state[name])
+            self._teacher_head_VH.copy_(state[EMA_HEAD_KEY])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def param_checksums(self) -> dict:
         """float64 sum and sum of squares of the actor's parameters (``trainer.log_fingerprints``:
         tests and drift checks), ``{"actor": [sum, sqsum]}``, equal on every rank. The teacher's are
         taken at its forward (``update_actor`` with ``opsd_teacher_fingerprint``)."""
         return {"actor": sharded_param_sums(self.actor.engine.module.parameters())}
+
+
+# kind ema: the teacher's state in every checkpoint (global_step_<s>/opsd_ema_teacher/rank_<r>.pt)
+EMA_HEAD_KEY = "__opsd_teacher_head__"
+
+
+def ema_teacher_file(folder, *, rank: int):
+    from pathlib import Path
+
+    return Path(folder) / EMA_TEACHER_DIR / f"rank_{rank}.pt"
+
+
+def _local(param):
+    return param.to_local() if isinstance(param, DTensor) else param
 
 
 def sharded_param_sums(params, *, block: int = 1 << 22) -> list[float]:

@@ -460,16 +460,31 @@ def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, run_cpu_
     assert ema1["opsd/loss"] == pytest.approx(frozen1["opsd/loss"], rel=0.1)
 
 
-def test_ema_teacher_follows_the_student(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
-    """decay 0.5: the teacher of step 2 is 0.5 x the initial model + 0.5 x the student after step 1,
-    on every parameter, so its float64 sum is the mean of theirs."""
-    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=ema",
-                            "opsd.teacher.ema_decay=0.5")
+def test_ema_teacher_follows_the_student_and_resumes(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """decay 0.5: the teacher of step s + 1 is 0.5 x the teacher of step s + 0.5 x the student after
+    step s, on every parameter, so its float64 sum is the mean of theirs; the EMA teacher is saved
+    with each checkpoint, and a rerun with 3 steps resumes it (not the initial model) at step 3."""
+    ema = ("opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.5")
+    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, *ema)
     initial_sum, _ = _float64_sums(tiny_model_dir)
     assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     actor_sum, _ = _sums(run.metrics[1], "actor")
     assert run.metrics[2]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * initial_sum + 0.5 * actor_sum, rel=1e-6)
     assert run.metrics[2]["opsd/teacher_param_checksum"] != pytest.approx(initial_sum, rel=1e-9)
+    assert (tmp_path / "ckpt" / "global_step_2" / "opsd_ema_teacher" / "rank_0.pt").is_file()
+
+    resumed = run_cpu_verl(
+        SCRIPT,
+        RESUME_ARGS + list(ema),
+        workdir=tmp_path / "launch2",
+        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl", STEPS="3"),
+        script=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.tail()
+    assert sorted(resumed.metrics) == [3], resumed.tail()
+    teacher2, actor2 = run.metrics[2]["opsd/teacher_param_checksum"], run.metrics[2]["opsd/actor_param_checksum"]
+    assert resumed.metrics[3]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * teacher2 + 0.5 * actor2, rel=1e-6)
 
 
 def test_live_teacher_is_the_current_student(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):

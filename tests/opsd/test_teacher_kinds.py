@@ -175,3 +175,18 @@ def test_teacher_checkpoint_needs_the_students_tokenizer(tmp_path):
     opsd = OPSDConfig.from_hydra({"teacher": {"kind": "checkpoint", "path": str(larger)}})
     with pytest.raises(InputError, match="vocab_size"):
         check_teacher_checkpoint(opsd, student_path=str(student))
+
+
+def test_an_ema_run_resumes_only_from_a_checkpoint_with_the_ema_teacher(tmp_path):
+    from recipe.common.cli import InputError
+    from recipe.opsd.main_opsd import check_ema_resume
+
+    ema = OPSDConfig.from_hydra({"teacher": {"kind": "ema", "ema_decay": 0.99}})
+    step = tmp_path / "global_step_4"
+    step.mkdir()
+    check_ema_resume(ema, resume_dir=None)  # a fresh run
+    check_ema_resume(OPSDConfig(), resume_dir=step)  # another kind
+    with pytest.raises(InputError, match="no opsd_ema_teacher/ \\(the EMA teacher\\)"):
+        check_ema_resume(ema, resume_dir=step)
+    (step / "opsd_ema_teacher").mkdir()
+    check_ema_resume(ema, resume_dir=step)
