@@ -345,9 +345,12 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         """kind checkpoint: the teacher's tokenizer and vocabulary size are the student's (also
         checked before Ray for local models; here for Hub ids, after the download)."""
         from recipe.common.checkpoints import check_same_model
+        from recipe.common.heads import local_checkpoint_dir
         from recipe.opsd.main_opsd import TEACHER_SAME_KEYS
 
-        check_same_model(self.actor.model_config.local_path, teacher_config.local_path, keys=TEACHER_SAME_KEYS)
+        # local_path is a Hub id for Hub models: their files are in the local cache by now
+        student, teacher = (local_checkpoint_dir(c.local_path) for c in (self.actor.model_config, teacher_config))
+        check_same_model(student, teacher, keys=TEACHER_SAME_KEYS)
 
     def _ema_teacher_step(self, grad_norm) -> None:
         """kind ema, after every optimizer step of the actor: teacher <- d * teacher + (1 - d) * student,
