@@ -190,3 +190,40 @@ def test_an_ema_run_resumes_only_from_a_checkpoint_with_the_ema_teacher(tmp_path
         check_ema_resume(ema, resume_dir=step)
     (step / "opsd_ema_teacher").mkdir()
     check_ema_resume(ema, resume_dir=step)
+
+
+def _hub_snapshot(model_dir, hub_cache, repo_id):
+    """``hub_cache`` laid out as Hugging Face's cache holding a copy of ``model_dir`` as ``repo_id``."""
+    repo = hub_cache / ("models--" + repo_id.replace("/", "--"))
+    revision = "0" * 40
+    shutil.copytree(model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+
+
+def test_the_workers_tokenizer_check_resolves_hub_ids(tmp_path, monkeypatch):
+    """On the workers a Hub model's local_path is its id: the check reads the files from the cache."""
+    from types import SimpleNamespace
+
+    import huggingface_hub.constants
+
+    from recipe.common.cli import InputError
+    from recipe.models.tiny import build_tiny_model
+    from recipe.opsd.teacher_worker import OPSDActorRolloutRefWorker
+
+    student = build_tiny_model(tmp_path / "student", seed=0)
+    hub = tmp_path / "hub"
+    _hub_snapshot(student, hub, "org/student")
+    _hub_snapshot(build_tiny_model(tmp_path / "teacher", seed=1, hidden_size=128, num_heads=4, num_kv_heads=2), hub,
+                  "org/teacher")
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "teacher", other)
+    tokenizer = json.loads((other / "tokenizer.json").read_text())
+    tokenizer["added_tokens"][0]["content"] = "<|renamed|>"
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    _hub_snapshot(other, hub, "org/other")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    worker = SimpleNamespace(actor=SimpleNamespace(model_config=SimpleNamespace(local_path="org/student")))
+    OPSDActorRolloutRefWorker._check_teacher_tokenizer(worker, SimpleNamespace(local_path="org/teacher"))
+    with pytest.raises(InputError, match="vocabulary differs"):
+        OPSDActorRolloutRefWorker._check_teacher_tokenizer(worker, SimpleNamespace(local_path="org/other"))
