@@ -165,6 +165,7 @@ def check_teacher_checkpoint(opsd: OPSDConfig, *, student_path: str) -> None:
         return
     from recipe.common.checkpoints import check_model_dir, check_same_model
     from recipe.common.heads import local_checkpoint_dir
+    from recipe.opsd.teacher_kinds import TEACHER_SAME_KEYS
 
     dirs = []
     for path in (student_path, opsd.teacher.path):
@@ -191,9 +192,6 @@ def check_ema_resume(opsd: OPSDConfig, *, resume_dir) -> None:
             file=resume_dir, hint="resume it with the teacher kind it was trained with, or start a new CKPT_DIR",
         )
 
-
-# what a teacher checkpoint must share with the student (the loss compares the two vocabularies)
-TEACHER_SAME_KEYS = ("vocab_size",)
 
 
 def _validate_verl_config(config, *, use_reference_policy: bool) -> None:

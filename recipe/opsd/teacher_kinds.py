@@ -27,6 +27,9 @@ import torch
 TEACHER_KINDS = ("frozen_initial", "checkpoint", "ema", "live")
 # kinds whose teacher is a second copy of the weights in verl's reference slot
 SECOND_COPY_KINDS = ("frozen_initial", "checkpoint", "ema")
+# kind checkpoint: the config.json keys the teacher must share with the student (with its tokenizer:
+# the loss compares the two distributions over one vocabulary); any architecture otherwise
+TEACHER_SAME_KEYS = ("vocab_size",)
 # kind ema: the folder of every checkpoint (global_step_<s>/) holding the EMA teacher's state
 EMA_TEACHER_DIR = "opsd_ema_teacher"
 

@@ -346,7 +346,7 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         checked before Ray for local models; here for Hub ids, after the download)."""
         from recipe.common.checkpoints import check_same_model
         from recipe.common.heads import local_checkpoint_dir
-        from recipe.opsd.main_opsd import TEACHER_SAME_KEYS
+        from recipe.opsd.teacher_kinds import TEACHER_SAME_KEYS
 
         # local_path is a Hub id for Hub models: their files are in the local cache by now
         student, teacher = (local_checkpoint_dir(c.local_path) for c in (self.actor.model_config, teacher_config))
