@@ -1,7 +1,7 @@
 """OPSD vs GRPO on the toy student: same steps, same problems in the same order, one table.
 
     python scripts/compare_opsd_grpo.py --steps 30                       # both methods
-    python scripts/compare_opsd_grpo.py --methods opsd --steps 5 -- opsd.teacher_context=none
+    python scripts/compare_opsd_grpo.py --methods opsd --steps 5 -- opsd.teacher_context=none opsd.teacher.allow_zero_loss=true
 
 Prints accuracy before/after (greedy, Avg@n, Pass@n), mean length, wall time, time per step and
 the OPSD/GRPO compute ratio. Logic: recipe.experiments.toy_compare (docs/toy_world.md).

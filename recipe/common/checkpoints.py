@@ -276,14 +276,16 @@ def check_fsdp_checkpoint(path: str | Path) -> Path:
     return actor
 
 
-def check_same_model(reference: str | Path, other: str | Path) -> None:
+def check_same_model(reference: str | Path, other: str | Path, *, keys: Sequence[str] = ARCHITECTURE_KEYS) -> None:
     """Raise an InputError if ``other`` is not the same architecture and tokenizer as ``reference``.
 
     Either may be a model directory or a checkpoint (its ``[actor/]huggingface/`` is compared).
+    ``keys``: the ``config.json`` keys that must agree (``("vocab_size",)``: same tokenizer and
+    vocabulary, any architecture: an OPSD teacher from another model).
     """
     ref_dir, other_dir = (_config_dir(Path(p).expanduser()) for p in (reference, other))
     ref_config, other_config = _text_config(read_config(ref_dir)), _text_config(read_config(other_dir))
-    for key in ARCHITECTURE_KEYS:
+    for key in keys:
         if key in ref_config and key in other_config and ref_config[key] != other_config[key]:
             raise cli.InputError(
                 f"{key} is {other_config[key]!r} but {ref_config[key]!r} in {ref_dir / 'config.json'}",

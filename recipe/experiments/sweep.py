@@ -144,12 +144,15 @@ def decoding_for(preset_name: str, mode: str | None):
 
 
 def eval_steps(cfg) -> list[int]:
-    """Checkpoint steps to evaluate: the last one, plus every ``sweep.eval_every`` steps."""
+    """Checkpoint steps to evaluate: the last one, plus every ``sweep.eval_every`` steps (after the
+    continued step of a ``sweep.continue_from`` run: the earlier checkpoints are the continued run's)."""
     total = int(cfg.trainer.total_training_steps)
     every = (cfg.get("sweep") or {}).get("eval_every")
+    start = int(((cfg.get("sweep") or {}).get("continue_from") or {}).get("step", 0))
     steps = {total}
     if every:
         steps |= set(range(int(every), total + 1, int(every)))
+    steps = {s for s in steps if s > start}
     save = int(cfg.trainer.save_freq)
     missing = sorted(s for s in steps if s != total and (save <= 0 or s % save))
     if missing:
@@ -220,9 +223,18 @@ def plan_run(
             tokenizer = _load_tokenizer(base_model) if sweep["data_prep"].get("kind") == "gold_trace_deciles" else None
             sweep_data.prepare(sweep["data_prep"], source=source, output=prepared, tokenizer=tokenizer)
         forced.append(f"data.train_files={prepared}")
+    if sweep.get("continue_from"):
+        # a continuation (steps_300): resume the named run of this sweep at its checkpoint (run it first)
+        origin = sweep["continue_from"]
+        folder = sweep_dir / "runs" / _slug(str(origin["run"])) / "checkpoints" / f"global_step_{int(origin['step'])}"
+        forced += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={folder.resolve()}"]
     if sweep.get("init_stage"):
         stage_cmds, init_model = init_stage_commands(sweep["init_stage"], cfg=cfg, run_dir=run_dir, device=device)
         stages += stage_cmds
+        if cfg.opsd.teacher.kind == "checkpoint":
+            # the teacher is the checkpoint the presets named before the stage (sft10_then_no_privilege:
+            # ${actor_rollout_ref.model.path}, the pre-SFT model), not the stage's output
+            forced.append(f"opsd.teacher.path={cfg.opsd.teacher.path}")
         forced.append(f"actor_rollout_ref.model.path={init_model}")
     # the caps the budgets derive from are those of the first composition (the steps above change paths only)
     forced += [f"{key}={value}" for key, value, _ in composer.token_budget_fixes(cfg, RECIPE)]

@@ -11,7 +11,8 @@ the first vs last 10 steps.
 Arms (hydra overrides on top of the OPSD toy preset, ``recipe/opsd/config/demo/toy.yaml``):
 - ``full_solution``: the toy preset (teacher = frozen student with the reference solution);
 - ``control``: ``opsd.teacher_context=none``, the no-privilege control (teacher prompt = student
-  prompt, so the loss is 0 at the first step);
+  prompt, so the loss is 0 at the first step; ``opsd.teacher.allow_zero_loss=true`` passes the
+  start-up refusal of that setting: here the null result is the point);
 - ``paper_clip``: the toy preset with the paper's per-entry clip ``tau_clip = 0.05``;
 - ``answer_only``: the answer-only teacher context.
 
@@ -29,7 +30,7 @@ from recipe.toy.demo import change_interval
 
 ARMS = {
     "full_solution": (),
-    "control": ("opsd.teacher_context=none",),
+    "control": ("opsd.teacher_context=none", "opsd.teacher.allow_zero_loss=true"),
     "paper_clip": ("opsd.loss.clip_tau=0.05",),
     "answer_only": ("opsd.teacher_context=answer_only",),
 }

@@ -163,6 +163,57 @@ class OPSDObjectiveConfig:
                                 discount=self.discount)
 
 
+# ----------------------------------------------------------------- teacher kinds (opsd.teacher)
+@dataclass
+class OPSDTeacherConfig:
+    """Which weights score the rollouts under the privileged prompt (``opsd.teacher``;
+    ``recipe.opsd.teacher_kinds``).
+
+    kind: ``frozen_initial`` (the paper's frozen copy of the initial student) | ``checkpoint`` (the
+        model at ``path``, same tokenizer, frozen) | ``ema`` (starts as the initial student, then
+        ``d * teacher + (1 - d) * student`` after every optimizer step) | ``live`` (the current
+        student's weights, no second copy).
+    path: kind ``checkpoint`` only: a model directory or a Hub id (its lm_head is the teacher head).
+    ema_decay: kind ``ema`` only: d in [0, 1] (1 = ``frozen_initial``).
+    allow_zero_loss: start even when teacher weights, prompt, mode and temperature all equal the
+        student's (the loss is then identically zero; refused at start otherwise).
+    """
+
+    kind: str = "frozen_initial"
+    path: str | None = None
+    ema_decay: float | None = None
+    allow_zero_loss: bool = False
+
+    def __post_init__(self):
+        from recipe.opsd.teacher_kinds import TEACHER_KINDS
+
+        if self.kind not in TEACHER_KINDS:
+            raise ValueError(f"opsd.teacher.kind must be one of {list(TEACHER_KINDS)}, got {self.kind!r}")
+        if self.kind == "checkpoint":
+            if not isinstance(self.path, str) or not self.path.strip():
+                raise ValueError(
+                    f"opsd.teacher.path must be a model directory or Hub id with opsd.teacher.kind=checkpoint, "
+                    f"got {self.path!r}"
+                )
+        elif self.path is not None:
+            raise ValueError(
+                f"opsd.teacher.path must be null unless opsd.teacher.kind=checkpoint (kind {self.kind!r}), got {self.path!r}"
+            )
+        if self.kind == "ema":
+            decay = self.ema_decay
+            if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= float(decay) <= 1.0:
+                raise ValueError(
+                    f"opsd.teacher.ema_decay must be a number in [0, 1] with opsd.teacher.kind=ema (1 = frozen), got {decay!r}"
+                )
+            self.ema_decay = float(decay)
+        elif self.ema_decay is not None:
+            raise ValueError(
+                f"opsd.teacher.ema_decay must be null unless opsd.teacher.kind=ema (kind {self.kind!r}), got {self.ema_decay!r}"
+            )
+        if not isinstance(self.allow_zero_loss, bool):
+            raise ValueError(f"opsd.teacher.allow_zero_loss must be true or false, got {self.allow_zero_loss!r}")
+
+
 @dataclass
 class OPSDConfig:
     """The ``opsd:`` block.
@@ -180,6 +231,7 @@ class OPSDConfig:
     preflight: run the pre-flight gate before Ray starts (``recipe.opsd.preflight``: student and
         teacher renderings of the first training rows agree on EOS and reasoning-mode tokens, the
         ``none`` control gives the student's exact input); False skips it.
+    teacher: which weights score the rollouts (``OPSDTeacherConfig``; default the frozen initial student).
     """
 
     teacher_context: str = "full_solution"
@@ -192,10 +244,13 @@ class OPSDConfig:
     objective: OPSDObjectiveConfig = field(default_factory=OPSDObjectiveConfig)
     # --- pre-flight gate (issue 22 item 3)
     preflight: bool = True
+    teacher: OPSDTeacherConfig = field(default_factory=OPSDTeacherConfig)
 
     def __post_init__(self):
         if isinstance(self.loss, Mapping):
             self.loss = _build(OPSDLossConfig, self.loss, prefix="opsd.loss")
+        if self.teacher is None or isinstance(self.teacher, Mapping):
+            self.teacher = _build(OPSDTeacherConfig, self.teacher or {}, prefix="opsd.teacher")
         if self.monitor is None or isinstance(self.monitor, Mapping):
             self.monitor = _build(MonitorConfig, self.monitor or {}, prefix="opsd.monitor")
         allowed = _allowed_contexts()

@@ -77,7 +77,8 @@ def prepare_config(config) -> OPSDConfig:
         raise ValueError(
             f"actor_rollout_ref.actor.strategy must be fsdp2 for OPSD, got {config.actor_rollout_ref.actor.strategy!r}"
         )
-    if lora_rank <= 0 and config.actor_rollout_ref.ref.strategy != "fsdp2":
+    _check_teacher_kind(config, opsd, lora=lora_rank > 0)
+    if uses_reference_slot(opsd, lora=lora_rank > 0) and config.actor_rollout_ref.ref.strategy != "fsdp2":
         raise ValueError(
             f"actor_rollout_ref.ref.strategy must be fsdp2 for OPSD (it holds the teacher), "
             f"got {config.actor_rollout_ref.ref.strategy!r}"
@@ -88,7 +89,7 @@ def prepare_config(config) -> OPSDConfig:
             "model's forward, so the OPSD loss computed in place of the lm_head would never run (the OPSD loss is "
             "already fused with the lm_head: recipe.opsd.losses.fused_linear_weighted_divergence)"
         )
-    _validate_verl_config(config, lora=lora_rank > 0)
+    _validate_verl_config(config, use_reference_policy=uses_reference_slot(opsd, lora=lora_rank > 0))
     kwargs = dict(config.data.get("apply_chat_template_kwargs") or {})
     enable_thinking = opsd.student_enable_thinking
     if "enable_thinking" in kwargs and (enable_thinking is None or bool(kwargs["enable_thinking"]) != enable_thinking):
@@ -187,15 +188,93 @@ def preflight_gate(config, opsd: OPSDConfig) -> str:
     return report.summary()
 
 
-def _validate_verl_config(config, *, lora: bool) -> None:
+# ----------------------------------------------------------------- teacher kinds (opsd.teacher)
+def uses_reference_slot(opsd: OPSDConfig, *, lora: bool) -> bool:
+    """Whether the teacher is a second copy in verl's reference slot (``Role.ActorRolloutRef``):
+    not for ``live`` (the actor module itself) nor for a LoRA ``frozen_initial`` teacher (the actor
+    with its adapters disabled)."""
+    from recipe.opsd.teacher_kinds import SECOND_COPY_KINDS
+
+    return opsd.teacher.kind in SECOND_COPY_KINDS and not (lora and opsd.teacher.kind == "frozen_initial")
+
+
+def _check_teacher_kind(config, opsd: OPSDConfig, *, lora: bool) -> None:
+    """Teacher-kind settings that cannot work, and the zero-loss setting, before Ray starts."""
+    from recipe.opsd.teacher_kinds import zero_loss_reason
+
+    teacher = opsd.teacher
+    if lora and teacher.kind in ("checkpoint", "ema"):
+        raise ValueError(
+            f"opsd.teacher.kind={teacher.kind} needs full-parameter training (a second full copy in verl's "
+            "reference slot); with LoRA use frozen_initial (adapters disabled) or live (adapters enabled)"
+        )
+    if teacher.kind == "ema":
+        dtype = config.actor_rollout_ref.ref.get("fsdp_config", {}).get("model_dtype", "fp32")
+        if str(dtype) not in ("fp32", "float32"):
+            raise ValueError(
+                f"actor_rollout_ref.ref.fsdp_config.model_dtype must be fp32 with opsd.teacher.kind=ema (the EMA "
+                f"increments (1 - d) x (student - teacher) vanish in {dtype}), got {dtype!r}"
+            )
+    reason = zero_loss_reason(
+        kind=teacher.kind, teacher_path=teacher.path, student_path=str(config.actor_rollout_ref.model.path),
+        teacher_context=opsd.teacher_context, student_mode=opsd.student_mode, teacher_mode=opsd.teacher_mode,
+        student_temperature=opsd.loss.student_temperature,
+        teacher_temperature=opsd.loss.effective_teacher_temperature,
+    )
+    if reason is not None and not teacher.allow_zero_loss:
+        raise ValueError(
+            f"opsd.teacher: {reason}; give the teacher another checkpoint (opsd.teacher.kind=checkpoint "
+            "opsd.teacher.path=...), context or mode, or set opsd.teacher.allow_zero_loss=true to run anyway"
+        )
+
+
+def check_teacher_checkpoint(opsd: OPSDConfig, *, student_path: str) -> None:
+    """kind ``checkpoint``: the teacher model has the student's tokenizer and vocabulary size
+    (``recipe.common.checkpoints.check_same_model`` on those keys; any architecture), before Ray
+    starts. A Hub id not in the local Hugging Face cache is checked on the workers instead."""
+    if opsd.teacher.kind != "checkpoint":
+        return
+    from recipe.common.checkpoints import check_model_dir, check_same_model
+    from recipe.common.heads import local_checkpoint_dir
+    from recipe.opsd.teacher_kinds import TEACHER_SAME_KEYS
+
+    dirs = []
+    for path in (student_path, opsd.teacher.path):
+        try:
+            dirs.append(local_checkpoint_dir(path))
+        except FileNotFoundError:
+            print(f"[opsd] note: {path} is not local yet; the teacher's tokenizer is checked on the workers")
+            return
+    if os.path.isdir(opsd.teacher.path):
+        check_model_dir(opsd.teacher.path)
+    check_same_model(dirs[0], dirs[1], keys=TEACHER_SAME_KEYS)
+
+
+def check_ema_resume(opsd: OPSDConfig, *, resume_dir) -> None:
+    """kind ema: the checkpoint a run resumes from holds the EMA teacher (``opsd_ema_teacher/``);
+    one from another teacher kind would silently restart the teacher from the initial model."""
+    if opsd.teacher.kind != "ema" or resume_dir is None:
+        return
+    from recipe.opsd.teacher_kinds import EMA_TEACHER_DIR
+
+    if not os.path.isdir(os.path.join(resume_dir, EMA_TEACHER_DIR)):
+        raise InputError(
+            f"no {EMA_TEACHER_DIR}/ (the EMA teacher) in the checkpoint a run with opsd.teacher.kind=ema resumes from",
+            file=resume_dir, hint="resume it with the teacher kind it was trained with, or start a new CKPT_DIR",
+        )
+
+
+
+def _validate_verl_config(config, *, use_reference_policy: bool) -> None:
     """verl's own ``validate_config`` (as its TaskRunner runs it): batch sizes that do not divide
     across the GPUs, micro-batch settings, ... fail now instead of late. Its assertion messages
     become ValueErrors (one line, no traceback)."""
     from verl.utils.config import validate_config
 
     try:
-        # the teacher is verl's reference policy (LoRA: the actor with adapters disabled)
-        validate_config(config=config, use_reference_policy=not lora, use_critic=False)
+        # the teacher is verl's reference policy, unless it is the actor itself (live; LoRA frozen:
+        # the actor with adapters disabled)
+        validate_config(config=config, use_reference_policy=use_reference_policy, use_critic=False)
     except AssertionError as err:
         raise ValueError(f"verl's validate_config: {err}") from None
 
@@ -220,8 +299,8 @@ class OPSDTaskRunner(BaseTaskRunner):
         lora = bool(config.actor_rollout_ref.model.get("lora_rank", 0) or config.actor_rollout_ref.model.get(
             "lora", {}
         ).get("rank", 0))
-        # LoRA: no second copy, the teacher is the actor with its adapters disabled
-        role = Role.ActorRollout if lora else Role.ActorRolloutRef
+        # no second copy for live (the actor module) and LoRA frozen_initial (adapters disabled)
+        role = Role.ActorRolloutRef if uses_reference_slot(opsd, lora=lora) else Role.ActorRollout
         worker_cls = worker_class_for(OmegaConf.to_container(config.opsd, resolve=True))
         self.role_worker_mapping[role] = ray.remote(worker_cls)
         self.mapping[role] = "global_pool"
@@ -267,11 +346,12 @@ def main(config):
         sys.exit(2)
     try:  # the model directory and the checkpoint a run would resume from, before Ray starts
         trainer = config.trainer
-        check_training_inputs(
-            model_path=config.actor_rollout_ref.model.path,
-            resume_dir=verl_resume_dir(resume_mode=trainer.resume_mode, default_local_dir=trainer.default_local_dir,
-                                       resume_from_path=trainer.get("resume_from_path")),
-        )
+        resume_dir = verl_resume_dir(resume_mode=trainer.resume_mode, default_local_dir=trainer.default_local_dir,
+                                     resume_from_path=trainer.get("resume_from_path"))
+        check_training_inputs(model_path=config.actor_rollout_ref.model.path, resume_dir=resume_dir)
+        # teacher kind checkpoint: same tokenizer as the student; kind ema: a resume needs the EMA state
+        check_teacher_checkpoint(opsd, student_path=config.actor_rollout_ref.model.path)
+        check_ema_resume(opsd, resume_dir=resume_dir)
     except InputError as err:  # names the file and what is wrong with it, no traceback
         print(f"[opsd] {err}", file=sys.stderr)
         sys.exit(2)

@@ -60,6 +60,7 @@ from recipe.opsd.teacher_worker import (
     REFERENCE_INPUT_PREFIX,
     RESPONSE_LENGTHS_KEY,
     TEACHER_INPUT_FIELDS,
+    TEACHER_FINGERPRINT_KEY,
     TEACHER_INPUT_PREFIX,
     TEACHER_TIME_METRIC,
 )
@@ -72,14 +73,33 @@ class RayOPSDTrainer(RayPPOTrainer):
     def __init__(self, *args, opsd_config: OPSDConfig, **kwargs):
         super().__init__(*args, **kwargs)
         self.opsd = opsd_config
-        # the frozen teacher is verl's reference policy (ActorRolloutRef worker; LoRA: adapters off)
-        self.use_reference_policy = True
+        # the teacher is verl's reference policy (ActorRolloutRef worker; LoRA: the actor, adapters
+        # off), except for teacher kind live: the actor module itself, no reference slot
+        self.use_reference_policy = opsd_config.teacher.kind != "live" or self.ref_in_actor
         self.use_critic = False
         self.use_rm = False
-        self.teacher_inputs = TeacherInputs.from_config(opsd_config, self.tokenizer)
+        self.teacher_inputs = TeacherInputs.from_config(
+            opsd_config, self.tokenizer, teacher_tokenizer=self._teacher_tokenizer()
+        )
         self.monitor = TrainingDynamicsMonitor(opsd_config.monitor) if opsd_config.monitor.enabled else None
 
     # ------------------------------------------------------------------ teacher inputs
+    def _teacher_tokenizer(self):
+        """Teacher kind checkpoint: the teacher model's tokenizer, whose chat template renders the
+        teacher prompts (paper: "Student and teacher prompts are rendered independently with the
+        model's native chat template"); its vocabulary is the student's (checked at start). None
+        (= the student's) for the other kinds."""
+        if self.opsd.teacher.kind != "checkpoint":
+            return None
+        from verl.utils import hf_tokenizer
+        from verl.utils.fs import copy_to_local
+
+        model_cfg = self.config.actor_rollout_ref.model
+        return hf_tokenizer(
+            copy_to_local(self.opsd.teacher.path, use_shm=model_cfg.get("use_shm", False)),
+            trust_remote_code=model_cfg.get("trust_remote_code", False),
+        )
+
     def _check_student_prompts(self, batch: DataProto) -> None:
         """The student generated from exactly the prompt the teacher context pairs it with
         (``TeacherInputs.check_student_prompts``; each row once)."""
@@ -156,6 +176,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             seed=actor_cfg.data_loader_seed,
             dataloader_kwargs={"shuffle": actor_cfg.shuffle},
             compute_loss=True,
+            **{TEACHER_FINGERPRINT_KEY: bool(self.config.trainer.get("log_fingerprints", False))},
             **non_tensors,
         )
         output = tu.get(self.actor_rollout_wg.update_actor(batch_td), "metrics")
@@ -225,24 +246,31 @@ class RayOPSDTrainer(RayPPOTrainer):
     def _save_checkpoint(self):
         """verl's checkpoint, plus the collapse monitor's state (written first: verl's last act is the
         ``latest_checkpointed_iteration.txt`` a resume trusts)."""
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if self.monitor is not None:
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, MONITOR_STATE_FILE), "w") as handle:
                 json.dump(self.monitor.state_dict(), handle)
+        if self.opsd.teacher.kind == "ema":  # verl saves the actor only; the EMA teacher is state too
+            self.actor_rollout_wg.save_ema_teacher(os.path.abspath(folder))
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
         """verl's resume, plus the collapse monitor's window (so collapse detection is not silently
         off for the first ``early_end + recent_window`` steps after a resume)."""
         result = super()._load_checkpoint()
-        if self.monitor is None or self.global_steps == 0:
+        if self.global_steps == 0:
             return result
         trainer_cfg = self.config.trainer
         if trainer_cfg.resume_mode == "resume_path":
             folder = trainer_cfg.resume_from_path
         else:
             folder = os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}")
+        if self.opsd.teacher.kind == "ema":
+            self.actor_rollout_wg.load_ema_teacher(os.path.abspath(folder))
+            print(f"[opsd] EMA teacher restored from {folder}")
+        if self.monitor is None:
+            return result
         path = os.path.join(os.path.abspath(folder), MONITOR_STATE_FILE)
         if not os.path.isfile(path):
             print(f"[opsd] WARNING: no {MONITOR_STATE_FILE} in {folder}: the collapse monitor starts with an empty "

@@ -33,17 +33,23 @@ class TeacherInputs:
         tensors = inputs.spliced(extra_infos, responses_BR, response_attention_BR)
     """
 
-    def __init__(self, *, teacher_context: str, student_mode, teacher_mode, teacher_max_prompt_length: int, tokenizer):
+    def __init__(
+        self, *, teacher_context: str, student_mode, teacher_mode, teacher_max_prompt_length: int, tokenizer,
+        teacher_tokenizer=None,
+    ):
         self.teacher_context = teacher_context
         self.student_mode = student_mode
         self.teacher_mode = teacher_mode
         self.teacher_max_prompt_length = int(teacher_max_prompt_length)
         self.tokenizer = tokenizer
+        # renders the teacher prompts: the teacher model's own chat template (teacher kind checkpoint;
+        # same vocabulary), else the student's tokenizer
+        self.teacher_tokenizer = tokenizer if teacher_tokenizer is None else teacher_tokenizer
         self._teacher_prompts: dict = {}
         self._checked_rows: set = set()
 
     @classmethod
-    def from_config(cls, opsd_config, tokenizer) -> "TeacherInputs":
+    def from_config(cls, opsd_config, tokenizer, *, teacher_tokenizer=None) -> "TeacherInputs":
         """From a validated ``recipe.opsd.config.OPSDConfig``."""
         return cls(
             teacher_context=opsd_config.teacher_context,
@@ -51,6 +57,7 @@ class TeacherInputs:
             teacher_mode=opsd_config.teacher_mode,
             teacher_max_prompt_length=opsd_config.teacher_max_prompt_length,
             tokenizer=tokenizer,
+            teacher_tokenizer=teacher_tokenizer,
         )
 
     def teacher_prompt_ids(self, extra_info: Mapping, *, reference_only: bool = False) -> list[int]:
@@ -64,7 +71,7 @@ class TeacherInputs:
                 messages = reference_only_messages(self.teacher_context, dict(extra_info))
             else:
                 _, messages = build_prompt_pair(self.teacher_context, dict(extra_info))
-            ids = list(render_ids(messages, self.tokenizer, self.teacher_mode))
+            ids = list(render_ids(messages, self.teacher_tokenizer, self.teacher_mode))
             if len(ids) > self.teacher_max_prompt_length:
                 raise ValueError(
                     f"{'reference-only ' if reference_only else ''}teacher prompt of row id={extra_info.get('id')!r} "

@@ -33,6 +33,8 @@ Only FSDP2 without Ulysses sequence parallelism is supported (checked at start).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import time
 from functools import partial
 
@@ -47,6 +49,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from recipe.common.heads import checkpoint_lm_head, output_logit_scale, response_rows
 from recipe.opsd.actor_loss import LOSS_SEQUENCES_KEY, RESPONSE_TOKENS_KEY, opsd_loss
 from recipe.opsd.signals import sampled_token_rank_from_hidden
+from recipe.opsd.teacher_kinds import EMA_TEACHER_DIR
 
 OPSD_FORWARD_KEY = "opsd_forward"
 RESPONSE_LENGTHS_KEY = "opsd_response_lengths"
@@ -57,6 +60,9 @@ TEACHER_RANK_CHUNK_KEY = "opsd_teacher_rank_chunk_size"
 TEACHER_INPUT_PREFIX = "opsd_teacher_"
 REFERENCE_INPUT_PREFIX = "opsd_reference_"
 TEACHER_INPUT_FIELDS = ("input_ids", "attention_mask", "position_ids")
+# set on the actor batch (trainer.log_fingerprints) to get the float64 sums of the teacher's weights
+# taken right before its forward: opsd/teacher_param_{checksum,sqsum}
+TEACHER_FINGERPRINT_KEY = "opsd_teacher_fingerprint"
 # wall time of the teacher forward inside update_actor (max over ranks), reported with the update's metrics
 TEACHER_TIME_METRIC = "timing_s/teacher"
 
@@ -99,6 +105,13 @@ class OPSDEngineMixin:
                 data, **{RESPONSE_TOKENS_KEY: int(counts[0].item()), LOSS_SEQUENCES_KEY: int(counts[1].item())}
             )
         return super().forward_backward_batch(data, loss_function, forward_only=forward_only)
+
+    def optimizer_step(self):
+        grad_norm = super().optimizer_step()
+        after_step = getattr(self, "opsd_after_optimizer_step", None)
+        if after_step is not None:  # teacher kind ema: the teacher follows the student
+            after_step(grad_norm)
+        return grad_norm
 
     def forward_step(self, micro_batch, loss_function, forward_only):
         mode = tu.get_non_tensor_data(data=micro_batch, key=OPSD_FORWARD_KEY, default=None)
@@ -207,22 +220,34 @@ def _check_head_output(output, loss, hf_config) -> None:
         )
 
 
-def opsd_loss_function(loss_config, model_config, *, frozen_teacher_head: bool, objective=None):
+def opsd_loss_function(
+    loss_config, model_config, *, frozen_teacher_head: bool, teacher_model_config=None, head_dtype=None, objective=None
+):
     """The actor's verl loss function: ``actor_loss.opsd_loss`` with the teacher's lm_head.
 
-    ``frozen_teacher_head``: a frozen copy of the initial lm_head, read once from the checkpoint
-    (``actor_rollout_ref.model.path``: a directory or a Hub id), with the model's head scale folded
-    in; False (LoRA): the live lm_head, detached. Soft-capped heads are refused here, at start.
+    ``frozen_teacher_head``: a copy of the teacher's lm_head, read once from its checkpoint
+    (``teacher_model_config``, default ``model_config``: ``actor_rollout_ref.model.path``; a
+    directory or a Hub id), with that model's head scale folded in; False (LoRA, teacher kind live):
+    the live lm_head, detached. ``head_dtype``: the copy's dtype (default: the checkpoint's; the EMA
+    teacher keeps float32). Soft-capped heads are refused here, at start.
     ``objective``: ``recipe.opsd.objectives.ObjectiveWeights`` (None: the divergence alone).
     """
-    scale = output_logit_scale(model_config.hf_config)
-    teacher_weight = None
+    output_logit_scale(model_config.hf_config)  # the student's head too: refuse soft-capping now
+    head = None
     if frozen_teacher_head:
-        teacher_weight = checkpoint_lm_head(
-            model_config.local_path,
-            tie_word_embeddings=bool(getattr(model_config.hf_config, "tie_word_embeddings", False)),
-        ).to(get_device_id()) * scale
-    return partial(opsd_loss, loss_config=loss_config, teacher_weight_VH=teacher_weight, objective=objective)
+        head = teacher_head(teacher_model_config or model_config)
+        head = head if head_dtype is None else head.to(head_dtype)
+    return partial(opsd_loss, loss_config=loss_config, teacher_weight_VH=head, objective=objective)
+
+
+def teacher_head(model_config) -> torch.Tensor:
+    """The lm_head weight [V, H] of ``model_config``'s checkpoint as the model applies it (head scale
+    folded in), on this worker's device."""
+    scale = output_logit_scale(model_config.hf_config)
+    return checkpoint_lm_head(
+        model_config.local_path,
+        tie_word_embeddings=bool(getattr(model_config.hf_config, "tie_word_embeddings", False)),
+    ).to(get_device_id()) * scale
 
 
 def _response_hidden(hidden, *, micro_batch, packed: bool):
@@ -259,12 +284,28 @@ class OPSDTrainingWorker(TrainingWorker):
     swap its class for the subclass with the mixin, so every engine setting verl chose stays.
     """
 
+    # teacher kind checkpoint (set on the reference slot's class by ``worker_class_for``): the model
+    # this worker loads instead of the student's
+    model_path_override: str | None = None
+
     def __init__(self, config):
+        if self.model_path_override is not None:
+            config = dataclasses.replace(config, model_config=other_model_config(config.model_config, self.model_path_override))
         super().__init__(config)
         strategy = getattr(self.engine_config, "strategy", None)
         if strategy != "fsdp2":
             raise ValueError(f"OPSD needs the fsdp2 engine (actor_rollout_ref.actor.strategy=fsdp2), got {strategy!r}")
         self.engine.__class__ = opsd_engine_class(type(self.engine))
+
+
+def other_model_config(model_config, path: str):
+    """verl's ``HFModelConfig`` of the model at ``path`` with every other setting of ``model_config``
+    (dtype overrides, remove-padding, trust_remote_code, ...); tokenizer, config and local copy are
+    the new model's own (resolved as verl resolves the student's)."""
+    derived = dict(local_path=None, hf_config_path=None, local_hf_config_path=None, tokenizer_path=None,
+                   local_tokenizer_path=None, hf_config=None, generation_config=None, tokenizer=None,
+                   processor=None, architectures=None)
+    return dataclasses.replace(model_config, path=path, **derived)
 
 
 class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -286,11 +327,60 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         if self.opsd_config is None:
             raise ValueError("OPSDActorRolloutRefWorker needs the opsd config: build it with worker_class_for(opsd)")
         self.opsd = OPSDConfig.from_hydra(self.opsd_config)
-        # LoRA (no ref copy): the teacher is the actor with adapters disabled; the lm_head is not adapted
-        self.actor.set_loss_fn(
-            opsd_loss_function(self.opsd.loss, self.actor.model_config, frozen_teacher_head=self.ref is not None,
-                               objective=self.opsd.objective.weights)
+        # the teacher head: a copy read from the teacher's checkpoint when the teacher is a second copy
+        # (ref slot: frozen_initial, checkpoint, ema); the live lm_head, detached, when the teacher is
+        # the actor module (LoRA frozen_initial: the lm_head is not adapted; live: the student's head)
+        teacher_config = self.ref.model_config if self.ref is not None else None
+        if self.opsd.teacher.kind == "checkpoint":
+            self._check_teacher_tokenizer(teacher_config)
+        loss_fn = opsd_loss_function(
+            self.opsd.loss, self.actor.model_config, frozen_teacher_head=self.ref is not None,
+            teacher_model_config=teacher_config, head_dtype=torch.float32 if self.opsd.teacher.kind == "ema" else None,
+            objective=self.opsd.objective.weights,
         )
+        self.actor.set_loss_fn(loss_fn)
+        if self.opsd.teacher.kind == "ema":
+            self._teacher_head_VH = loss_fn.keywords["teacher_weight_VH"]
+            self.actor.engine.opsd_after_optimizer_step = self._ema_teacher_step
+
+    def _check_teacher_tokenizer(self, teacher_config) -> None:
+        """kind checkpoint: the teacher's tokenizer and vocabulary size are the student's (also
+        checked before Ray for local models; here for Hub ids, after the download)."""
+        from recipe.common.checkpoints import check_same_model
+        from recipe.common.heads import local_checkpoint_dir
+        from recipe.opsd.teacher_kinds import TEACHER_SAME_KEYS
+
+        # local_path is a Hub id for Hub models: their files are in the local cache by now
+        student, teacher = (local_checkpoint_dir(c.local_path) for c in (self.actor.model_config, teacher_config))
+        check_same_model(student, teacher, keys=TEACHER_SAME_KEYS)
+
+    def _ema_teacher_step(self, grad_norm) -> None:
+        """kind ema, after every optimizer step of the actor: teacher <- d * teacher + (1 - d) * student,
+        on the local FSDP shards of the reference copy (same sharding as the actor's) and on the
+        teacher head copy the loss reads (the actor's full lm_head, scale folded in). A skipped step
+        (non-finite gradient norm: verl leaves the student unchanged) leaves the teacher unchanged too."""
+        from recipe.opsd.teacher_kinds import ema_update_, ema_update_all_
+
+        if not math.isfinite(float(grad_norm)):
+            return
+        decay = self.opsd.teacher.ema_decay
+        student = dict(self.actor.engine.module.named_parameters())
+        pairs = []
+        for name, teacher_param in self.ref.engine.module.named_parameters():
+            if name not in student:
+                raise RuntimeError(f"EMA teacher: the student has no parameter {name!r}")
+            student_param = student[name]
+            if isinstance(teacher_param, DTensor) != isinstance(student_param, DTensor) or (
+                isinstance(teacher_param, DTensor) and teacher_param.placements != student_param.placements
+            ):
+                raise RuntimeError(f"EMA teacher: {name!r} is sharded differently in the teacher and the student")
+            pairs.append((name, _local(teacher_param).data, _local(student_param).data))
+        ema_update_all_(pairs, decay=decay)
+        head = _unwrap_causal_lm(self.actor.engine.module).get_output_embeddings().weight
+        with torch.no_grad():
+            head_VH = head.full_tensor() if isinstance(head, DTensor) else head
+            scale = output_logit_scale(self.actor.model_config.hf_config)
+            ema_update_(self._teacher_head_VH, head_VH.detach() * scale, decay=decay)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data):
@@ -307,14 +397,30 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         """
         if tu.get_non_tensor_data(data=data, key=OPSD_FORWARD_KEY, default=None) != "student_loss":
             return super().update_actor(data)
+        teacher_sums = None
+        if tu.get_non_tensor_data(data=data, key=TEACHER_FINGERPRINT_KEY, default=False):
+            teacher_sums = self._teacher_param_sums()
         start = time.perf_counter()
         self._add_teacher_outputs(data)
         seconds = torch.tensor(time.perf_counter() - start, dtype=torch.float64, device=get_device_id())
         torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
         output = super().update_actor(data)
         if output is not None:
-            tu.get(output, "metrics")[TEACHER_TIME_METRIC] = float(seconds)
+            metrics = tu.get(output, "metrics")
+            metrics[TEACHER_TIME_METRIC] = float(seconds)
+            if teacher_sums is not None:
+                metrics["opsd/teacher_param_checksum"], metrics["opsd/teacher_param_sqsum"] = teacher_sums
         return output
+
+    def _teacher_param_sums(self) -> list[float] | None:
+        """float64 (sum, sum of squares) of the weights that score this step, taken right before the
+        teacher forward: the reference copy (frozen_initial, checkpoint, ema), the actor module (live);
+        None for the LoRA frozen teacher (the actor's base weights, adapters disabled: no own copy)."""
+        if self.ref is not None:
+            return sharded_param_sums(self.ref.engine.module.parameters())
+        if self.opsd.teacher.kind == "live":
+            return sharded_param_sums(self.actor.engine.module.parameters())
+        return None
 
     def _add_teacher_outputs(self, data) -> None:
         from recipe.opsd.positions import select_positions
@@ -347,22 +453,59 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
             tu.assign_non_tensor(teacher, **{TEACHER_RANK_CHUNK_KEY: int(rank_chunk)})
         if self.ref is not None:
             output = self.ref.infer_batch(data=teacher)
-        else:
+        else:  # the actor module: live (as it is now) or LoRA frozen_initial (adapters disabled)
             _fsdp2_lazy_init(self.actor.engine.module)
-            tu.assign_non_tensor(teacher, no_lora_adapter=True)
+            if self.opsd.teacher.kind != "live":
+                tu.assign_non_tensor(teacher, no_lora_adapter=True)
             output = self.actor.infer_batch(teacher)
         keys = ("teacher_hidden", "teacher_rank") if rank_chunk is not None else ("teacher_hidden",)
         return {key: torch.stack(list(tu.get(output, key).unbind())) for key in keys}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_ema_teacher(self, folder: str) -> None:
+        """kind ema: this rank's local shards of the EMA teacher and its head copy, to
+        ``<folder>/opsd_ema_teacher/rank_<r>.pt`` (the checkpoint's ``global_step_<s>``)."""
+        if self.opsd.teacher.kind != "ema":
+            return
+        state = {name: _local(param).detach().cpu().clone() for name, param in self.ref.engine.module.named_parameters()}
+        state[EMA_HEAD_KEY] = self._teacher_head_VH.detach().cpu().clone()
+        path = ema_teacher_file(folder, rank=torch.distributed.get_rank())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_ema_teacher(self, folder: str) -> None:
+        """kind ema, on resume: the EMA teacher saved with the checkpoint (verl restores the actor only;
+        the reference copy was loaded from the initial model)."""
+        path = ema_teacher_file(folder, rank=torch.distributed.get_rank())
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: the checkpoint has no EMA teacher state (opsd.teacher.kind=ema)")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.no_grad():
+            for name, param in self.ref.engine.module.named_parameters():
+                _local(param).copy_(state[name])
+            self._teacher_head_VH.copy_(state[EMA_HEAD_KEY])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def param_checksums(self) -> dict:
-        """float64 sum and sum of squares of actor and teacher parameters (``trainer.log_fingerprints``:
-        tests and drift checks), ``{"actor": [sum, sqsum], "teacher": [...]}``, equal on every rank."""
-        return {
-            name: sharded_param_sums(worker.engine.module.parameters())
-            for name, worker in (("actor", self.actor), ("teacher", self.ref))
-            if worker is not None
-        }
+        """float64 sum and sum of squares of the actor's parameters (``trainer.log_fingerprints``:
+        tests and drift checks), ``{"actor": [sum, sqsum]}``, equal on every rank. The teacher's are
+        taken at its forward (``update_actor`` with ``opsd_teacher_fingerprint``)."""
+        return {"actor": sharded_param_sums(self.actor.engine.module.parameters())}
+
+
+# kind ema: the teacher's state in every checkpoint (global_step_<s>/opsd_ema_teacher/rank_<r>.pt)
+EMA_HEAD_KEY = "__opsd_teacher_head__"
+
+
+def ema_teacher_file(folder, *, rank: int):
+    from pathlib import Path
+
+    return Path(folder) / EMA_TEACHER_DIR / f"rank_{rank}.pt"
+
+
+def _local(param):
+    return param.to_local() if isinstance(param, DTensor) else param
 
 
 def sharded_param_sums(params, *, block: int = 1 << 22) -> list[float]:
@@ -412,5 +555,12 @@ def _fsdp2_lazy_init(module) -> None:
 
 
 def worker_class_for(opsd_config: dict) -> type:
-    """An ``OPSDActorRolloutRefWorker`` subclass carrying the ``opsd:`` block (pickled to Ray by value)."""
-    return type("OPSDWorker", (OPSDActorRolloutRefWorker,), {"opsd_config": dict(opsd_config)})
+    """An ``OPSDActorRolloutRefWorker`` subclass carrying the ``opsd:`` block (pickled to Ray by value);
+    teacher kind checkpoint: its reference slot loads ``opsd.teacher.path``."""
+    attrs = {"opsd_config": dict(opsd_config)}
+    teacher = dict(opsd_config.get("teacher") or {})
+    if teacher.get("kind") == "checkpoint":
+        attrs["ref_worker_cls"] = type(
+            "OPSDTeacherCheckpointWorker", (OPSDTrainingWorker,), {"model_path_override": str(teacher["path"])}
+        )
+    return type("OPSDWorker", (OPSDActorRolloutRefWorker,), attrs)

@@ -458,3 +458,124 @@ def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny
     assert f"[opsd] {ckpt / 'global_step_2' / 'actor'}: no FSDP model shards" in run.log, run.tail()
     assert "Traceback" not in run.log, run.tail()
     assert "Started a local Ray instance" not in run.log, run.tail()
+
+
+# ------------------------------------------------------------------ teacher kinds (opsd.teacher)
+# 1 rank, 2 steps each, the one-rank run's settings (RESUME_ARGS; its launch is the frozen_initial
+# reference). opsd/teacher_param_* are the float64 sums of the weights that scored the step, taken
+# right before the teacher forward; opsd/actor_param_* those of the actor after the step's update.
+
+
+def _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, root, *overrides):
+    run = run_cpu_verl(
+        SCRIPT,
+        RESUME_ARGS + list(overrides),
+        workdir=root,
+        env=_env(tiny_model_dir, tiny_data, root / "ckpt", root / "rollout_weights.jsonl", STEPS="2"),
+        script=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.tail()
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    for step in (1, 2):
+        _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
+    return run
+
+
+def _sums(metrics, who):
+    return metrics[f"opsd/{who}_param_checksum"], metrics[f"opsd/{who}_param_sqsum"]
+
+
+def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """teacher <- 1 * teacher + 0 * student after every step: bit-identical to the frozen initial
+    teacher (its checksum at both steps), and step 1 has the frozen run's statistics (same prompts,
+    same student and teacher; the samples differ between launches, see the LoRA test)."""
+    frozen, _, _ = one_rank_run
+    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=ema",
+                            "opsd.teacher.ema_decay=1.0")
+    for step in (1, 2):
+        assert _sums(run.metrics[step], "teacher") == _sums(frozen.metrics[step], "teacher")
+        assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
+    assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
+    ema1, frozen1 = run.metrics[1], frozen.metrics[1]
+    assert ema1["training/data_index_sum"] == frozen1["training/data_index_sum"]
+    for key in ("opsd/teacher_entropy", "opsd/student_entropy"):
+        assert ema1[key] == pytest.approx(frozen1[key], rel=1e-4), key
+    assert ema1["opsd/loss"] == pytest.approx(frozen1["opsd/loss"], rel=0.1)
+
+
+def test_ema_teacher_follows_the_student_and_resumes(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """decay 0.5: the teacher of step s + 1 is 0.5 x the teacher of step s + 0.5 x the student after
+    step s, on every parameter, so its float64 sum is the mean of theirs; the EMA teacher is saved
+    with each checkpoint, and a rerun with 3 steps resumes it (not the initial model) at step 3."""
+    ema = ("opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.5")
+    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, *ema)
+    initial_sum, _ = _float64_sums(tiny_model_dir)
+    assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
+    actor_sum, _ = _sums(run.metrics[1], "actor")
+    assert run.metrics[2]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * initial_sum + 0.5 * actor_sum, rel=1e-6)
+    assert run.metrics[2]["opsd/teacher_param_checksum"] != pytest.approx(initial_sum, rel=1e-9)
+    assert (tmp_path / "ckpt" / "global_step_2" / "opsd_ema_teacher" / "rank_0.pt").is_file()
+
+    resumed = run_cpu_verl(
+        SCRIPT,
+        RESUME_ARGS + list(ema),
+        workdir=tmp_path / "launch2",
+        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl", STEPS="3"),
+        script=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.tail()
+    assert sorted(resumed.metrics) == [3], resumed.tail()
+    teacher2, actor2 = run.metrics[2]["opsd/teacher_param_checksum"], run.metrics[2]["opsd/actor_param_checksum"]
+    assert resumed.metrics[3]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * teacher2 + 0.5 * actor2, rel=1e-6)
+
+
+def test_live_teacher_is_the_current_student(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """No second copy: the weights that score step s are the actor's after step s - 1 (the student
+    that sampled the rollouts), the initial model at step 1."""
+    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=live")
+    assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
+    assert _sums(run.metrics[2], "teacher") == _sums(run.metrics[1], "actor")
+    assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
+
+
+def test_checkpoint_teacher_is_that_model(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """A larger model with the student's tokenizer (hidden 128 vs 64, another seed) scores the
+    rollouts, its lm_head the teacher head: its checksum at both steps is that checkpoint's."""
+    from recipe.models.tiny import build_tiny_model
+
+    teacher_dir = build_tiny_model(tmp_path / "teacher", seed=1, hidden_size=128, num_heads=4, num_kv_heads=2)
+    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path / "run", "opsd.teacher.kind=checkpoint",
+                            f"opsd.teacher.path={teacher_dir}")
+    for step in (1, 2):
+        assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(teacher_dir), rel=1e-12)
+    assert _float64_sums(teacher_dir) != _float64_sums(tiny_model_dir)
+
+
+def test_teacher_refusals_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    """One line each, before Ray: a teacher checkpoint with another tokenizer; the same model, prompt
+    (context none), mode and temperature as the student (the loss would be identically 0)."""
+    import shutil
+
+    other = tmp_path / "other_tokenizer"
+    shutil.copytree(tiny_model_dir, other)
+    tokenizer = json.loads((other / "tokenizer.json").read_text())
+    tokenizer["added_tokens"][0]["content"] = "<|renamed|>"
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    cases = [
+        (["opsd.teacher.kind=checkpoint", f"opsd.teacher.path={other}"], f"{other / 'tokenizer.json'}: vocabulary differs"),
+        (["opsd.teacher_context=none"], "[opsd] invalid config: opsd.teacher: the teacher is the student itself"),
+    ]
+    for index, (overrides, expected) in enumerate(cases):
+        run = run_cpu_verl(
+            SCRIPT,
+            overrides,
+            workdir=tmp_path / f"case{index}",
+            env=_env(tiny_model_dir, tiny_data, tmp_path / f"ckpt{index}", tmp_path / "weights.jsonl"),
+            script=True,
+            timeout=120,
+        )
+        assert run.returncode != 0, run.tail()
+        assert expected in run.log, run.tail()
+        assert "Traceback" not in run.log and "Started a local Ray instance" not in run.log, run.tail()

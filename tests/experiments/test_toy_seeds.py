@@ -41,7 +41,7 @@ def test_study_table_rows():
 
 
 def test_arms_are_overrides_of_the_toy_preset():
-    assert ARMS["full_solution"] == () and ARMS["control"] == ("opsd.teacher_context=none",)
+    assert ARMS["full_solution"] == () and ARMS["control"] == ("opsd.teacher_context=none", "opsd.teacher.allow_zero_loss=true")
     assert ARMS["paper_clip"] == ("opsd.loss.clip_tau=0.05",)
 
 

@@ -25,9 +25,10 @@ from recipe.launch.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OPSD, GRPO, SFT = get_recipe("opsd"), get_recipe("grpo"), get_recipe("sft")
-# the presets of Hub models (the CPU presets tiny_cpu / smollm2_135m name a locally built model)
+# the presets of Hub models (the CPU presets tiny_cpu / smollm2_135m name a locally built model; a preset
+# that extends another through its defaults list, the cross-model one, has its own test below)
 PAPER_MODELS = [m for m in OPSD.presets("model")
-                if OmegaConf.load(OPSD.config_dir / "model" / f"{m}.yaml").model_preset.hf_id is not None]
+                if OmegaConf.select(OmegaConf.load(OPSD.config_dir / "model" / f"{m}.yaml"), "model_preset.hf_id")]
 # one factor each: caps (with micro-batch rebalancing), teacher cap, global batch + steps, schedule, temperatures
 EXPERIMENTS = ["default", "rollout_4096", "context_cot_solution", "opsd_vs_grpo_matched", "steps_300", "temp_s06_t06",
                "rollout_256", "lora_r64"]
@@ -237,3 +238,33 @@ def test_shell_scripts_dry_run_print_the_final_config(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing built or written
     bad = _script("recipe/opsd/run_opsd.sh", "+model=no_such_model", DEVICE="gpu", TRAIN_FILES="/t.parquet")
     assert bad.returncode == 2 and bad.stderr.startswith("[launch] error:") and len(bad.stderr.splitlines()) <= 3
+
+
+def test_teacher_presets_compose_through_the_launcher_and_the_sweep(tmp_path):
+    """The cross-model preset (paper row "Qwen3-4B-Instruct (Qwen3-4B)") and SFT-10 + no-privilege OPSD
+    (teacher = the pre-SFT model) reach the final config and pass the start-up checks; the SFT-10
+    preset launched directly from an SFT checkpoint without a teacher path is refused (zero loss)."""
+    from recipe.experiments.sweep import EvalSettings, plan_sweep
+    from recipe.opsd.main_opsd import prepare_config
+
+    cross = gpu_plan(OPSD, ["+model=qwen3_4b_instruct_teacher_qwen3_4b"])
+    assert_reaches(cross.config, {
+        "actor_rollout_ref.model.path": "Qwen/Qwen3-4B-Instruct-2507", "opsd.teacher.kind": "checkpoint",
+        "opsd.teacher.path": "Qwen/Qwen3-4B", "opsd.student_mode": None, "opsd.teacher_mode": "no_think",
+        "data.train_batch_size": 32, "trainer.n_gpus_per_node": 2,
+    })
+    assert prepare_config(cross.config).teacher.path == "Qwen/Qwen3-4B"
+
+    plans = plan_sweep(["sft10_then_no_privilege"], model="qwen3_1p7b", sweep_dir=tmp_path / "sweep", device="gpu",
+                       dry_run=True, overrides=["data.train_files=/data/train.parquet", "data.val_files=/data/val.parquet"],
+                       evaluation=EvalSettings())
+    cfg = OmegaConf.create(plans[0]["config_yaml"])
+    assert cfg.actor_rollout_ref.model.path == plans[0]["eval"]["init_model"] != "Qwen/Qwen3-1.7B"  # the SFT-10 model
+    assert (cfg.opsd.teacher.kind, cfg.opsd.teacher.path, cfg.opsd.teacher_context) == ("checkpoint", "Qwen/Qwen3-1.7B", "none")
+    assert prepare_config(cfg).teacher.path == "Qwen/Qwen3-1.7B"
+
+    direct = gpu_plan(OPSD, ["+model=qwen3_1p7b", "+experiment=sft10_then_no_privilege"])
+    with pytest.raises(ValueError, match="the student's own checkpoint .*opsd.teacher.allow_zero_loss=true"):
+        prepare_config(direct.config)
+    fixed = gpu_plan(OPSD, ["+model=qwen3_1p7b", "+experiment=sft10_then_no_privilege", "opsd.teacher.path=/models/pre_sft"])
+    assert prepare_config(fixed.config).teacher.path == "/models/pre_sft"

@@ -49,7 +49,8 @@ EXPECTED = {
     "mode_nth_th_th": {"opsd.student_mode", "sweep.eval_mode"},
     "mode_th_nth_nth": {"opsd.teacher_mode", "sweep.eval_mode"},
     "no_privilege_nth_th_th": {"opsd.teacher_context", "opsd.student_mode", "sweep.eval_mode"},
-    "steps_300": {"trainer.total_training_steps", "trainer.save_freq", "sweep.eval_every"},
+    "steps_300": {"trainer.total_training_steps", "trainer.save_freq", "trainer.resume_mode", "sweep.eval_every",
+                  "sweep.continue_from.run", "sweep.continue_from.step"},
     **{f"rollout_{cap}": RESPONSE for cap in (128, 256, 512, 2048, 4096, 6144)},
     "rollout_1024": set(),
     "pos_first_256": RESPONSE,
@@ -81,7 +82,7 @@ EXPECTED = {
     "instruction_concise_to_detailed": {"opsd.teacher_context"},
     "instruction_detailed_to_concise": {"opsd.teacher_context"},
     "sft10_then_no_privilege": {
-        "opsd.teacher_context", "sweep.init_stage.kind", "sweep.init_stage.total_steps", "sweep.init_stage.train_files",
+        "opsd.teacher_context", "opsd.teacher.kind", "opsd.teacher.path", "sweep.init_stage.kind", "sweep.init_stage.total_steps", "sweep.init_stage.train_files",
     },
     "opsd_vs_grpo_matched": {
         "data.shuffle", "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
@@ -115,6 +116,7 @@ BATCH_TABLE = {
     "qwen3_1p7b": ("vllm", 2, 8, 4, 64),
     "qwen3_4b": ("vllm", 2, 4, 4, 32),
     "qwen3_4b_instruct": ("vllm", 2, 4, 4, 32),
+    "qwen3_4b_instruct_teacher_qwen3_4b": ("vllm", 2, 4, 4, 32),  # the cross-model row "Qwen3-4B-Instruct (Qwen3-4B)"
     "qwen3_4b_thinking": ("vllm", 2, 4, 4, 32),
     "qwen3_8b": ("vllm", 4, 4, 2, 32),
     "qwen3p5_4b": ("sglang", 2, 4, 4, 32),
@@ -133,6 +135,7 @@ EVAL_TABLE = {
     "qwen3_4b": {"think": "qwen3_think", "no_think": "qwen3_no_think"},
     "qwen3_8b": {"think": "qwen3_think", "no_think": "qwen3_no_think"},
     "qwen3_4b_instruct": {"native": "qwen3_4b_instruct"},
+    "qwen3_4b_instruct_teacher_qwen3_4b": {"native": "qwen3_4b_instruct"},
     "qwen3_4b_thinking": {"native": "qwen3_4b_thinking"},
     "qwen3p5_4b": {"think": "qwen35_4b", "no_think": "qwen35_4b"},
     "deepseek_r1_distill_qwen_1p5b": {"native": "deepseek_r1_distill"},
@@ -143,6 +146,8 @@ EVAL_TABLE = {
     "tiny_cpu": {"think": "tiny_cpu", "no_think": "tiny_cpu"},
     "smollm2_135m": {"native": "smollm2_cpu"},
 }
+# Cross-model presets (paper: "A parenthetical teacher denotes a cross-model experiment"): teacher, (S, T) modes.
+CROSS_MODEL = {"qwen3_4b_instruct_teacher_qwen3_4b": ("Qwen/Qwen3-4B", (None, "no_think"))}
 CAPS = (128, 256, 512, 1024, 2048, 4096, 6144)
 
 
@@ -242,7 +247,13 @@ def test_model_preset_matches_paper_tables(name, hydra_dir):
         assert m == want, (name, cap)
     hybrid = set(preset.native_modes) == {"think", "no_think"}
     modes = (cfg.opsd.student_mode, cfg.opsd.teacher_mode)
-    assert modes == (("think", "think") if hybrid else (None, None))
+    if name in CROSS_MODEL:  # the teacher's own mode, matched to the student's native one
+        teacher_path, modes_expected = CROSS_MODEL[name]
+        assert (cfg.opsd.teacher.kind, cfg.opsd.teacher.path) == ("checkpoint", teacher_path)
+        assert modes == modes_expected
+    else:
+        assert cfg.opsd.teacher.kind == "frozen_initial"
+        assert modes == (("think", "think") if hybrid else (None, None))
     opsd = OPSDConfig.from_hydra(cfg.opsd)
     assert opsd.student_enable_thinking == (True if hybrid else None)
 
