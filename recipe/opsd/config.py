@@ -135,6 +135,8 @@ class OPSDConfig:
     teacher_max_prompt_length: cap on the rendered teacher prompt in tokens (the paper: 1,024;
         8,192 for the CoT + solution context). A longer teacher prompt is an error, never truncated.
     monitor: the collapse monitor's options (``recipe.opsd.monitor.MonitorConfig``).
+    max_consecutive_nonfinite: steps in a row with a non-finite loss or gradient norm (each one's
+        update skipped, ``recipe.opsd.nonfinite``) after which the run saves a checkpoint and stops.
     """
 
     teacher_context: str = "full_solution"
@@ -143,6 +145,7 @@ class OPSDConfig:
     teacher_max_prompt_length: int = 1024
     loss: OPSDLossConfig = field(default_factory=OPSDLossConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    max_consecutive_nonfinite: int = 3
 
     def __post_init__(self):
         if isinstance(self.loss, Mapping):
@@ -166,6 +169,9 @@ class OPSDConfig:
         tmax = self.teacher_max_prompt_length
         if isinstance(tmax, bool) or int(tmax) != tmax or tmax < 1:
             raise ValueError(f"opsd.teacher_max_prompt_length must be an integer >= 1, got {tmax!r}")
+        k = self.max_consecutive_nonfinite
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"opsd.max_consecutive_nonfinite must be an integer >= 1, got {k!r}")
 
     @property
     def student_enable_thinking(self) -> bool | None:

@@ -27,6 +27,7 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from recipe.common.checkpoints import check_training_inputs, verl_resume_dir
 from recipe.common.cli import InputError
 from recipe.opsd.config import OPSDConfig
+from recipe.opsd.nonfinite import NonFiniteTrainingError
 
 # The verl release the glue was written against: its private APIs (docs/verl_private_apis.md) are
 # re-checked by hand on every upgrade.
@@ -204,7 +205,11 @@ def main(config):
     except InputError as err:  # names the file and what is wrong with it, no traceback
         print(f"[opsd] {err}", file=sys.stderr)
         sys.exit(2)
-    run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(OPSDTaskRunner))
+    try:
+        run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(OPSDTaskRunner))
+    except NonFiniteTrainingError as err:  # Ray re-raises the trainer's error as a subclass of it
+        print(f"[opsd] stopped: {getattr(err, 'cause', err)}", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from verl.workers.utils.padding import left_right_2_no_padding
 from recipe.opsd.actor_loss import TEACHER_WEIGHT_KEY
 from recipe.opsd.config import OPSDConfig
 from recipe.opsd.monitor import TrainingCollapseError, TrainingDynamicsMonitor
+from recipe.opsd import nonfinite
 from recipe.opsd.teacher_inputs import TeacherInputs
 from recipe.opsd.teacher_worker import (
     OPSD_FORWARD_KEY,
@@ -75,6 +76,9 @@ class RayOPSDTrainer(RayPPOTrainer):
         self.use_rm = False
         self.teacher_inputs = TeacherInputs.from_config(opsd_config, self.tokenizer)
         self.monitor = TrainingDynamicsMonitor(opsd_config.monitor) if opsd_config.monitor.enabled else None
+        # non-finite loss / gradient: updates skipped (engine), counted and stopped on (here)
+        self.nonfinite = nonfinite.NonFiniteGuard(opsd_config.max_consecutive_nonfinite)
+        self._nan_teacher_test_steps = nonfinite.nan_teacher_test_steps()  # TEST ONLY, empty in real runs
 
     # ------------------------------------------------------------------ teacher inputs
     def _check_student_prompts(self, batch: DataProto) -> None:
@@ -155,6 +159,8 @@ class RayOPSDTrainer(RayPPOTrainer):
             compute_loss=True,
             **non_tensors,
         )
+        if self.global_steps in self._nan_teacher_test_steps:  # TEST ONLY (recipe.opsd.nonfinite)
+            tu.assign_non_tensor(batch_td, **{nonfinite.TEST_NAN_TEACHER_KEY: True})
         output = tu.get(self.actor_rollout_wg.update_actor(batch_td), "metrics")
         timing_raw["teacher"] = output.pop(TEACHER_TIME_METRIC)
         metrics = {}
@@ -197,26 +203,34 @@ class RayOPSDTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self):
-        """verl's checkpoint, plus the collapse monitor's state (written first: verl's last act is the
-        ``latest_checkpointed_iteration.txt`` a resume trusts)."""
+        """verl's checkpoint, plus the collapse monitor's state and the non-finite guard's counts
+        (written first: verl's last act is the ``latest_checkpointed_iteration.txt`` a resume trusts)."""
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        os.makedirs(folder, exist_ok=True)
         if self.monitor is not None:
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-            os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, MONITOR_STATE_FILE), "w") as handle:
                 json.dump(self.monitor.state_dict(), handle)
+        with open(os.path.join(folder, nonfinite.STATE_FILE), "w") as handle:
+            json.dump(self.nonfinite.state_dict(), handle)
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
         """verl's resume, plus the collapse monitor's window (so collapse detection is not silently
         off for the first ``early_end + recent_window`` steps after a resume)."""
         result = super()._load_checkpoint()
-        if self.monitor is None or self.global_steps == 0:
+        if self.global_steps == 0:
             return result
         trainer_cfg = self.config.trainer
         if trainer_cfg.resume_mode == "resume_path":
             folder = trainer_cfg.resume_from_path
         else:
             folder = os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}")
+        nonfinite_path = os.path.join(os.path.abspath(folder), nonfinite.STATE_FILE)
+        if os.path.isfile(nonfinite_path):  # absent in checkpoints of older versions: counts start at 0
+            with open(nonfinite_path) as handle:
+                self.nonfinite.load_state_dict(json.load(handle))
+        if self.monitor is None:
+            return result
         path = os.path.join(os.path.abspath(folder), MONITOR_STATE_FILE)
         if not os.path.isfile(path):
             print(f"[opsd] WARNING: no {MONITOR_STATE_FILE} in {folder}: the collapse monitor starts with an empty "
@@ -325,6 +339,13 @@ class RayOPSDTrainer(RayPPOTrainer):
                     # its part of timing_s/update_actor)
                     with marked_timer("update_actor", timing_raw, color="red"):
                         metrics.update(self._update_opsd_actor(batch, timing_raw=timing_raw, **variant_inputs))
+                    # a non-finite loss or gradient norm: the engine skipped the update; count, maybe stop
+                    metrics.update(self.nonfinite.update(
+                        step=self.global_steps, loss=metrics.get("actor/loss"), grad_norm=metrics.get("actor/grad_norm")
+                    ))
+                    if metrics[nonfinite.SKIPPED_METRIC]:
+                        print(f"[opsd] step {self.global_steps}: non-finite loss or gradient norm, update skipped "
+                              f"({self.nonfinite.consecutive} in a row, stop at {self.nonfinite.max_consecutive})")
                     for prefix in (TEACHER_INPUT_PREFIX, REFERENCE_INPUT_PREFIX):
                         for field in TEACHER_INPUT_FIELDS:
                             batch.batch.pop(prefix + field, None)
@@ -333,7 +354,7 @@ class RayOPSDTrainer(RayPPOTrainer):
                     # saved and the saved monitor state includes the step
                     metrics.update(self._rollout_metrics(batch))
                     metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
-                    stop = self._update_monitor(metrics)
+                    stop = self._update_monitor(metrics) or self.nonfinite.should_stop
                     esi_close_to_expiration = should_save_ckpt_esi(
                         max_steps_duration=self.max_steps_duration,
                         redundant_time=self.config.trainer.esi_redundant_time,
@@ -390,12 +411,14 @@ class RayOPSDTrainer(RayPPOTrainer):
                 self.global_steps += 1
                 SkipManager.set_step(self.global_steps)
                 if is_last_step or stop:
-                    if stop:
+                    if stop and self.monitor is not None and self.monitor.should_stop:
                         print(f"[opsd] stopped by the collapse monitor: {self.monitor.stop_reason}")
                     if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
                         self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=True)
                     self._shutdown_dump_executor()
                     progress_bar.close()
+                    if self.nonfinite.should_stop:
+                        raise nonfinite.NonFiniteTrainingError(self.nonfinite.stop_message())
                     return
                 if hasattr(self.train_dataset, "on_batch_end"):
                     self.train_dataset.on_batch_end(batch=batch)
