@@ -137,6 +137,9 @@ class OPSDConfig:
     monitor: the collapse monitor's options (``recipe.opsd.monitor.MonitorConfig``).
     max_consecutive_nonfinite: steps in a row with a non-finite loss or gradient norm (each one's
         update skipped, ``recipe.opsd.nonfinite``) after which the run saves a checkpoint and stops.
+    dump_steps: write every step's rollout ids, teacher inputs, loss positions and RNG state to
+        ``<trainer.default_local_dir>/step_dumps/step_<s>.pt`` (``recipe.opsd.step_dump``; re-scored
+        by ``recipe.analysis.replay``).
     """
 
     teacher_context: str = "full_solution"
@@ -146,6 +149,7 @@ class OPSDConfig:
     loss: OPSDLossConfig = field(default_factory=OPSDLossConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     max_consecutive_nonfinite: int = 3
+    dump_steps: bool = False
 
     def __post_init__(self):
         if isinstance(self.loss, Mapping):
@@ -172,6 +176,8 @@ class OPSDConfig:
         k = self.max_consecutive_nonfinite
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"opsd.max_consecutive_nonfinite must be an integer >= 1, got {k!r}")
+        if not isinstance(self.dump_steps, bool):
+            raise ValueError(f"opsd.dump_steps must be true or false, got {self.dump_steps!r}")
 
     @property
     def student_enable_thinking(self) -> bool | None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pprint import pprint
 
@@ -64,6 +65,10 @@ from recipe.opsd.teacher_worker import (
 
 # the collapse monitor's state, saved next to verl's data.pt in every global_step_<s>/ folder
 MONITOR_STATE_FILE = "opsd_monitor.json"
+# TEST ONLY (tests/e2e/test_opsd_faults_e2e.py): at this step's save, hang after the model shards are
+# written and before data.pt and latest_checkpointed_iteration.txt, so a test can kill the run there
+TEST_PAUSE_IN_SAVE_ENV = "OPSD_TEST_PAUSE_IN_SAVE_STEP"
+TEST_PAUSE_MARKER = "[opsd] TEST: model shards saved; pausing before data.pt and the tracker"
 
 
 class RayOPSDTrainer(RayPPOTrainer):
@@ -173,6 +178,33 @@ class RayOPSDTrainer(RayPPOTrainer):
                 metrics[f"actor/{key}"] = value
         return reduce_metrics(metrics)
 
+    # ------------------------------------------------------------------ step dumps
+    def _dump_step(self, batch: DataProto) -> None:
+        """``opsd.dump_steps``: this step's rows as ``recipe.opsd.step_dump`` describes them."""
+        from dataclasses import asdict
+
+        from recipe.opsd import step_dump
+
+        responses_BR = batch.batch["responses"]
+        prompts_BP = batch.batch["prompts"]
+        attention_BT = batch.batch["attention_mask"]
+        lengths_B = batch.batch[RESPONSE_LENGTHS_KEY].tolist()
+        response_ids = step_dump.unpadded_rows(responses_BR, attention_BT[:, -responses_BR.shape[1]:])
+        rows = {
+            "prompt_ids": step_dump.unpadded_rows(prompts_BP, attention_BT[:, : prompts_BP.shape[1]]),
+            "response_ids": response_ids,
+            "loss_mask": [mask[: int(n)].tolist() for mask, n in zip(batch.batch["opsd_loss_mask"].bool(), lengths_B)],
+            "index": [info.get("index") for info in batch.non_tensor_batch["extra_info"]],
+        }
+        for prefix, key in ((TEACHER_INPUT_PREFIX, "teacher_prompt_ids"), (REFERENCE_INPUT_PREFIX, "reference_prompt_ids")):
+            if prefix + "input_ids" in batch.batch.keys():
+                full = step_dump.unpadded_rows(batch.batch[prefix + "input_ids"], batch.batch[prefix + "attention_mask"])
+                rows[key] = step_dump.split_teacher_inputs(full, response_ids, what=prefix.rstrip("_"))
+        step_dump.write_step_dump(
+            step_dump.dump_path(self.config.trainer.default_local_dir, self.global_steps),
+            step=self.global_steps, rows=rows, loss_config=asdict(self.opsd.loss),
+        )
+
     # ------------------------------------------------------------------ metrics
     def _rollout_metrics(self, batch: DataProto) -> dict:
         from recipe.common.grader import extract_answer
@@ -212,7 +244,22 @@ class RayOPSDTrainer(RayPPOTrainer):
                 json.dump(self.monitor.state_dict(), handle)
         with open(os.path.join(folder, nonfinite.STATE_FILE), "w") as handle:
             json.dump(self.nonfinite.state_dict(), handle)
-        super()._save_checkpoint()
+        if os.environ.get(TEST_PAUSE_IN_SAVE_ENV) != str(self.global_steps):
+            super()._save_checkpoint()
+            return
+        save_shards = self.actor_rollout_wg.save_checkpoint  # TEST ONLY: hang between shards and tracker
+
+        def save_then_hang(*args, **kwargs):
+            result = save_shards(*args, **kwargs)
+            print(f"{TEST_PAUSE_MARKER} (step {self.global_steps})", flush=True)
+            time.sleep(3600)
+            return result
+
+        self.actor_rollout_wg.save_checkpoint = save_then_hang
+        try:
+            super()._save_checkpoint()
+        finally:
+            self.actor_rollout_wg.save_checkpoint = save_shards
 
     def _load_checkpoint(self):
         """verl's resume, plus the collapse monitor's window (so collapse detection is not silently
@@ -258,6 +305,8 @@ class RayOPSDTrainer(RayPPOTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
+        # logged with every step: a step logged by an earlier launch above this one was replayed
+        resumed_from_step = self.global_steps
         if self.monitor is not None and self.monitor.should_stop:
             print(f"[opsd] the collapse monitor stopped this run ({self.monitor.stop_reason}); not training further. "
                   f"To continue anyway, rerun with that signature removed from opsd.monitor.stop_on "
@@ -330,6 +379,8 @@ class RayOPSDTrainer(RayPPOTrainer):
                     self._check_student_prompts(batch)
                     self._add_teacher_inputs(batch)
                     batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
+                    if self.opsd.dump_steps:
+                        self._dump_step(batch)
                     variant_inputs = {}
                     if self.opsd.loss.variant == "beta_opsd":
                         variant_inputs[TEACHER_WEIGHT_KEY] = self._teacher_weight()
@@ -353,7 +404,8 @@ class RayOPSDTrainer(RayPPOTrainer):
                     # the monitor sees this step's metrics before the checkpoint, so that a stop is
                     # saved and the saved monitor state includes the step
                     metrics.update(self._rollout_metrics(batch))
-                    metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+                    metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch,
+                                    "training/resumed_from_step": resumed_from_step})
                     stop = self._update_monitor(metrics) or self.nonfinite.should_stop
                     esi_close_to_expiration = should_save_ckpt_esi(
                         max_steps_duration=self.max_steps_duration,

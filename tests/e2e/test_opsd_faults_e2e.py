@@ -4,21 +4,51 @@
   ``OPSD_TEST_NAN_TEACHER_STEPS``) with ``opsd.max_consecutive_nonfinite=2``: both updates are
   skipped and counted, the run stops at step 3 with exit code 3 and one line naming the step, and
   the checkpoint it saves there holds exactly the step-1 weights.
+- kill -9 during a checkpoint save (issue 21 item 3) and step dumps (issue 22 item 5): 4 steps, a
+  checkpoint every 2, ``opsd.dump_steps=true``; the process group is SIGKILLed inside the step-4
+  save, after the model shards and before data.pt and the tracker (the test-only
+  ``OPSD_TEST_PAUSE_IN_SAVE_STEP``). The same command again resumes from the step-2 save,
+  replays step 3 on the same batch (marked: ``training/resumed_from_step`` = 2) and finishes step 4
+  into the partial directory; the two metrics files together hold steps 1-4. Dumped steps 1 (first
+  launch) and 3 (second launch) re-scored on the CPU by ``recipe.analysis.replay`` give the logged
+  ``opsd/*`` diagnostics of those steps.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
+from pathlib import Path
+
 from recipe.cpu.rollout import WEIGHTS_LOG_ENV
+from recipe.common.checkpoints import check_resumable
+from recipe.opsd.actor_loss import SIGNAL_METRICS
 from recipe.opsd.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC, TEST_NAN_TEACHER_ENV
+from recipe.opsd.opsd_ray_trainer import TEST_PAUSE_IN_SAVE_ENV, TEST_PAUSE_MARKER
 
 pytestmark = pytest.mark.e2e
 
 SCRIPT = "recipe/opsd/run_opsd.sh"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _read_metrics(path):
+    """verl's file logger lines ``{"step": s, "data": {...}}`` -> ``{step: data}`` (one line per step here)."""
+    metrics = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        record = json.loads(line)
+        assert record["step"] not in metrics, f"step {record['step']} logged twice in {path}"
+        metrics[record["step"]] = record["data"]
+    return metrics
 
 
 def _env(tiny_model_dir, tiny_data, ckpt_dir, **extra):
@@ -68,3 +98,80 @@ def _initial_state_dict(model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+
+
+KILL_ARGS = ["trainer.save_freq=2", "opsd.dump_steps=true", "trainer.log_fingerprints=true"]
+
+
+def _launch_and_kill_in_save(env, workdir, *, timeout=300):
+    """``bash run_opsd.sh KILL_ARGS`` in its own process group, SIGKILLed (the whole group: driver,
+    Ray, workers) as soon as it reports the test pause inside the step-4 save."""
+    workdir.mkdir(parents=True)
+    log_path = workdir / "run.log"
+    full_env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(workdir / "metrics.jsonl"), "RAY_DEDUP_LOGS": "0",
+                "PYTHON": sys.executable, **env, TEST_PAUSE_IN_SAVE_ENV: "4"}
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(["bash", str(REPO_ROOT / SCRIPT), *KILL_ARGS], cwd=REPO_ROOT, env=full_env,
+                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while TEST_PAUSE_MARKER not in log_path.read_text(errors="replace"):
+                assert proc.poll() is None, log_path.read_text(errors="replace")[-4000:]
+                assert time.monotonic() < deadline, "the run never reached the step-4 save"
+                time.sleep(0.2)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return _read_metrics(workdir / "metrics.jsonl"), log_path.read_text(errors="replace")
+
+
+def _hf_model(model_dir, state=None):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if state is not None:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        model.tie_weights()
+    return model
+
+
+def test_kill_during_save_resumes_from_the_last_whole_save(
+    run_cpu_verl, fsdp_state_dict, tiny_model_dir, tiny_data, tmp_path
+):
+    from recipe.analysis.replay import rescore_step
+    from recipe.opsd.step_dump import dump_path, read_step_dump
+
+    ckpt = tmp_path / "ckpt"
+    env = _env(tiny_model_dir, tiny_data, ckpt, STEPS="4")
+    first, first_log = _launch_and_kill_in_save(env, tmp_path / "launch1")
+    # killed inside the step-4 save: its shards are there, data.pt and the tracker are not
+    assert sorted(first) == [1, 2, 3], first_log[-4000:]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert list((ckpt / "global_step_4" / "actor").glob("model_world_size_1_rank_0.pt"))
+    assert not (ckpt / "global_step_4" / "data.pt").exists()
+
+    second = run_cpu_verl(SCRIPT, KILL_ARGS, workdir=tmp_path / "launch2", env=env, script=True, timeout=300)
+    assert second.returncode == 0, second.tail()
+    assert f"Resuming from {ckpt / 'global_step_2'}" in second.log, second.tail()
+    assert sorted(second.metrics) == [3, 4]
+    # every step once, the replayed step 3 marked: the later launch resumed from step 2 < 3
+    assert [first[s]["training/resumed_from_step"] for s in (1, 2, 3)] == [0, 0, 0]
+    assert [second.metrics[s]["training/resumed_from_step"] for s in (3, 4)] == [2, 2]
+    assert sorted(set(first) | set(second.metrics)) == [1, 2, 3, 4]
+    # the replayed step trains on the batch the killed launch saw (the dataloader state of step 2)
+    assert first[3]["training/data_index_sum"] == second.metrics[3]["training/data_index_sum"]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+    check_resumable(ckpt / "global_step_4")
+
+    # step dumps re-scored on the CPU give the logged diagnostics: step 1 (student = teacher = the
+    # initial model), step 3 of the second launch (student = the step-2 checkpoint)
+    teacher = _hf_model(tiny_model_dir)
+    step2 = _hf_model(tiny_model_dir, fsdp_state_dict(ckpt / "global_step_2" / "actor"))
+    for step, student, logged in ((1, teacher, first[1]), (3, step2, second.metrics[3])):
+        dump = read_step_dump(dump_path(ckpt, step))
+        assert dump["step"] == step and len(dump["rows"]["response_ids"]) == 4
+        rescored = rescore_step(dump, student=student, teacher=teacher)
+        for name in (*SIGNAL_METRICS.values(), "opsd/enc_frac", "opsd/disc_frac"):
+            assert rescored[name] == pytest.approx(logged[name], rel=1e-4, abs=1e-6), (step, name)
+    assert json.loads(json.dumps(dump["loss_config"]))["clip_tau"] == 0.05

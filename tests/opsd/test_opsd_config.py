@@ -67,6 +67,7 @@ def test_student_mode_sets_enable_thinking_and_cannot_disagree():
         ("opsd.teacher_max_prompt_length=0", "opsd.teacher_max_prompt_length"),
         ("opsd.max_consecutive_nonfinite=0", "opsd.max_consecutive_nonfinite"),
         ("opsd.max_consecutive_nonfinite=1.5", "opsd.max_consecutive_nonfinite"),
+        ("opsd.dump_steps=1", "opsd.dump_steps"),
         ("+opsd.loss.clip=0.1", "opsd.loss.clip"),
         ("opsd.loss.positions=he:1.5", "opsd.loss.positions"),
         ("opsd.loss.positions=advt:0", "opsd.loss.positions"),
@@ -105,7 +106,7 @@ def test_every_opsd_field_is_commented_in_the_yaml():
     lines = (Path(CONFIG_DIR) / "opsd_trainer.yaml").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("opsd:"))
     fields = [(prev, line) for prev, line in zip(lines[start:], lines[start + 1:]) if not line.strip().startswith("#")]
-    assert len(fields) == 18
+    assert len(fields) == 19
     for prev, line in fields:
         assert prev.strip().startswith("#"), f"no comment above {line!r}"
 
