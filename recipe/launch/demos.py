@@ -17,6 +17,7 @@ The builders are named by import path, so this module does not import the toy wo
 from __future__ import annotations
 
 import importlib
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +70,10 @@ def get_demo(name: str) -> Demo:
     return DEMOS[name]
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*")
+
+
 class StepProgress:
     """Condensed console progress from verl's console lines: one line per step, at most every ``every_s``."""
 
@@ -84,6 +89,10 @@ class StepProgress:
 
         values = parse_console_line(line)
         if values is None:
+            text = _RAY_PREFIX.sub("", _ANSI.sub("", line)).rstrip()
+            if text.startswith(f"[{self.label}] "):  # the recipe's own messages (a fallback, a stop): shown as is
+                print(text, flush=True)
+                return
             now = time.time()
             if not self._stepped and now - self._last >= self.startup_every_s:  # Ray, workers, model loading
                 self._last = now
