@@ -5,8 +5,8 @@
   skipped and counted, the run stops at step 3 with exit code 3 and one line naming the step, and
   the checkpoint it saves there holds exactly the step-1 weights.
 - kill -9 during a checkpoint save (issue 21 item 3) and step dumps (issue 22 item 5): 4 steps, a
-  checkpoint every 2, ``opsd.dump_steps=true``; the process group is SIGKILLed inside the step-4
-  save, after the model shards and before data.pt and the tracker (the test-only
+  checkpoint every 2, ``opsd.dump_steps=true``; every process of the run (launcher, trainer, Ray
+  daemons and workers) is SIGKILLed at once inside the step-4 save, after the model shards and before data.pt and the tracker (the test-only
   ``OPSD_TEST_PAUSE_IN_SAVE_STEP``). The same command again resumes from the step-2 save,
   replays step 3 on the same batch (marked: ``training/resumed_from_step`` = 2) and finishes step 4
   into the partial directory; the two metrics files together hold steps 1-4. Dumped steps 1 (first
@@ -103,13 +103,45 @@ def _initial_state_dict(model_dir):
 KILL_ARGS = ["trainer.save_freq=2", "opsd.dump_steps=true", "trainer.log_fingerprints=true"]
 
 
+def _pids_with(marker: str) -> list[int]:
+    """Processes whose environment holds ``marker`` (a launch's driver, Ray daemons and workers)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:  # gone, or not ours
+                pass
+    return pids
+
+
+def _kill_run(marker: str) -> None:
+    """SIGKILL every process of the run at once, as a job scheduler does (the launcher starts the
+    trainer in its own session and Ray workers have their own process groups, so no single group
+    holds the run)."""
+    for _ in range(20):
+        pids = _pids_with(marker)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5)
+    raise AssertionError(f"processes of the killed run still alive: {_pids_with(marker)}")
+
+
 def _launch_and_kill_in_save(env, workdir, *, timeout=300):
-    """``bash run_opsd.sh KILL_ARGS`` in its own process group, SIGKILLed (the whole group: driver,
-    Ray, workers) as soon as it reports the test pause inside the step-4 save."""
+    """``bash run_opsd.sh KILL_ARGS``, every process of it SIGKILLed as soon as it reports the test
+    pause inside the step-4 save."""
     workdir.mkdir(parents=True)
     log_path = workdir / "run.log"
+    marker = f"OPSD_TEST_LAUNCH_ID={workdir}"
     full_env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(workdir / "metrics.jsonl"), "RAY_DEDUP_LOGS": "0",
-                "PYTHON": sys.executable, **env, TEST_PAUSE_IN_SAVE_ENV: "4"}
+                "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1", **env, TEST_PAUSE_IN_SAVE_ENV: "4",
+                "OPSD_TEST_LAUNCH_ID": str(workdir)}
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(["bash", str(REPO_ROOT / SCRIPT), *KILL_ARGS], cwd=REPO_ROOT, env=full_env,
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
@@ -120,7 +152,7 @@ def _launch_and_kill_in_save(env, workdir, *, timeout=300):
                 assert time.monotonic() < deadline, "the run never reached the step-4 save"
                 time.sleep(0.2)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_run(marker)
             proc.wait()
     return _read_metrics(workdir / "metrics.jsonl"), log_path.read_text(errors="replace")
 
