@@ -31,7 +31,6 @@ from pathlib import Path
 
 from recipe.cpu.rollout import WEIGHTS_LOG_ENV
 from recipe.common.checkpoints import check_resumable
-from recipe.opsd.actor_loss import SIGNAL_METRICS
 from recipe.opsd.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC, TEST_NAN_TEACHER_ENV
 from recipe.opsd.opsd_ray_trainer import TEST_PAUSE_IN_SAVE_ENV, TEST_PAUSE_MARKER
 
@@ -209,6 +208,14 @@ def test_kill_during_save_resumes_from_the_last_whole_save(
         dump = read_step_dump(dump_path(ckpt, step))
         assert dump["step"] == step and len(dump["rows"]["response_ids"]) == 4
         rescored = rescore_step(dump, student=student, teacher=teacher)
-        for name in (*SIGNAL_METRICS.values(), "opsd/enc_frac", "opsd/disc_frac"):
-            assert rescored[name] == pytest.approx(logged[name], rel=1e-4, abs=1e-6), (step, name)
+        for name in ("opsd/student_entropy", "opsd/teacher_entropy"):
+            assert rescored[name] == pytest.approx(logged[name], rel=1e-5), (step, name)
+        # the divergence of near-identical distributions (~5e-4 nats here) cancels to ~1e-6 in float32
+        for name in ("opsd/fwd_kl", "opsd/clipped_teacher_mass"):
+            assert rescored[name] == pytest.approx(logged[name], abs=1e-5), (step, name)
+        # shares of tokens: on the random tiny model the teacher ~ the student, many advantages and
+        # top-1 margins are ~0 and their sign falls either way under float32 rounding (packed vs
+        # padded forward); measured 2026-11-23: up to 3 of 128 tokens
+        for name in ("opsd/top1_agree", "opsd/clip_frac", "opsd/enc_frac", "opsd/disc_frac"):
+            assert rescored[name] == pytest.approx(logged[name], abs=0.05), (step, name)
     assert json.loads(json.dumps(dump["loss_config"]))["clip_tau"] == 0.05
