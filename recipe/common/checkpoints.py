@@ -12,6 +12,8 @@ so a CLI or a launcher can refuse a bad directory in well under a second, before
   ``fsdp_config.json`` (verl writes it last) and ``huggingface/`` with config and tokenizer.
 - ``check_same_model(reference, other)``: two directories hold the same architecture and
   tokenizer (a checkpoint resumed on its own base model, a teacher and its student).
+- ``choose_resume_dir(...)``: the save a training run resumes from: the tracker's when whole
+  (``check_resumable``: shards and ``data.pt``), else the newest whole one (a run killed while saving).
 
 Every failure is a :class:`recipe.common.cli.InputError` naming the file and how to fix it.
 CLI (used by ``scripts/merge_checkpoint.sh``)::
@@ -338,6 +340,73 @@ def verl_resume_dir(*, resume_mode: str, default_local_dir: str | Path | None,
         raise cli.InputError(f"holds {step!r}, not a step number", file=tracker, hint="fix or delete the file")
     folder = tracker.parent / f"global_step_{step}"
     return folder if folder.is_dir() else None  # verl then trains from scratch
+
+
+def check_resumable(folder: str | Path) -> Path:
+    """Raise an InputError unless ``folder`` (``global_step_N``) is a whole trainer save: the FSDP
+    checkpoint (``check_fsdp_checkpoint``) and the dataloader state ``data.pt``, which verl writes
+    after the shards and right before ``latest_checkpointed_iteration.txt`` (without it verl would
+    resume with the data order restarted from the first batch)."""
+    folder = Path(folder)
+    check_fsdp_checkpoint(folder)
+    data = folder / "data.pt"
+    if not data.is_file():
+        raise cli.InputError("no data.pt (the dataloader state verl writes after the model shards)", file=folder,
+                             hint="the save was interrupted; resume from an earlier global_step_N")
+    _check_torch_zip(data)
+    return folder
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``(N, root/global_step_N)`` newest first."""
+    found = []
+    for entry in root.glob("global_step_*"):
+        suffix = entry.name[len("global_step_"):]
+        if entry.is_dir() and suffix.isdigit():
+            found.append((int(suffix), entry))
+    return sorted(found, reverse=True)
+
+
+def choose_resume_dir(*, resume_mode: str, default_local_dir: str | Path | None,
+                      resume_from_path: str | Path | None = None) -> tuple[Path | None, str | None]:
+    """The ``global_step_N`` a run should resume from, and a note when it is not the one verl would pick.
+
+    ``disable`` / ``resume_path``: verl's choice (``verl_resume_dir``; a ``resume_path`` the user named
+    is checked as is, never replaced). ``auto``: the save ``latest_checkpointed_iteration.txt`` names
+    when it is whole (``check_resumable``); when that save is not whole (a run killed while saving,
+    a damaged copy) or the tracker is missing or unreadable (killed while writing it), the newest
+    whole ``global_step_K`` (below the tracker's step when it has one), with a note naming the skipped
+    save; nothing is deleted. A tracker naming a broken save with no whole one below it raises the
+    InputError of that save (training from scratch would silently discard the run); no tracker and
+    no whole save: None (from scratch, as verl).
+    """
+    if resume_mode != "auto" or default_local_dir is None:
+        return verl_resume_dir(resume_mode=resume_mode, default_local_dir=default_local_dir,
+                               resume_from_path=resume_from_path), None
+    root = Path(default_local_dir).absolute()
+    tracker = root / "latest_checkpointed_iteration.txt"
+    text = tracker.read_text().strip() if tracker.is_file() else None
+    named = int(text) if text is not None and text.isdigit() else None
+    problem = None
+    if named is not None:
+        try:
+            return check_resumable(root / f"global_step_{named}"), None
+        except cli.InputError as err:
+            problem = err
+    elif text is not None:
+        problem = cli.InputError(f"holds {text!r}, not a step number", file=tracker)
+    for step, folder in _step_dirs(root):
+        if named is not None and step >= named:
+            continue
+        try:
+            check_resumable(folder)
+        except cli.InputError:
+            continue
+        skipped = f"not resuming from {problem}" if problem else f"{tracker} is missing"
+        return folder, f"{skipped}; resuming from the last whole save {folder} instead (nothing deleted)"
+    if problem is not None:
+        raise problem
+    return None, None
 
 
 def check_training_inputs(*, model_path: str | Path, resume_dir: str | Path | None) -> None:

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RuntimeError as err:  # a demo stage failed: the message carries the end of its log
         print(f"[launch] {err}", file=sys.stderr)
-        return 1
+        return getattr(err, "exit_code", None) or 1  # a failed training launch: the trainer's exit code
     print(launch.describe(), flush=True)
     if dry_run:
         print(launch.resolved_yaml(), end="")

@@ -17,6 +17,7 @@ The builders are named by import path, so this module does not import the toy wo
 from __future__ import annotations
 
 import importlib
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +70,18 @@ def get_demo(name: str) -> Demo:
     return DEMOS[name]
 
 
+class TrainingFailed(RuntimeError):
+    """A demo's training launch failed; ``exit_code`` is the trainer's (the launcher exits with it)."""
+
+    def __init__(self, message: str, *, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*")
+
+
 class StepProgress:
     """Condensed console progress from verl's console lines: one line per step, at most every ``every_s``."""
 
@@ -84,6 +97,10 @@ class StepProgress:
 
         values = parse_console_line(line)
         if values is None:
+            text = _RAY_PREFIX.sub("", _ANSI.sub("", line)).rstrip()
+            if text.startswith(f"[{self.label}] "):  # the recipe's own messages (a fallback, a stop): shown as is
+                print(text, flush=True)
+                return
             now = time.time()
             if not self._stepped and now - self._last >= self.startup_every_s:  # Ray, workers, model loading
                 self._last = now
@@ -144,8 +161,8 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     record = execute(launch, log=log, on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps),
                      timeout_s=timeout_s)
     if record["exit_code"] != 0:
-        raise RuntimeError(f"{recipe.name} training failed (exit {record['exit_code']}); the end of {log}:\n"
-                           + log.read_text()[-3000:])
+        raise TrainingFailed(f"{recipe.name} training failed (exit {record['exit_code']}); the end of {log}:\n"
+                             + log.read_text()[-3000:], exit_code=record["exit_code"])
     metrics = read_jsonl_metrics(record["metrics"])
     after = None
     if build.evaluate is not None:

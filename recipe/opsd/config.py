@@ -232,6 +232,11 @@ class OPSDConfig:
         teacher renderings of the first training rows agree on EOS and reasoning-mode tokens, the
         ``none`` control gives the student's exact input); False skips it.
     teacher: which weights score the rollouts (``OPSDTeacherConfig``; default the frozen initial student).
+    max_consecutive_nonfinite: steps in a row with a non-finite loss or gradient norm (each one's
+        update skipped, ``recipe.opsd.nonfinite``) after which the run saves a checkpoint and stops.
+    dump_steps: write every step's rollout ids, teacher inputs, loss positions and RNG state to
+        ``<trainer.default_local_dir>/step_dumps/step_<s>.pt`` (``recipe.opsd.step_dump``; re-scored
+        by ``recipe.analysis.replay``).
     """
 
     teacher_context: str = "full_solution"
@@ -245,6 +250,8 @@ class OPSDConfig:
     # --- pre-flight gate (issue 22 item 3)
     preflight: bool = True
     teacher: OPSDTeacherConfig = field(default_factory=OPSDTeacherConfig)
+    max_consecutive_nonfinite: int = 3
+    dump_steps: bool = False
 
     def __post_init__(self):
         if isinstance(self.loss, Mapping):
@@ -282,6 +289,11 @@ class OPSDConfig:
         tmax = self.teacher_max_prompt_length
         if isinstance(tmax, bool) or int(tmax) != tmax or tmax < 1:
             raise ValueError(f"opsd.teacher_max_prompt_length must be an integer >= 1, got {tmax!r}")
+        k = self.max_consecutive_nonfinite
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"opsd.max_consecutive_nonfinite must be an integer >= 1, got {k!r}")
+        if not isinstance(self.dump_steps, bool):
+            raise ValueError(f"opsd.dump_steps must be true or false, got {self.dump_steps!r}")
 
     @property
     def student_enable_thinking(self) -> bool | None:

@@ -26,9 +26,10 @@ from omegaconf import OmegaConf, open_dict
 from verl.trainer.main_ppo import run_ppo
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
-from recipe.common.checkpoints import check_training_inputs, verl_resume_dir
+from recipe.common.checkpoints import check_training_inputs, choose_resume_dir
 from recipe.common.cli import InputError
 from recipe.opsd.config import OPSDConfig
+from recipe.opsd.nonfinite import NonFiniteTrainingError
 
 # The verl release the glue was written against: its private APIs (docs/verl_private_apis.md) are
 # re-checked by hand on every upgrade.
@@ -346,8 +347,10 @@ def main(config):
         sys.exit(2)
     try:  # the model directory and the checkpoint a run would resume from, before Ray starts
         trainer = config.trainer
-        resume_dir = verl_resume_dir(resume_mode=trainer.resume_mode, default_local_dir=trainer.default_local_dir,
-                                     resume_from_path=trainer.get("resume_from_path"))
+        resume_dir, fallback = choose_resume_dir(
+            resume_mode=trainer.resume_mode, default_local_dir=trainer.default_local_dir,
+            resume_from_path=trainer.get("resume_from_path"),
+        )
         check_training_inputs(model_path=config.actor_rollout_ref.model.path, resume_dir=resume_dir)
         # teacher kind checkpoint: same tokenizer as the student; kind ema: a resume needs the EMA state
         check_teacher_checkpoint(opsd, student_path=config.actor_rollout_ref.model.path)
@@ -355,13 +358,22 @@ def main(config):
     except InputError as err:  # names the file and what is wrong with it, no traceback
         print(f"[opsd] {err}", file=sys.stderr)
         sys.exit(2)
+    if fallback:  # the tracker's save is not whole (killed while saving): resume from the last whole one
+        print(f"[opsd] WARNING: {fallback}", file=sys.stderr)
+        with open_dict(config):
+            config.trainer.resume_mode = "resume_path"
+            config.trainer.resume_from_path = str(resume_dir)
     if opsd.preflight:  # template / reasoning-mode / EOS mismatches stop the run here, before Ray
         try:
             print(preflight_gate(config, opsd))
         except ValueError as err:  # PreflightError, or a row without a field its context needs
             print(f"[opsd] preflight failed (opsd.preflight=false skips this gate): {err}", file=sys.stderr)
             sys.exit(2)
-    run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(OPSDTaskRunner))
+    try:
+        run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(OPSDTaskRunner))
+    except NonFiniteTrainingError as err:  # Ray re-raises the trainer's error as a subclass of it
+        print(f"[opsd] stopped: {getattr(err, 'cause', err)}", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

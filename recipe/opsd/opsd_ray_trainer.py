@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pprint import pprint
 
@@ -54,6 +55,7 @@ from verl.workers.utils.padding import left_right_2_no_padding
 from recipe.opsd.actor_loss import TASK_ADVANTAGES_KEY, TEACHER_WEIGHT_KEY
 from recipe.opsd.config import OPSDConfig
 from recipe.opsd.monitor import TrainingCollapseError, TrainingDynamicsMonitor
+from recipe.opsd import nonfinite
 from recipe.opsd.teacher_inputs import TeacherInputs
 from recipe.opsd.teacher_worker import (
     OPSD_FORWARD_KEY,
@@ -67,6 +69,10 @@ from recipe.opsd.teacher_worker import (
 
 # the collapse monitor's state, saved next to verl's data.pt in every global_step_<s>/ folder
 MONITOR_STATE_FILE = "opsd_monitor.json"
+# TEST ONLY (tests/e2e/test_opsd_faults_e2e.py): at this step's save, hang after the model shards are
+# written and before data.pt and latest_checkpointed_iteration.txt, so a test can kill the run there
+TEST_PAUSE_IN_SAVE_ENV = "OPSD_TEST_PAUSE_IN_SAVE_STEP"
+TEST_PAUSE_MARKER = "[opsd] TEST: model shards saved; pausing before data.pt and the tracker"
 
 
 class RayOPSDTrainer(RayPPOTrainer):
@@ -82,6 +88,9 @@ class RayOPSDTrainer(RayPPOTrainer):
             opsd_config, self.tokenizer, teacher_tokenizer=self._teacher_tokenizer()
         )
         self.monitor = TrainingDynamicsMonitor(opsd_config.monitor) if opsd_config.monitor.enabled else None
+        # non-finite loss / gradient: updates skipped (engine), counted and stopped on (here)
+        self.nonfinite = nonfinite.NonFiniteGuard(opsd_config.max_consecutive_nonfinite)
+        self._nan_teacher_test_steps = nonfinite.nan_teacher_test_steps()  # TEST ONLY, empty in real runs
 
     # ------------------------------------------------------------------ teacher inputs
     def _teacher_tokenizer(self):
@@ -179,6 +188,8 @@ class RayOPSDTrainer(RayPPOTrainer):
             **{TEACHER_FINGERPRINT_KEY: bool(self.config.trainer.get("log_fingerprints", False))},
             **non_tensors,
         )
+        if self.global_steps in self._nan_teacher_test_steps:  # TEST ONLY (recipe.opsd.nonfinite)
+            tu.assign_non_tensor(batch_td, **{nonfinite.TEST_NAN_TEACHER_KEY: True})
         output = tu.get(self.actor_rollout_wg.update_actor(batch_td), "metrics")
         timing_raw["teacher"] = output.pop(TEACHER_TIME_METRIC)
         metrics = {}
@@ -214,6 +225,33 @@ class RayOPSDTrainer(RayPPOTrainer):
         batch.batch[TASK_ADVANTAGES_KEY] = advantages_B
         return {"opsd/task_reward": rewards_B.mean().item(), "opsd/task_advantage_abs": advantages_B.abs().mean().item()}
 
+    # ------------------------------------------------------------------ step dumps
+    def _dump_step(self, batch: DataProto) -> None:
+        """``opsd.dump_steps``: this step's rows as ``recipe.opsd.step_dump`` describes them."""
+        from dataclasses import asdict
+
+        from recipe.opsd import step_dump
+
+        responses_BR = batch.batch["responses"]
+        prompts_BP = batch.batch["prompts"]
+        attention_BT = batch.batch["attention_mask"]
+        lengths_B = batch.batch[RESPONSE_LENGTHS_KEY].tolist()
+        response_ids = step_dump.unpadded_rows(responses_BR, attention_BT[:, -responses_BR.shape[1]:])
+        rows = {
+            "prompt_ids": step_dump.unpadded_rows(prompts_BP, attention_BT[:, : prompts_BP.shape[1]]),
+            "response_ids": response_ids,
+            "loss_mask": [mask[: int(n)].tolist() for mask, n in zip(batch.batch["opsd_loss_mask"].bool(), lengths_B)],
+            "index": [info.get("index") for info in batch.non_tensor_batch["extra_info"]],
+        }
+        for prefix, key in ((TEACHER_INPUT_PREFIX, "teacher_prompt_ids"), (REFERENCE_INPUT_PREFIX, "reference_prompt_ids")):
+            if prefix + "input_ids" in batch.batch.keys():
+                full = step_dump.unpadded_rows(batch.batch[prefix + "input_ids"], batch.batch[prefix + "attention_mask"])
+                rows[key] = step_dump.split_teacher_inputs(full, response_ids, what=prefix.rstrip("_"))
+        step_dump.write_step_dump(
+            step_dump.dump_path(self.config.trainer.default_local_dir, self.global_steps),
+            step=self.global_steps, rows=rows, loss_config=asdict(self.opsd.loss),
+        )
+
     # ------------------------------------------------------------------ metrics
     def _rollout_metrics(self, batch: DataProto) -> dict:
         from recipe.common.grader import extract_answer
@@ -244,16 +282,33 @@ class RayOPSDTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self):
-        """verl's checkpoint, plus the collapse monitor's state (written first: verl's last act is the
-        ``latest_checkpointed_iteration.txt`` a resume trusts)."""
+        """verl's checkpoint, plus the collapse monitor's state, the non-finite guard's counts and an EMA teacher
+        (written first: verl's last act is the ``latest_checkpointed_iteration.txt`` a resume trusts)."""
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        os.makedirs(folder, exist_ok=True)
         if self.monitor is not None:
-            os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, MONITOR_STATE_FILE), "w") as handle:
                 json.dump(self.monitor.state_dict(), handle)
+        with open(os.path.join(folder, nonfinite.STATE_FILE), "w") as handle:
+            json.dump(self.nonfinite.state_dict(), handle)
         if self.opsd.teacher.kind == "ema":  # verl saves the actor only; the EMA teacher is state too
             self.actor_rollout_wg.save_ema_teacher(os.path.abspath(folder))
-        super()._save_checkpoint()
+        if os.environ.get(TEST_PAUSE_IN_SAVE_ENV) != str(self.global_steps):
+            super()._save_checkpoint()
+            return
+        save_shards = self.actor_rollout_wg.save_checkpoint  # TEST ONLY: hang between shards and tracker
+
+        def save_then_hang(*args, **kwargs):
+            result = save_shards(*args, **kwargs)
+            print(f"{TEST_PAUSE_MARKER} (step {self.global_steps})", flush=True)
+            time.sleep(3600)
+            return result
+
+        self.actor_rollout_wg.save_checkpoint = save_then_hang
+        try:
+            super()._save_checkpoint()
+        finally:
+            self.actor_rollout_wg.save_checkpoint = save_shards
 
     def _load_checkpoint(self):
         """verl's resume, plus the collapse monitor's window (so collapse detection is not silently
@@ -269,6 +324,10 @@ class RayOPSDTrainer(RayPPOTrainer):
         if self.opsd.teacher.kind == "ema":
             self.actor_rollout_wg.load_ema_teacher(os.path.abspath(folder))
             print(f"[opsd] EMA teacher restored from {folder}")
+        nonfinite_path = os.path.join(os.path.abspath(folder), nonfinite.STATE_FILE)
+        if os.path.isfile(nonfinite_path):  # absent in checkpoints of older versions: counts start at 0
+            with open(nonfinite_path) as handle:
+                self.nonfinite.load_state_dict(json.load(handle))
         if self.monitor is None:
             return result
         path = os.path.join(os.path.abspath(folder), MONITOR_STATE_FILE)
@@ -298,6 +357,8 @@ class RayOPSDTrainer(RayPPOTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
+        # logged with every step: a step logged by an earlier launch above this one was replayed
+        resumed_from_step = self.global_steps
         if self.monitor is not None and self.monitor.should_stop:
             print(f"[opsd] the collapse monitor stopped this run ({self.monitor.stop_reason}); not training further. "
                   f"To continue anyway, rerun with that signature removed from opsd.monitor.stop_on "
@@ -372,6 +433,8 @@ class RayOPSDTrainer(RayPPOTrainer):
                     batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
                     if self.opsd.objective.task_weight > 0:  # the grader's GRPO advantage (opsd.objective)
                         metrics.update(self._add_task_advantages(batch))
+                    if self.opsd.dump_steps:
+                        self._dump_step(batch)
                     variant_inputs = {}
                     if self.opsd.loss.variant == "beta_opsd":
                         variant_inputs[TEACHER_WEIGHT_KEY] = self._teacher_weight()
@@ -381,6 +444,13 @@ class RayOPSDTrainer(RayPPOTrainer):
                     # its part of timing_s/update_actor)
                     with marked_timer("update_actor", timing_raw, color="red"):
                         metrics.update(self._update_opsd_actor(batch, timing_raw=timing_raw, **variant_inputs))
+                    # a non-finite loss or gradient norm: the engine skipped the update; count, maybe stop
+                    metrics.update(self.nonfinite.update(
+                        step=self.global_steps, loss=metrics.get("actor/loss"), grad_norm=metrics.get("actor/grad_norm")
+                    ))
+                    if metrics[nonfinite.SKIPPED_METRIC]:
+                        print(f"[opsd] step {self.global_steps}: non-finite loss or gradient norm, update skipped "
+                              f"({self.nonfinite.consecutive} in a row, stop at {self.nonfinite.max_consecutive})")
                     for prefix in (TEACHER_INPUT_PREFIX, REFERENCE_INPUT_PREFIX):
                         for field in TEACHER_INPUT_FIELDS:
                             batch.batch.pop(prefix + field, None)
@@ -388,8 +458,9 @@ class RayOPSDTrainer(RayPPOTrainer):
                     # the monitor sees this step's metrics before the checkpoint, so that a stop is
                     # saved and the saved monitor state includes the step
                     metrics.update(self._rollout_metrics(batch))
-                    metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
-                    stop = self._update_monitor(metrics)
+                    metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch,
+                                    "training/resumed_from_step": resumed_from_step})
+                    stop = self._update_monitor(metrics) or self.nonfinite.should_stop
                     esi_close_to_expiration = should_save_ckpt_esi(
                         max_steps_duration=self.max_steps_duration,
                         redundant_time=self.config.trainer.esi_redundant_time,
@@ -446,12 +517,14 @@ class RayOPSDTrainer(RayPPOTrainer):
                 self.global_steps += 1
                 SkipManager.set_step(self.global_steps)
                 if is_last_step or stop:
-                    if stop:
+                    if stop and self.monitor is not None and self.monitor.should_stop:
                         print(f"[opsd] stopped by the collapse monitor: {self.monitor.stop_reason}")
                     if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
                         self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=True)
                     self._shutdown_dump_executor()
                     progress_bar.close()
+                    if self.nonfinite.should_stop:
+                        raise nonfinite.NonFiniteTrainingError(self.nonfinite.stop_message())
                     return
                 if hasattr(self.train_dataset, "on_batch_end"):
                     self.train_dataset.on_batch_end(batch=batch)

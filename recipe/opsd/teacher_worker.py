@@ -48,6 +48,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from recipe.common.heads import checkpoint_lm_head, output_logit_scale, response_rows
 from recipe.opsd.actor_loss import LOSS_SEQUENCES_KEY, RESPONSE_TOKENS_KEY, opsd_loss
+from recipe.opsd.nonfinite import TEST_NAN_TEACHER_KEY, SkipNonFiniteLossMixin
 from recipe.opsd.signals import sampled_token_rank_from_hidden
 from recipe.opsd.teacher_kinds import EMA_TEACHER_DIR
 
@@ -211,7 +212,8 @@ class OPSDEngineMixin:
 def _check_head_output(output, loss, hf_config) -> None:
     """The model's output must be the loss its head returned: a model that transforms the head's
     output in a way ``output_logit_scale`` does not know would silently train on another loss."""
-    if not torch.allclose(output.double(), loss.double(), rtol=1e-4, atol=1e-12):
+    # equal_nan: a non-finite loss is the non-finite guard's business (recipe.opsd.nonfinite), not a head mismatch
+    if not torch.allclose(output.double(), loss.double(), rtol=1e-4, atol=1e-12, equal_nan=True):
         raise RuntimeError(
             f"{type(hf_config).__name__}: the model transforms its lm_head output beyond the linear scale "
             f"recipe.common.heads.output_logit_scale knows ({output_logit_scale(hf_config)}): the loss returned "
@@ -271,9 +273,12 @@ _ENGINE_CLASSES: dict[type, type] = {}
 
 
 def opsd_engine_class(engine_cls: type) -> type:
-    """``engine_cls`` with the OPSD forward mixed in (one subclass per engine class)."""
+    """``engine_cls`` with the OPSD forward and the non-finite-loss skip (``recipe.opsd.nonfinite``)
+    mixed in (one subclass per engine class)."""
     if engine_cls not in _ENGINE_CLASSES:
-        _ENGINE_CLASSES[engine_cls] = type(f"OPSD{engine_cls.__name__}", (OPSDEngineMixin, engine_cls), {})
+        _ENGINE_CLASSES[engine_cls] = type(
+            f"OPSD{engine_cls.__name__}", (OPSDEngineMixin, SkipNonFiniteLossMixin, engine_cls), {}
+        )
     return _ENGINE_CLASSES[engine_cls]
 
 
@@ -435,6 +440,9 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
             )
         if loss.variant == "purified":
             data["reference_hidden"] = self._teacher_forward(data, REFERENCE_INPUT_PREFIX)["teacher_hidden"]
+        # TEST ONLY (recipe.opsd.nonfinite.TEST_NAN_TEACHER_ENV): a NaN teacher at the steps a test names
+        if tu.get_non_tensor_data(data=data, key=TEST_NAN_TEACHER_KEY, default=False):
+            data["teacher_hidden"] = data["teacher_hidden"] * float("nan")
 
     def _teacher_forward(self, data, prefix: str, *, rank_chunk: int | None = None) -> dict:
         """Final hidden states [b, R, H] of the frozen teacher on the inputs ``prefix*`` of ``data``

@@ -193,3 +193,62 @@ def test_resume_dir_as_verl_finds_it_and_the_training_check(tiny, tmp_path, monk
     (step / "actor" / "fsdp_config.json").unlink()
     with pytest.raises(InputError, match="no fsdp_config.json"):
         check_training_inputs(model_path=tiny, resume_dir=step)
+
+
+def _whole_save(root: Path, tiny: Path, step: int) -> Path:
+    """A fake verl save global_step_<step> with its shards and data.pt (a whole trainer save)."""
+    folder = fake_fsdp_checkpoint(root / f"tmp{step}", tiny, world_size=1).rename(root / f"global_step_{step}")
+    (root / f"tmp{step}").rmdir()
+    torch.save({"sampler": step}, folder / "data.pt")
+    return folder
+
+
+def test_resume_falls_back_to_the_last_whole_save(tiny, tmp_path):
+    from recipe.common.checkpoints import check_resumable, choose_resume_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    tracker = run / "latest_checkpointed_iteration.txt"
+
+    def choose():
+        return choose_resume_dir(resume_mode="auto", default_local_dir=run)
+
+    assert choose() == (None, None)  # nothing saved: from scratch
+    two, four = _whole_save(run, tiny, 2), _whole_save(run, tiny, 4)
+    tracker.write_text("4")
+    assert choose() == (four, None)  # the tracker's save is whole: verl's choice
+    # killed while saving step 4 after the shards, before data.pt (and the tracker already said 4:
+    # a damaged save): the last whole save below it, with a note; nothing deleted
+    (four / "data.pt").unlink()
+    with pytest.raises(InputError, match="no data.pt"):
+        check_resumable(four)
+    folder, note = choose()
+    assert folder == two and note.startswith(f"not resuming from {four}: no data.pt")
+    assert note.endswith(f"resuming from the last whole save {two} instead (nothing deleted)") and four.is_dir()
+    # the tracker torn while being written (empty) or gone: the newest whole save
+    six = _whole_save(run, tiny, 6)
+    tracker.write_text("")
+    folder, note = choose()
+    assert folder == six and note.startswith(f"not resuming from {tracker}: holds '', not a step number")
+    tracker.unlink()
+    assert choose() == (six, f"{tracker} is missing; resuming from the last whole save {six} instead (nothing deleted)")
+    # a save above the tracker's step is never taken (not from this run's history)
+    tracker.write_text("4")
+    assert choose()[0] == two
+    # a truncated shard below the tracker is skipped too
+    shard = two / "actor" / "model_world_size_1_rank_0.pt"
+    shard.write_bytes(shard.read_bytes()[:-40])
+    with pytest.raises(InputError, match=r"global_step_4: no data.pt"):  # nothing whole below 4: the tracker's error
+        choose()
+    # resume_path: the user's choice is checked as is, never replaced
+    assert choose_resume_dir(resume_mode="resume_path", default_local_dir=run,
+                             resume_from_path=str(four)) == (four, None)
+    assert choose_resume_dir(resume_mode="disable", default_local_dir=run) == (None, None)
+
+
+def test_no_tracker_and_only_a_partial_save_trains_from_scratch(tiny, tmp_path):
+    from recipe.common.checkpoints import choose_resume_dir
+
+    run = tmp_path / "run"
+    (run / "global_step_2" / "actor").mkdir(parents=True)  # killed during the first save
+    assert choose_resume_dir(resume_mode="auto", default_local_dir=run) == (None, None)

@@ -79,9 +79,14 @@ def test_before_after_table_and_progress(capsys):
     for step in (1, 2, 3, 4):
         progress(f"(TaskRunner pid=1) step:{step} - opsd/loss:np.float64(0.{step}) - other:x")
     progress("no step here")  # after step 1: no heartbeat
+    # the recipe's own messages pass through, with Ray's prefix and colours removed
+    progress("\x1b[36m(OPSDTaskRunner pid=7)\x1b[0m [opsd] step 3: non-finite loss or gradient norm, update skipped")
+    progress("[opsd] stopped: step 3: 2 consecutive steps")
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[opsd] starting up (")
-    assert out[1:] == ["[opsd] step 1/4: loss=0.1", "[opsd] step 4/4: loss=0.4"]  # first, last, and every every_s
+    assert out[1:] == ["[opsd] step 1/4: loss=0.1", "[opsd] step 4/4: loss=0.4",  # first, last, and every every_s
+                       "[opsd] step 3: non-finite loss or gradient norm, update skipped",
+                       "[opsd] stopped: step 3: 2 consecutive steps"]
 
 
 def test_no_argument_dry_run_prints_the_config_once_and_builds_nothing(tmp_path):
