@@ -78,6 +78,9 @@ def launch(recipe: str, out: Path, args) -> tuple[Path, float | None]:
     ckpt = out / recipe
     ckpt.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CKPT_DIR=str(ckpt), STEPS=str(args.steps), PYTHON=sys.executable)
+    # on a CPU without --model / --train-files: the tiny demo (its random tiny Qwen3 and 64 toy problems), not
+    # the toy demo (student build, 150 steps, evaluation) that the launcher picks without MODEL_PATH
+    env.setdefault("CPU_DEMO", "tiny")
     for key, value in (("MODEL_PATH", args.model), ("TRAIN_FILES", args.train_files), ("VAL_FILES", args.val_files)):
         if value:
             env[key] = str(value)
