@@ -45,7 +45,7 @@ class TreePeak(threading.Thread):
     def __init__(self, pid: int, interval: float = 1.0):
         super().__init__(daemon=True)
         self.pid, self.interval, self.peak_bytes, self.peak_name = pid, interval, 0, ""
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def run(self) -> None:
         import psutil
@@ -54,7 +54,7 @@ class TreePeak(threading.Thread):
             root = psutil.Process(self.pid)
         except psutil.NoSuchProcess:
             return
-        while not self._stop.is_set():
+        while not self._done.is_set():
             try:
                 procs = [root, *root.children(recursive=True)]
             except psutil.NoSuchProcess:
@@ -66,10 +66,10 @@ class TreePeak(threading.Thread):
                         self.peak_bytes, self.peak_name = rss, " ".join(proc.cmdline()[:1]) or proc.name()
                 except psutil.Error:
                     continue
-            self._stop.wait(self.interval)
+            self._done.wait(self.interval)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join()
 
 
