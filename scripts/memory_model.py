@@ -49,7 +49,7 @@ def read_preset(name: str) -> dict:
 
 def table(args) -> None:
     print(f"GiB per GPU; tokens per sample = prompt cap {PROMPT_CAP} + rollout cap; gradient checkpointing "
-          f"{'on' if args.gc else 'off'} (verl's default, no preset changes it); loss chunk {args.chunk_size}; "
+          f"{'on (verl default; no OPSD preset changes it)' if args.gc else 'off'}; loss chunk {args.chunk_size}; "
           "teacher offloaded (verl's forward-only engine)")
     print()
     print("| model | GPUs | cap | micro-batch | " + " | ".join(COLUMNS) + " |")
