@@ -19,11 +19,9 @@ Terms (bytes per GPU), P = parameters, n = GPUs, T = tokens of one micro-batch (
 - teacher: offloaded: the gathered bf16 working copies only (two layers + root); not offloaded:
   P x 2 / n resident plus the same working copies. Its final hidden states [T, H] are kept for the loss.
 - activations: gradient checkpointing on: every layer's input [T, H], plus one layer's saved
-  tensors while it is recomputed in backward; off: every layer's saved tensors. Saved tensors
-  of a decoder layer per token (sdpa / flash attention: no T x T score matrix): the two norms'
-  inputs and outputs (4H), q, k before and after their norm + rope (2q + 2kv; Llama: q + kv,
-  no q/k norm), v (kv), the attention output (q), the MLP's gate, up, act(gate), act x up (4I).
-  Plus the final norm's input and output [T, H].
+  tensors while it is recomputed in backward; off: every layer's saved tensors
+  (``ModelShape.saved_bytes_per_token_per_layer``: sdpa / flash attention, no T x T score
+  matrix; RMSNorms save fp32 copies). Plus the final norm's saved tensors.
 - loss: the fused loss's [chunk, V] workspace (five fp32 buffers, a bool clip mask, and with
   bf16 weights two bf16 raw-logit buffers and a bf16 gradient copy), the diagnostics'
   transients (two fp32 [chunk, V] and one bool), and the gradients it forms in forward: lm_head
@@ -88,11 +86,23 @@ class ModelShape:
     def params(self) -> int:
         return self.layers * self.layer_params + self.root_params
 
-    @property
-    def saved_per_token_per_layer(self) -> int:
-        """Elements one decoder layer saves for backward per token (module docstring)."""
-        qk = 2 * self.q_dim + 2 * self.kv_dim if self.qk_norm else self.q_dim + self.kv_dim
-        return 4 * self.hidden + qk + self.kv_dim + self.q_dim + 4 * self.intermediate
+    def saved_bytes_per_token_per_layer(self, *, compute_bytes: int) -> int:
+        """Bytes one decoder layer saves for backward per token (Hugging Face Llama / Qwen3 modules,
+        sdpa attention; ``compute_bytes`` = 2 for bf16 autocast, 4 for fp32):
+
+        - each RMSNorm (two per layer): its fp32 upcast input and fp32 normalized value (saved by
+          ``pow`` / ``mul``) and its output in the compute dtype (saved by the next matmul):
+          H x (8 + c);
+        - q: with a q norm (Qwen3) that norm's two fp32 tensors (8 q) and its output; rope saves the
+          input and ``rotate_half`` of it, sdpa its roped input and its output, o_proj the
+          contiguous copy of that output: 5 c q (+ 8 q with the norm); k likewise without the
+          output: 3 c kv (+ 8 kv); v: c kv; sdpa's fp32 log-sum-exp: 4 per head;
+        - the MLP: gate and up outputs, act(gate), act x up: 4 c I.
+        """
+        c = compute_bytes
+        norm = 8 if self.qk_norm else 0
+        return (2 * self.hidden * (8 + c) + self.q_dim * (norm + 5 * c) + self.kv_dim * (norm + 4 * c)
+                + 4 * self.heads + 4 * c * self.intermediate)
 
     @classmethod
     def from_hf_config(cls, config: Mapping, *, name: str) -> "ModelShape":
@@ -163,12 +173,13 @@ def memory_terms(*, shape: ModelShape, setting: UpdateSetting) -> dict[str, int]
         "teacher_gathered": working * s.teacher_bytes if s.fsdp else 0,
         "teacher_hidden": t * h * s.teacher_bytes,
     }
-    layer_saved = t * shape.saved_per_token_per_layer * s.compute_bytes
+    layer_saved = t * shape.saved_bytes_per_token_per_layer(compute_bytes=s.compute_bytes)
+    final_norm = t * h * (8 + s.compute_bytes)  # as each layer norm (see saved_bytes_per_token_per_layer)
     if s.gradient_checkpointing:
-        terms["activations"] = shape.layers * t * h * s.compute_bytes + 2 * t * h * s.compute_bytes
+        terms["activations"] = shape.layers * t * h * s.compute_bytes + final_norm
         recompute = layer_saved
     else:
-        terms["activations"] = shape.layers * layer_saved + 2 * t * h * s.compute_bytes
+        terms["activations"] = shape.layers * layer_saved + final_norm
         recompute = 0
     rows = min(s.chunk_size, t)
     per_entry = 5 * 4 + 1 + (3 * 2 if s.compute_bytes == 2 else 0)  # loss workspace, bytes per [chunk, V] entry

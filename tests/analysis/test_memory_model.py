@@ -15,13 +15,16 @@ def test_small_shape_by_hand():
     assert SMALL.layer_params == 152
     assert SMALL.root_params == 44  # tied embedding 10x4 + final norm 4
     assert SMALL.params == 348
-    # norms in/out 16 + q, k 6 + v 2 + attention out 4 + MLP 32
-    assert SMALL.saved_per_token_per_layer == 60
+    # bf16: norms 2 x 4 x (8 + 2) = 80, q 4 x 5 x 2 = 40, k + v 2 x 4 x 2 = 16, log-sum-exp 2 x 4 = 8, MLP 4 x 2 x 8 = 64
+    assert SMALL.saved_bytes_per_token_per_layer(compute_bytes=2) == 208
+    # fp32: 96 + 80 + 32 + 8 + 128
+    assert SMALL.saved_bytes_per_token_per_layer(compute_bytes=4) == 344
     qwen_like = ModelShape(name="q", hidden=4, layers=2, heads=2, kv_heads=1, head_dim=2, intermediate=8, vocab=10,
                            tied=False, qk_norm=True)
     assert qwen_like.layer_params == 152 + 4  # q_norm, k_norm weights (head_dim each)
     assert qwen_like.root_params == 84  # untied lm_head adds 10x4
-    assert qwen_like.saved_per_token_per_layer == 66  # q, k also before their norm
+    # the q / k norms' fp32 copies: + 8 x (4 + 2)
+    assert qwen_like.saved_bytes_per_token_per_layer(compute_bytes=4) == 344 + 48
 
 
 def test_small_terms_by_hand_gpu_layout():
@@ -34,11 +37,11 @@ def test_small_terms_by_hand_gpu_layout():
     assert terms["teacher_resident"] == 0
     assert terms["teacher_gathered"] == 696
     assert terms["teacher_hidden"] == 24  # 3 tokens x 4 x 2 bytes
-    assert terms["activations"] == 96  # 2 layers x 3 x 4 x 2 + final norm 2 x 3 x 4 x 2
-    assert terms["layer_recompute"] == 360  # 3 tokens x 60 x 2 bytes
+    assert terms["activations"] == 48 + 120  # 2 layers x 3 x 4 x 2 + final norm 3 x 4 x (8 + 2)
+    assert terms["layer_recompute"] == 624  # 3 tokens x 208
     # 2 rows x 10 x (21 + 6 + 9) + lm_head grad 10 x 4 x 4 + hidden grad 3 x 4 x 2
     assert terms["loss_workspace"] == 720 + 160 + 24
-    assert terms["peak"] == 696 + 696 + 1392 + 696 + 696 + 24 + 96 + 904
+    assert terms["peak"] == 696 + 696 + 1392 + 696 + 696 + 24 + 168 + 904
 
 
 def test_small_terms_by_hand_cpu_check_layout():
@@ -47,12 +50,12 @@ def test_small_terms_by_hand_cpu_check_layout():
     terms = memory_terms(shape=SMALL, setting=setting)
     assert terms["student_gathered"] == terms["teacher_gathered"] == 0
     assert terms["teacher_resident"] == 348 * 4
-    # no checkpointing: 2 layers x 6 tokens x 60 x 4 bytes + final norm 2 x 6 x 4 x 4
-    assert terms["activations"] == 2880 + 192
+    # no checkpointing: 2 layers x 6 tokens x 344 + final norm 6 x 4 x 12
+    assert terms["activations"] == 4128 + 288
     assert terms["layer_recompute"] == 0
     # fp32 weights: no bf16 buffers; 4 rows x 10 x (21 + 9) + 160 + 6 x 4 x 4
     assert terms["loss_workspace"] == 1200 + 160 + 96
-    assert terms["peak"] == 348 * (4 + 4 + 8 + 4) + 6 * 4 * 4 + 3072 + 1456
+    assert terms["peak"] == 348 * (4 + 4 + 8 + 4) + 6 * 4 * 4 + 4416 + 1456
 
 
 @pytest.mark.parametrize("name, total, non_embedding", [
