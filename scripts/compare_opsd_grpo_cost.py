@@ -37,6 +37,8 @@ from recipe.analysis.run_logs import read_jsonl_metrics  # noqa: E402
 from recipe.common import cli  # noqa: E402
 
 SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_grpo.sh"}
+# the sampled peak of a run this script launched, kept in its CKPT_DIR (read again by --opsd-run / --grpo-run)
+PEAK_FILE = "compare_peak_rss.json"
 
 
 class TreePeak(threading.Thread):
@@ -96,6 +98,8 @@ def launch(recipe: str, out: Path, args) -> tuple[Path, float | None]:
         sampler.stop()
     if code != 0:
         raise SystemExit(f"{recipe}: {SCRIPTS[recipe]} exited {code}; see {log}")  # a failed run, not an input error
+    (ckpt / PEAK_FILE).write_text(json.dumps({"largest_process_rss_gb": sampler.peak_bytes / 2**30,
+                                              "process": sampler.peak_name}) + "\n")
     return ckpt, sampler.peak_bytes / 2**30 or None
 
 
@@ -136,7 +140,11 @@ def main(argv=None) -> None:
         parser.error("--opsd-run and --grpo-run go together")
 
     if args.opsd_run:
-        runs = {"opsd": (args.opsd_run, None), "grpo": (args.grpo_run, None)}
+        runs = {}
+        for recipe, ckpt in (("opsd", args.opsd_run), ("grpo", args.grpo_run)):
+            peak_file = ckpt / PEAK_FILE
+            peak = json.loads(peak_file.read_text())["largest_process_rss_gb"] if peak_file.is_file() else None
+            runs[recipe] = (ckpt, peak)
     else:
         out = Path(args.out_dir or tempfile.mkdtemp(prefix="compare_opsd_grpo_cost_"))
         if args.out_dir and out.exists() and any(out.iterdir()):
@@ -148,8 +156,12 @@ def main(argv=None) -> None:
         print(f"{recipe}: {ckpt}, launch wall {record['wall_time_s']} s on {record['device']} x "
               f"{record['n_devices']}, mean response {settings[recipe][0]} tokens, "
               f"{settings[recipe][1]} tokens in the last step")
-    on_accelerator = any(c.peak_memory_gb and not runs[r][1] for r, c in costs.items())
-    label = "perf/max_memory_allocated_gb" if on_accelerator else "largest process RSS (CPU, sampled 1/s)"
+    if any(c.peak_memory_gb is not None and runs[r][1] is None for r, c in costs.items()):
+        label = "perf/max_memory_allocated_gb"
+    elif any(peak is not None for _, peak in runs.values()):
+        label = "largest process RSS (CPU, sampled 1/s)"
+    else:
+        label = "not logged (verl logs 0 on the CPU; runs launched by this script sample the RSS)"
     print()
     print(cost_table(opsd=costs["opsd"], grpo=costs["grpo"], memory_label=label))
 
