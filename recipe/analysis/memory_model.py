@@ -10,8 +10,8 @@ bf16 (``MixedPrecisionPolicy(param_dtype=bf16)``); a forward-only model (the tea
 in bf16 with ``CPUOffloadPolicy``: its shards live in host memory and each layer is copied to
 the GPU for its forward.
 
-Terms (bytes per GPU), P = parameters, n = GPUs, T = tokens of one micro-batch (micro-batch x
-(prompt + response) tokens: verl pads every sample of a micro-batch to the longest), V = vocabulary:
+Terms (bytes per GPU), P = parameters, n = GPUs, T = tokens of one micro-batch (the callers use
+micro-batch x (prompt cap + rollout cap): the worst case, every sample at both caps), V = vocabulary:
 
 - student: P x (4 param + 4 grad + 8 AdamW) / n, plus the unsharded bf16 working copies FSDP2
   gathers (two decoder layers: current + prefetched; the root module's embedding, final norm and
