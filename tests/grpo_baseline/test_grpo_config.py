@@ -52,3 +52,11 @@ def test_released_grpo_changes_only_the_run_size():
     for key in ("n", "temperature", "top_p", "top_k"):
         assert released.actor_rollout_ref.rollout[key] == control.actor_rollout_ref.rollout[key]
     assert released.reward == control.reward and released.data.max_prompt_length == 1024
+
+
+def test_grpo_runs_on_the_opsd_recipes_trainer():
+    """Issue 19: both recipes on verl's legacy RayPPOTrainer (OPSD refuses use_v1=true), so a compute
+    comparison compares algorithms, not trainers; every preset keeps it."""
+    for overrides in ([], ["+experiment=released_grpo"], ["+demo=tiny"], ["+demo=toy"]):
+        assert grpo_config(overrides).trainer.use_v1 is False, overrides
+    assert compose(get_recipe("opsd"), []).trainer.use_v1 is False

@@ -1,0 +1,117 @@
+"""OPSD-vs-GRPO compute table from two runs' step metrics (pure: stdlib only).
+
+Both recipes run on verl's legacy ``RayPPOTrainer`` (``trainer.use_v1=false``), so their
+``timing_s/*`` keys come from the same loop. Phases of one step (seconds):
+
+- generation = ``timing_s/gen``
+- teacher    = ``timing_s/teacher`` (OPSD: the frozen teacher's forward, measured inside the update)
+               + ``timing_s/ref`` (GRPO: the frozen reference's scoring pass for the KL loss)
+- update     = ``timing_s/update_actor`` - ``timing_s/teacher`` (the actor's forward/backward/step)
+- other      = ``timing_s/step`` - generation - teacher - update (GRPO's old-log-prob pass, reward,
+               advantages, the weight push, checkpoints, ...)
+
+Tokens per second = sum of ``perf/total_num_tokens`` (prompt + response tokens of every sample) over
+the sum of ``timing_s/step``. Peak memory = the largest ``perf/max_memory_allocated_gb`` of any step
+(verl's actor update on an accelerator); where that is absent or 0 (the CPU path) the caller passes
+what it measured instead, with a label saying what it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+PHASES = ("generation", "teacher", "update", "other")
+
+# Paper, tab:opsd_grpo_compute (GPU hours of 50 training steps: training-loop time through the
+# evaluated checkpoint, app:released_grpo).
+PAPER_GPU_HOURS = {"Qwen3-1.7B": (0.66, 114.27), "Qwen3-4B": (1.13, 171.81)}
+
+# What differs between the paper's two recipes (app:released_grpo, app:grpo_configuration).
+PAPER_SETTINGS = (
+    ("GPUs", "2 A800", "4 A800 (1.7B) / 8 A800 (4B)"),
+    ("samples per prompt", "1", "8"),
+    ("response cap", "1,024", "24,576"),
+    ("prompts per step", "64", "64"),
+    ("extra forwards", "frozen teacher", "frozen reference (KL) + old log-probs"),
+    ("offload", "none stated", "actor parameters + optimizer"),
+)
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """One run's compute, from its step rows (``steps`` = the steps averaged, after warm-up)."""
+
+    steps: int
+    loop_s: float
+    step_s: float
+    phases_s: dict
+    tokens_per_s: float
+    device_hours: float
+    peak_memory_gb: float | None
+
+
+def step_phases(row: Mapping[str, float]) -> dict:
+    """``{phase: seconds}`` of one step's metrics (keys missing in ``row`` count 0)."""
+    step = float(row["timing_s/step"])
+    teacher_inside = float(row.get("timing_s/teacher", 0.0))
+    gen = float(row.get("timing_s/gen", 0.0))
+    teacher = teacher_inside + float(row.get("timing_s/ref", 0.0))
+    update = float(row.get("timing_s/update_actor", 0.0)) - teacher_inside
+    return {"generation": gen, "teacher": teacher, "update": update, "other": step - gen - teacher - update}
+
+
+def run_cost(*, rows: Sequence[Mapping[str, float]], n_devices: int, warmup_steps: int = 1,
+             measured_peak_gb: float | None = None) -> RunCost:
+    """Per-step means over the steps after ``warmup_steps`` (all steps if no more are left);
+    ``loop_s`` / ``device_hours``: every step (the paper's training-loop time)."""
+    rows = sorted((r for r in rows if "timing_s/step" in r), key=lambda r: r["step"])
+    if not rows:
+        raise ValueError("no step with timing_s/step in the metrics (is trainer.logger 'file' on?)")
+    if n_devices < 1:
+        raise ValueError(f"n_devices must be >= 1, got {n_devices}")
+    kept = rows[warmup_steps:] or rows
+    phases = [step_phases(r) for r in kept]
+    step_s = sum(r["timing_s/step"] for r in kept) / len(kept)
+    tokens = sum(r.get("perf/total_num_tokens", 0.0) for r in kept)
+    loop_s = sum(r["timing_s/step"] for r in rows)
+    logged = [r["perf/max_memory_allocated_gb"] for r in rows if r.get("perf/max_memory_allocated_gb")]
+    return RunCost(
+        steps=len(kept),
+        loop_s=loop_s,
+        step_s=step_s,
+        phases_s={p: sum(ph[p] for ph in phases) / len(kept) for p in PHASES},
+        tokens_per_s=tokens / sum(r["timing_s/step"] for r in kept),
+        device_hours=loop_s * n_devices / 3600.0,
+        peak_memory_gb=max(logged) if logged else measured_peak_gb,
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "n/a"
+    return f"{a / b:.3f}"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def cost_table(*, opsd: RunCost, grpo: RunCost, memory_label: str) -> str:
+    """Markdown table: OPSD, GRPO, OPSD/GRPO per row, then the paper's GPU hours and settings."""
+    rows = [
+        ("training loop, all steps (s)", opsd.loop_s, grpo.loop_s, ".1f"),
+        ("device hours (loop x devices)", opsd.device_hours, grpo.device_hours, ".5f"),
+        (f"step, mean of {opsd.steps} / {grpo.steps} steps (s)", opsd.step_s, grpo.step_s, ".3f"),
+        *((f"  {p} (s)", opsd.phases_s[p], grpo.phases_s[p], ".3f") for p in PHASES),
+        ("tokens per second", opsd.tokens_per_s, grpo.tokens_per_s, ".1f"),
+        (f"peak memory (GB): {memory_label}", opsd.peak_memory_gb, grpo.peak_memory_gb, ".2f"),
+    ]
+    lines = ["| | OPSD | GRPO | OPSD / GRPO |", "|---|---|---|---|"]
+    lines += [f"| {name} | {_num(a, fmt)} | {_num(b, fmt)} | {_ratio(a, b)} |" for name, a, b, fmt in rows]
+    lines += ["", "Paper (tab:opsd_grpo_compute, GPU hours of 50 steps):", "",
+              "| model | OPSD | GRPO | OPSD / GRPO |", "|---|---|---|---|"]
+    lines += [f"| {m} | {o} | {g} | {o / g:.4f} |" for m, (o, g) in PAPER_GPU_HOURS.items()]
+    lines += ["", "| paper setting | OPSD | GRPO |", "|---|---|---|"]
+    lines += [f"| {name} | {o} | {g} |" for name, o, g in PAPER_SETTINGS]
+    return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""recipe.analysis.compute_cost and scripts/compare_opsd_grpo_cost.py on hand-written metrics files
+(no run is launched: the table arithmetic only)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipe.analysis.compute_cost import cost_table, run_cost, step_phases
+
+REPO = Path(__file__).resolve().parents[2]
+
+# OPSD: the teacher runs inside update_actor (timing_s/teacher is a part of it).
+OPSD_ROWS = [
+    {"step": 1, "timing_s/step": 9.0, "timing_s/gen": 5.0, "timing_s/update_actor": 3.0, "timing_s/teacher": 1.0,
+     "perf/total_num_tokens": 100.0},
+    {"step": 2, "timing_s/step": 4.0, "timing_s/gen": 1.0, "timing_s/update_actor": 2.5, "timing_s/teacher": 0.5,
+     "perf/total_num_tokens": 200.0},
+    {"step": 3, "timing_s/step": 6.0, "timing_s/gen": 2.0, "timing_s/update_actor": 3.5, "timing_s/teacher": 1.5,
+     "perf/total_num_tokens": 300.0},
+]
+# GRPO: the reference scoring is its own phase; old_log_prob, reward, adv fall into "other".
+GRPO_ROWS = [
+    {"step": 1, "timing_s/step": 20.0, "timing_s/gen": 10.0, "timing_s/ref": 2.0, "timing_s/update_actor": 4.0,
+     "timing_s/old_log_prob": 1.0, "perf/total_num_tokens": 800.0, "perf/max_memory_allocated_gb": 3.0},
+    {"step": 2, "timing_s/step": 10.0, "timing_s/gen": 4.0, "timing_s/ref": 1.0, "timing_s/update_actor": 3.0,
+     "timing_s/old_log_prob": 1.0, "perf/total_num_tokens": 1000.0, "perf/max_memory_allocated_gb": 5.0},
+]
+
+
+def test_step_phases_split_the_step_exactly():
+    assert step_phases(OPSD_ROWS[0]) == {"generation": 5.0, "teacher": 1.0, "update": 2.0, "other": 1.0}
+    assert step_phases(GRPO_ROWS[0]) == {"generation": 10.0, "teacher": 2.0, "update": 4.0, "other": 4.0}
+
+
+def test_run_cost_means_after_warmup_and_totals_over_all_steps():
+    opsd = run_cost(rows=OPSD_ROWS, n_devices=2, warmup_steps=1, measured_peak_gb=1.5)
+    assert opsd.steps == 2
+    assert opsd.loop_s == 19.0  # 9 + 4 + 6: every step
+    assert opsd.device_hours == pytest.approx(19.0 * 2 / 3600)
+    assert opsd.step_s == 5.0  # (4 + 6) / 2
+    # steps 2, 3: gen (1 + 2)/2, teacher (0.5 + 1.5)/2, update (2 + 2)/2, other (0.5 + 0.5)/2
+    assert opsd.phases_s == {"generation": 1.5, "teacher": 1.0, "update": 2.0, "other": 0.5}
+    assert opsd.tokens_per_s == 50.0  # (200 + 300) / (4 + 6)
+    assert opsd.peak_memory_gb == 1.5  # nothing logged: the measured value
+    grpo = run_cost(rows=GRPO_ROWS, n_devices=4, warmup_steps=1)
+    assert grpo.peak_memory_gb == 5.0  # verl's logged maximum wins
+    assert grpo.phases_s == {"generation": 4.0, "teacher": 1.0, "update": 3.0, "other": 2.0}
+    assert grpo.tokens_per_s == 100.0
+    # fewer steps than the warm-up: all steps are kept
+    assert run_cost(rows=OPSD_ROWS[:1], n_devices=1, warmup_steps=1).step_s == 9.0
+
+
+def test_cost_table_ratios_and_paper_numbers():
+    table = cost_table(opsd=run_cost(rows=OPSD_ROWS, n_devices=2, measured_peak_gb=1.5),
+                       grpo=run_cost(rows=GRPO_ROWS, n_devices=4), memory_label="test")
+    lines = table.splitlines()
+    assert "| training loop, all steps (s) | 19.0 | 30.0 | 0.633 |" in lines
+    assert "| step, mean of 2 / 1 steps (s) | 5.000 | 10.000 | 0.500 |" in lines
+    assert "|   teacher (s) | 1.000 | 1.000 | 1.000 |" in lines
+    assert "| tokens per second | 50.0 | 100.0 | 0.500 |" in lines
+    assert "| peak memory (GB): test | 1.50 | 5.00 | 0.300 |" in lines
+    # device hours: 19 * 2 vs 30 * 4 device-seconds
+    assert f"| device hours (loop x devices) | {38 / 3600:.5f} | {120 / 3600:.5f} | {38 / 120:.3f} |" in lines
+    assert "| Qwen3-1.7B | 0.66 | 114.27 | 0.0058 |" in lines
+    assert "| Qwen3-4B | 1.13 | 171.81 | 0.0066 |" in lines
+
+
+def test_run_cost_refuses_rows_without_timing():
+    with pytest.raises(ValueError, match="timing_s/step"):
+        run_cost(rows=[{"step": 1, "actor/loss": 0.1}], n_devices=1)
+
+
+def _write_run(directory: Path, rows, n_devices: int) -> Path:
+    directory.mkdir()
+    with open(directory / "metrics.jsonl", "w") as out:
+        for row in rows:
+            out.write(json.dumps({"step": row["step"], "data": {k: v for k, v in row.items() if k != "step"}}) + "\n")
+    record = {"recipe": directory.name, "device": "gpu", "n_devices": n_devices, "wall_time_s": 99,
+              "exit_code": 0, "metrics": str(directory / "metrics.jsonl")}
+    (directory / "run_times.jsonl").write_text(json.dumps(record) + "\n")
+    return directory
+
+
+def test_script_reads_existing_runs(tmp_path):
+    opsd = _write_run(tmp_path / "opsd", OPSD_ROWS, 2)
+    grpo = _write_run(tmp_path / "grpo", GRPO_ROWS, 4)
+    proc = subprocess.run([sys.executable, "scripts/compare_opsd_grpo_cost.py", "--opsd-run", str(opsd),
+                           "--grpo-run", str(grpo)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "| tokens per second | 50.0 | 100.0 | 0.500 |" in proc.stdout.splitlines()
+    assert "perf/max_memory_allocated_gb" in proc.stdout  # the GRPO run logged it
+
+
+def test_script_names_a_missing_launch_record(tmp_path):
+    (tmp_path / "opsd").mkdir()
+    grpo = _write_run(tmp_path / "grpo", GRPO_ROWS, 4)
+    proc = subprocess.run([sys.executable, "scripts/compare_opsd_grpo_cost.py", "--opsd-run", str(tmp_path / "opsd"),
+                           "--grpo-run", str(grpo)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error:") and "run_times.jsonl" in proc.stderr
