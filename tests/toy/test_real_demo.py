@@ -37,7 +37,7 @@ def test_real_demo_plans_smollm2_with_native_modes_and_the_same_problems(recipe,
     cfg = launch.config
     assert cfg.actor_rollout_ref.model.path == str(expected_dir(cache_dir=tmp_path))
     assert cfg.data.train_files == str(task_dir(tmp_path) / "train.parquet")
-    assert (cfg.trainer.total_training_steps, cfg.data.train_batch_size, cfg.data.max_response_length) == (20, 8, 128)
+    assert (cfg.trainer.total_training_steps, cfg.data.train_batch_size, cfg.data.max_response_length) == (16, 8, 128)
     assert cfg.data.seed == 42 and cfg.actor_rollout_ref.actor.optim.lr == 1.0e-5
     assert cfg.actor_rollout_ref.rollout.name == "hf" and cfg.trainer.resume_mode == "disable"
     assert str(launch.ckpt_dir).startswith(str(tmp_path / "real_runs"))
