@@ -20,12 +20,11 @@ import time
 from functools import partial
 from pathlib import Path
 
-import pandas as pd
-
 from recipe.launch.demos import DemoBuild
 from recipe.launch.run import DemoInputs
 from recipe.launch.settings import Settings
-from recipe.toy.data import heldout_jsonl_rows, rl_rows
+from recipe.toy.data import heldout_jsonl_rows
+from recipe.toy.demo import write_tiny_data
 from recipe.toy.task import TaskConfig, make_records
 
 # The demo's task (docs/real_model.md §4: why this one).
@@ -41,16 +40,11 @@ def task_dir(cache: str | Path, task: TaskConfig = REAL_TASK) -> Path:
 
 
 def write_real_data(out_dir: str | Path, task: TaskConfig = REAL_TASK) -> dict[str, Path]:
-    """``train.parquet`` / ``val.parquet`` (verl RL rows) and ``heldout.jsonl`` (evaluation rows) of ``task``, if missing."""
-    out_dir = Path(out_dir)
-    paths = {"train": out_dir / "train.parquet", "val": out_dir / "val.parquet", "heldout": out_dir / "heldout.jsonl"}
-    if all(path.is_file() for path in paths.values()):
-        return paths
-    out_dir.mkdir(parents=True, exist_ok=True)
-    records = make_records(task)
-    pd.DataFrame(rl_rows(records["train"])).to_parquet(paths["train"])
-    pd.DataFrame(rl_rows(records["heldout"])).to_parquet(paths["val"])
-    paths["heldout"].write_text("".join(json.dumps(row) + "\n" for row in heldout_jsonl_rows(records["heldout"])))
+    """The tiny demo's files of ``task`` (``train`` / ``val`` / ``sft``) and ``heldout.jsonl`` (evaluation rows), if missing."""
+    paths = {**write_tiny_data(out_dir, task), "heldout": Path(out_dir) / "heldout.jsonl"}
+    if not paths["heldout"].is_file():
+        rows = heldout_jsonl_rows(make_records(task)["heldout"])
+        paths["heldout"].write_text("".join(json.dumps(row) + "\n" for row in rows))
     return paths
 
 
