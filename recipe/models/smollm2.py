@@ -147,6 +147,12 @@ def _convert(gguf: Path, out: Path) -> dict:
             "parameters": sum(p.numel() for p in model.parameters()), "architecture": type(model).__name__}
 
 
+def expected_dir(source: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The directory ``fetch_smollm2`` returns for this source, without building it (hashes the GGUF, ~0.4 s)."""
+    gguf, _ = find_gguf(source)
+    return model_dir(gguf_sha256(gguf), cache_dir=cache_dir)
+
+
 def fetch_smollm2(
     source: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None, log=print
 ) -> Path:

@@ -27,8 +27,8 @@ def test_every_demo_has_a_builder_and_a_preset_per_recipe():
         assert callable(demo.load())
         assert [r for r in RECIPES if demo.name in get_recipe(r).presets("demo")], demo.name
     assert set(get_recipe("opsd").presets("demo")) == set(DEMOS)
-    with pytest.raises(ValueError, match="CPU_DEMO='real' is not one of"):
-        get_demo("real")
+    with pytest.raises(ValueError, match="CPU_DEMO='huge' is not one of"):
+        get_demo("huge")
 
 
 def test_no_argument_run_is_one_launch_of_verl_with_each_key_once(tmp_path):

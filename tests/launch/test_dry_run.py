@@ -31,7 +31,7 @@ PAPER_MODELS = [m for m in OPSD.presets("model")
                 if OmegaConf.select(OmegaConf.load(OPSD.config_dir / "model" / f"{m}.yaml"), "model_preset.hf_id")]
 # one factor each: caps (with micro-batch rebalancing), teacher cap, global batch + steps, schedule, temperatures
 EXPERIMENTS = ["default", "rollout_4096", "context_cot_solution", "opsd_vs_grpo_matched", "steps_300", "temp_s06_t06",
-               "rollout_256", "lora_r64"]
+               "rollout_256", "lora_r64", "omr_cot_sol_4k"]
 
 
 def gpu_plan(recipe, argv, *, gpus_listed=8, **settings):

