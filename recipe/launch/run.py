@@ -167,6 +167,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     env.setdefault("VERL_FILE_LOGGER_PATH", str(next_free_path(ckpt / "metrics", "jsonl")))
     env.setdefault("TENSORBOARD_DIR", str(ckpt / "tensorboard"))
     env.setdefault("WANDB_DIR", str(ckpt))
+    # The trainer's per-step lines reach train.log (a file, block-buffered otherwise) as they are printed.
+    env.setdefault("PYTHONUNBUFFERED", "1")
     return Launch(recipe=recipe, settings=settings, overrides=overrides, config=cfg, ckpt_dir=ckpt,
                   command=recipe.command(python, overrides.as_list(), nproc=nproc),
                   config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes, verl_env=verl_env)

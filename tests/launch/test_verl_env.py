@@ -66,6 +66,13 @@ def test_gpu_sft_launch_has_no_rollout_and_no_extension():
     assert not any(RUNTIME_ENV_KEY in a for a in launch.command)
 
 
+@pytest.mark.parametrize("environ, expected", [({}, "1"), ({"PYTHONUNBUFFERED": ""}, "")])
+def test_launch_runs_python_unbuffered_unless_the_user_chose(environ, expected):
+    launch = plan(OPSD, Settings(device="cpu", model_path="/m", train_files="/t.parquet"), [], environ=environ)
+    assert launch.env["PYTHONUNBUFFERED"] == expected
+    assert "PYTHONUNBUFFERED" not in launch.verl_env
+
+
 def test_cpu_hf_launch_lists_the_plugin_first_then_the_extension():
     launch = plan(GRPO, Settings(device="cpu", model_path="/m", train_files="/t.parquet"), [],
                   environ={"VERL_USE_EXTERNAL_MODULES": f"my.ext,{EXTENSION}"})
