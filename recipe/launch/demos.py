@@ -180,6 +180,10 @@ def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bo
     """The CPU demo of ``settings`` (what run_*.sh runs without MODEL_PATH / TRAIN_FILES); prints the table."""
     demo = get_demo(settings.demo)
     print(f"[launch] CPU demo {demo.name}: {demo.description}", flush=True)
+    given = {"MODEL_PATH": settings.model_path, "TRAIN_FILES": settings.train_files}
+    for name, value in given.items():
+        if value:
+            print(f"[launch] {name}={value} replaces what the demo would build", flush=True)
     build = demo.load()(recipe.name, settings, build=not dry_run)
     if dry_run:
         launch = plan(recipe, settings, argv, demo=build.inputs)

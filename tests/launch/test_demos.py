@@ -97,3 +97,15 @@ def test_no_argument_dry_run_prints_the_config_once_and_builds_nothing(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("effective config") == 1 and "CPU demo toy" in proc.stdout
     assert not (tmp_path / "cache").exists()
+
+
+def test_dry_run_says_when_model_path_replaces_the_demo_model(tmp_path):
+    model = tmp_path / "my_model"
+    model.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "cpu",
+           "OPSD_CACHE": str(tmp_path / "cache"), "MODEL_PATH": str(model)}
+    proc = subprocess.run(["bash", "recipe/opsd/run_opsd.sh", "--dry-run"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"[launch] MODEL_PATH={model} replaces what the demo would build" in proc.stdout
+    assert "[launch] TRAIN_FILES=" not in proc.stdout
