@@ -19,7 +19,6 @@ import functools
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -33,6 +32,7 @@ from recipe.launch import compose as composer
 from recipe.launch.overrides import Override, OverrideList
 from recipe.launch.recipes import REPO_ROOT, Recipe
 from recipe.launch.settings import Settings, gpus_on_this_node
+from recipe.launch.processes import LAUNCH_ID_ENV, kill_launch, kill_marked, new_launch_id, pids_with
 from recipe.launch.verl_env import runtime_env_overrides, verl_environment
 
 
@@ -245,13 +245,21 @@ def _validate(recipe: Recipe, settings: Settings, cfg, base) -> None:
                          f"({CPU_ONLY_ENGINES[engine]}); on a GPU set actor_rollout_ref.rollout.name=vllm or sglang")
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    """Kill the launch's own process group (it was started in a new session)."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _kill(process: subprocess.Popen, launch_id: str) -> None:
+    """Kill the launch: its own process group and every process it started outside it (Ray's)."""
+    left = kill_launch(process.pid, launch_id)
+    if left:
+        print(f"[launch] processes of the launch still alive after SIGKILL: {left}", flush=True)
+
+
+def _kill_orphans(launch_id: str) -> None:
+    """After the driver exits: any process still carrying the launch's mark (Ray daemons or workers a
+    killed or crashed driver left behind) is killed, with a line saying so."""
+    orphans = pids_with(variable=LAUNCH_ID_ENV, value=launch_id)
+    if orphans:
+        left = kill_marked(variable=LAUNCH_ID_ENV, value=launch_id)
+        print(f"[launch] killed {len(orphans) - len(left)} processes the launch left running (Ray daemons or "
+              f"workers){f'; still alive: {left}' if left else ''}", flush=True)
 
 
 def _record(launch: Launch, *, start: float, returncode: int) -> dict:
@@ -271,15 +279,18 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
 
     Without ``log`` verl's output goes to this console. With ``log`` it is appended to that file (a
     relaunch that resumes keeps the earlier launches' output) and ``on_line(line)`` sees every line (the CPU demos print condensed progress from it). After
-    ``timeout_s`` the launch's process group (driver, Ray, workers) is killed (exit code -9).
+    ``timeout_s``, or when this process is interrupted, every process of the launch (driver, Ray's
+    daemons and workers: ``recipe.launch.processes``) is killed (exit code -9).
     """
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
     launch.config_path.write_text(launch.resolved_yaml())
     start = time.time()
     sink = open(log, "a") if log is not None else None
-    process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env=launch.env, start_new_session=True, text=True,
+    launch_id = new_launch_id()
+    process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env={**launch.env, LAUNCH_ID_ENV: launch_id},
+                               start_new_session=True, text=True,
                                stdout=subprocess.PIPE if sink else None, stderr=subprocess.STDOUT if sink else None)
-    watchdog = threading.Timer(timeout_s, _kill_group, args=(process,)) if timeout_s else None
+    watchdog = threading.Timer(timeout_s, _kill, args=(process, launch_id)) if timeout_s else None
     try:
         if watchdog:
             watchdog.start()
@@ -289,8 +300,9 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
                 if on_line is not None:
                     on_line(line)
         returncode = process.wait()
+        _kill_orphans(launch_id)
     except BaseException:
-        _kill_group(process)
+        _kill(process, launch_id)
         raise
     finally:
         if watchdog:
