@@ -147,6 +147,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
         if count > 0:
             overrides.add([f"trainer.n_gpus_per_node={count}"], source="nvidia-smi")
             notes.append(f"trainer.n_gpus_per_node={count}: all GPUs nvidia-smi lists (no preset or NGPUS sets it)")
+    if settings.device == "cpu" and settings.cpu_rollout == "vllm" and recipe.vllm_platform is None:
+        notes.append(f"CPU_ROLLOUT=vllm is not used: the {recipe.name} recipe has no rollout")
     if vllm:  # the vLLM venv reaches the main venv it was built from (recipe/cpu/vllm_cpu_venv.sh)
         tie = vllm_cpu.main_venv_note(settings.vllm_venv_dir, sysconfig.get_paths()["purelib"])
         notes += [tie] if tie else []

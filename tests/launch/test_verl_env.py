@@ -59,6 +59,13 @@ def test_gpu_rl_launch_loads_the_rollout_extension_on_every_worker(recipe):
     assert launch.config.actor_rollout_ref.rollout.name == "vllm"  # the recipe's engine, untouched
 
 
+def test_cpu_sft_launch_says_cpu_rollout_vllm_is_not_used():
+    launch = plan(SFT, Settings(device="cpu", model_path="/m", train_files="/t.parquet", cpu_rollout="vllm"), [],
+                  environ={})
+    assert "[launch] note: CPU_ROLLOUT=vllm is not used: the sft recipe has no rollout" in launch.describe()
+    assert not any("VLLM" in key for key in launch.verl_env)
+
+
 def test_gpu_sft_launch_has_no_rollout_and_no_extension():
     launch = plan(SFT, Settings(device="gpu", model_path="/m", train_files="/t.parquet"), [],
                   detect_gpus=lambda: 8, environ={})
