@@ -160,6 +160,7 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     cfg = composer.compose(recipe, overrides.as_list())
     _validate(recipe, settings, cfg, base)
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
+    notes += _micro_batch_note(cfg, overrides)
 
     nproc = int(composer.select(cfg, "trainer.n_gpus_per_node"))
     if recipe.torchrun and int(composer.select(cfg, "trainer.nnodes")) != 1:
@@ -223,6 +224,22 @@ def _preset_values_replaced(recipe: Recipe, overrides: OverrideList, cfg, base) 
             notes.append(f"{item.key}={composer.select(cfg, item.key)} ({overrides.source(item.key)}) replaces "
                          f"{item.key}={chosen} of {' '.join(groups)}")
     return notes
+
+
+MICRO_BATCH_KEY = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+
+
+def _micro_batch_note(cfg, overrides: OverrideList) -> list[str]:
+    """A model preset's micro-batch table without the rollout cap: the micro-batch falls back to the
+    preset's 1,024-token value (too large for a longer cap); say so unless the user set it."""
+    table = composer.select(cfg, "model_preset.micro_batch_by_cap")
+    cap = composer.select(cfg, "data.max_response_length")
+    if table is None or cap is None or f"cap_{cap}" in table or MICRO_BATCH_KEY in overrides:
+        return []
+    caps = ", ".join(key.removeprefix("cap_") for key in table)
+    return [f"{MICRO_BATCH_KEY}={composer.select(cfg, MICRO_BATCH_KEY)}: the model preset's micro-batch table has no "
+            f"entry for data.max_response_length={cap} (caps {caps}), so the 1,024-token value is kept; set "
+            f"{MICRO_BATCH_KEY} for this cap"]
 
 
 # rollout engines registered by the CPU plugin only (recipe.cpu): a GPU launch cannot start them

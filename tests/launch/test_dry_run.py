@@ -268,3 +268,16 @@ def test_teacher_presets_compose_through_the_launcher_and_the_sweep(tmp_path):
         prepare_config(direct.config)
     fixed = gpu_plan(OPSD, ["+model=qwen3_1p7b", "+experiment=sft10_then_no_privilege", "opsd.teacher.path=/models/pre_sft"])
     assert prepare_config(fixed.config).teacher.path == "/models/pre_sft"
+
+
+def test_a_rollout_cap_missing_from_the_model_presets_table_is_said():
+    note = "the model preset's micro-batch table has no entry for data.max_response_length=3000"
+    odd = gpu_plan(OPSD, ["+model=qwen3_1p7b", "data.max_response_length=3000"])
+    assert odd.config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8  # the 1,024-token value
+    assert note in odd.describe() and "(caps 128, 256, 512, 1024, 2048, 4096, 6144, 8192)" in odd.describe()
+    chosen = gpu_plan(OPSD, ["+model=qwen3_1p7b", "data.max_response_length=3000",
+                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+    assert "micro-batch table" not in chosen.describe()
+    listed = gpu_plan(OPSD, ["+model=qwen3_1p7b", "data.max_response_length=8192"])
+    assert listed.config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 1
+    assert "micro-batch table" not in listed.describe()
