@@ -113,3 +113,21 @@ def test_weight_zero_builds_nothing_and_a_weight_sends_the_rows(tokenizer):
         key = f"{field}_{'BS' if field.startswith('response') else 'BT'}"
         assert torch.equal(batch.batch[SFT_INPUT_PREFIX + field], expected[key])
     assert metrics == {"opsd/sft_truncated_frac": 1.0}  # both solutions are longer than 7 tokens
+
+
+def test_a_train_file_with_a_row_without_a_solution_is_refused_before_ray(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recipe.common.cli import InputError
+    from recipe.opsd.main_opsd import check_sft_solutions
+
+    good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist([{"extra_info": row} for row in ROWS]), good)
+    pq.write_table(pa.Table.from_pylist([{"extra_info": ROWS[0]}, {"extra_info": dict(ROWS[1], solution="")}]), bad)
+    with_sft = OPSDConfig(objective={"sft_weight": 0.1})
+    check_sft_solutions(with_sft, train_files=[str(good)])
+    check_sft_solutions(OPSDConfig(), train_files=[str(bad)])  # no SFT term: solutions are not needed
+    with pytest.raises(InputError, match=r"row 1 has no non-empty extra_info.solution") as err:
+        check_sft_solutions(with_sft, train_files=[str(good), str(bad)])
+    assert str(err.value).startswith(f"{bad}:row 'b': ")  # the file and the row id
