@@ -50,6 +50,14 @@ alone) changes d_t for ``variant: opsd``:
 
 Both surrogates are aggregated over the loss positions with the divergence's weights.
 
+``sft_weight`` > 0 (either kind) adds sft_weight x the SFT term: the student's NLL of each row's
+reference solution + EOS given its student prompt, at temperature 1 (``objectives.sft_nll_terms``
+on ``variants.sampled_token_log_probs_from_hidden``), from ``sft_hidden`` [b, S, H] -- the final
+hidden states of a second student forward on the ``opsd_sft_*`` rows that the engine runs before
+this one (``teacher_worker.OPSDEngineMixin``) -- weighted dp_size / (solution tokens of the
+mini-batch, all ranks: ``opsd_sft_tokens``), its own count, not the loss positions'. The terms are
+summed by ``objectives.objective_loss`` into one loss, so one backward covers both forwards.
+
 Token-level diagnostics are exact token means over the mini-batch's response tokens (all ranks):
 no sampling.
 
@@ -76,6 +84,7 @@ from recipe.opsd.objectives import (
     objective_loss,
     policy_gradient_terms,
     sampled_token_advantages,
+    sft_nll_terms,
     weighted_sum,
 )
 from recipe.opsd.positions import parse_position_spec, select_positions
@@ -94,6 +103,12 @@ RESPONSE_TOKENS_KEY = "opsd_response_tokens"
 LOSS_SEQUENCES_KEY = "opsd_loss_sequences"
 # tensor [B] the trainer adds when opsd.objective.task_weight > 0: each response's GRPO advantage
 TASK_ADVANTAGES_KEY = "opsd_task_advantages"
+# opsd.objective.sft_weight > 0: the SFT rows travel with the actor batch as <prefix><field> tensors
+# (recipe.opsd.sft_inputs: student prompt left-padded, solution + EOS right-padded as the "response");
+# the engine sets the mini-batch's solution tokens (all dp ranks) as a non-tensor
+SFT_INPUT_PREFIX = "opsd_sft_"
+SFT_INPUT_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+SFT_TOKENS_KEY = "opsd_sft_tokens"
 
 # signals.token_signals_from_hidden key -> logged metric name
 SIGNAL_METRICS = {
@@ -140,6 +155,19 @@ def _surrogate(objective, advantages_bR, student_logp_bR, weight_bR):
     return weighted_sum(terms_bR, weights=weight_bR.to(terms_bR.dtype)), terms_bR
 
 
+def _sft_term(model_output, data, weight_VH, bias_V, *, chunk_size: int, dp_size: int):
+    """(sum of the SFT NLL terms x dp_size / solution tokens of the mini-batch, the per-token NLL [N])."""
+    hidden_bSH = model_output["sft_hidden"]
+    mask_bS = data[SFT_INPUT_PREFIX + "response_mask"].bool().to(hidden_bSH.device)
+    solution_N = data[SFT_INPUT_PREFIX + "responses"].to(hidden_bSH.device).long()[mask_bS]
+    log_probs_N = sampled_token_log_probs_from_hidden(
+        hidden_bSH[mask_bS], weight_VH, solution_N, bias=bias_V, temperature=1.0, chunk_size=chunk_size
+    )
+    nll_N = sft_nll_terms(solution_log_probs_N=log_probs_N)
+    weights_N = torch.full_like(nll_N, dp_size / max(int(data[SFT_TOKENS_KEY]), 1))
+    return weighted_sum(nll_N, weights=weights_N), nll_N
+
+
 def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_VH=None, objective=None):
     """verl loss function: OPSD divergence (or a variant's loss) on the loss positions of one micro-batch.
 
@@ -152,7 +180,9 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
         beta_opsd: ``opsd_teacher_weight``.
     teacher_weight_VH: frozen initial lm_head; None = the live one, detached (LoRA mode).
     objective: ``objectives.ObjectiveWeights`` (None = the divergence alone); a task weight needs
-        ``opsd_task_advantages`` [b] in ``data``.
+        ``opsd_task_advantages`` [b] in ``data``; an SFT weight needs ``sft_hidden`` [b, S, H] (grad) in
+        ``model_output`` and ``opsd_sft_responses`` / ``opsd_sft_response_mask`` [b, S],
+        ``opsd_sft_tokens`` in ``data``.
     """
     from verl.utils.metric import AggregationType, Metric
 
@@ -187,7 +217,7 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
 
     objective = objective or ObjectiveWeights()
     sampled = objective.objective == "sampled_token"
-    if objective.needs_policy_gradient and loss_config.variant != "opsd":  # guarded by OPSDConfig
+    if (objective.needs_policy_gradient or objective.needs_sft) and loss_config.variant != "opsd":  # guarded by OPSDConfig
         raise ValueError(f"opsd.objective {objective} needs opsd.loss.variant=opsd, got {loss_config.variant!r}")
     fused = loss_config.variant == "opsd" and loss_config.topk is None and not sampled
     if fused:
@@ -232,7 +262,7 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
             advantages_bR = mix_task_advantages(distill_advantages_BT=advantages_bR, task_advantages_B=task_advantages_b,
                                                 mask_BT=response_mask_bR, task_weight=objective.task_weight)
         policy_gradient, terms_bR = _surrogate(objective, advantages_bR, student_logp_bR, weight_bR)
-        loss = objective_loss(objective, policy_gradient=policy_gradient)
+        terms = {"policy_gradient": policy_gradient}
         per_token_N = terms_bR[loss_mask_bR]
         extra = {"opsd/pg_advantage": advantages_bR[response_mask_bR]}
     elif loss_config.variant == "opsd" and not fused:  # top-k support
@@ -271,6 +301,8 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
         extra = {"opsd/beta_reward": out.reward_BT[response_mask_bR], "opsd/beta_return": out.return_BT[response_mask_bR]}
     elif loss_config.variant != "opsd":  # guarded by OPSDLossConfig
         raise ValueError(f"opsd.loss.variant must be one of opsd | purified | beta_opsd, got {loss_config.variant!r}")
+    if not sampled:
+        terms = {"divergence": loss}
     if not sampled and objective.needs_task_reward:  # the divergence + task_weight x PG(A = GRPO advantage)
         task_advantages_bR = mix_task_advantages(
             distill_advantages_BT=torch.zeros_like(student_logp_bR), task_advantages_B=task_advantages_b,
@@ -278,7 +310,12 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
         )
         task_policy_gradient, _ = _surrogate(objective, task_advantages_bR, student_logp_bR, weight_bR)
         loss_terms["opsd/task_pg_loss"] = task_policy_gradient.detach()
-        loss = objective_loss(objective, divergence=loss, task_policy_gradient=task_policy_gradient)
+        terms["task_policy_gradient"] = task_policy_gradient
+    sft_nll_N = None
+    if objective.needs_sft:  # + sft_weight x the NLL of the reference solutions (its own token count)
+        terms["sft"], sft_nll_N = _sft_term(model_output, data, student_weight_VH, student_bias_V,
+                                            chunk_size=loss_config.chunk_size, dp_size=dp_size)
+    loss = objective_loss(objective, **terms)
 
     with torch.no_grad():
         scale = dp_size / max(response_tokens, 1)
@@ -290,6 +327,12 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
             metrics[name] = Metric(AggregationType.SUM, float(values_N.double().sum()) * scale)
         for name, value in loss_terms.items():  # a term's micro-batch share (summed: the term)
             metrics[name] = Metric(AggregationType.SUM, float(value))
+        if sft_nll_N is not None:
+            # the SFT term before its weight (token mean of the solutions' NLL) and its token count, summed over
+            # micro-batches and ranks; the rows cut to opsd.objective.sft_max_length are counted by the trainer
+            sft_scale = dp_size / max(int(data[SFT_TOKENS_KEY]), 1)
+            metrics["opsd/sft_nll"] = Metric(AggregationType.SUM, float(sft_nll_N.detach().double().sum()) * sft_scale)
+            metrics["opsd/sft_tokens"] = Metric(AggregationType.SUM, float(sft_nll_N.numel()) * dp_size)
         # the optimised loss itself (its micro-batch share; = actor/loss)
         metrics["opsd/loss"] = Metric(AggregationType.SUM, float(loss.detach()))
         # token mean of the per-position loss over the loss positions (whatever loss_agg_mode)

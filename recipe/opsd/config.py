@@ -135,6 +135,12 @@ class OPSDObjectiveConfig:
         distillation signal; > 0 needs ``actor_rollout_ref.rollout.n`` > 1 (groups of rollouts per prompt).
     clip_ratio_low / clip_ratio_high: the surrogate's PPO clip (verl's 0.2 / 0.2); both null = unclipped.
     discount: discount of the sampled-token advantage over later tokens (0 = per token).
+    sft_weight: weight of the SFT term: the student's NLL of each row's reference solution
+        (``extra_info.solution`` + EOS) given its student prompt, at temperature 1 (the official code's
+        ``sft_loss_weight``); 0 = none (no second student forward, nothing sent to the workers).
+    sft_max_length: cap on the solution tokens of the SFT term (EOS included); a longer solution is cut
+        to its first ``sft_max_length`` tokens (no EOS) and counted in ``opsd/sft_truncated_frac``;
+        None = ``data.max_response_length`` (the student's own response budget).
     """
 
     kind: str = "full_vocabulary"
@@ -142,6 +148,8 @@ class OPSDObjectiveConfig:
     clip_ratio_low: float | None = 0.2
     clip_ratio_high: float | None = 0.2
     discount: float = 0.0
+    sft_weight: float = 0.0
+    sft_max_length: int | None = None
 
     def __post_init__(self):
         from recipe.opsd.objectives import OBJECTIVES
@@ -152,13 +160,17 @@ class OPSDObjectiveConfig:
             self.weights  # noqa: B018 - validates the numbers
         except ValueError as err:
             raise ValueError(f"opsd.objective.{err}") from None
+        cap = self.sft_max_length
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"opsd.objective.sft_max_length must be an integer >= 1 or null "
+                             f"(= data.max_response_length), got {cap!r}")
 
     @property
     def weights(self):
-        """The pure ``objectives.ObjectiveWeights`` (no SFT term: not wired into the trainer)."""
+        """The pure ``objectives.ObjectiveWeights``."""
         from recipe.opsd.objectives import ObjectiveWeights
 
-        return ObjectiveWeights(objective=self.kind, task_weight=self.task_weight,
+        return ObjectiveWeights(objective=self.kind, task_weight=self.task_weight, sft_weight=self.sft_weight,
                                 clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high,
                                 discount=self.discount)
 
@@ -227,7 +239,7 @@ class OPSDConfig:
         8,192 for the CoT + solution context). A longer teacher prompt is an error, never truncated.
     monitor: the collapse monitor's options (``recipe.opsd.monitor.MonitorConfig``).
     objective: the objective (``OPSDObjectiveConfig``): the divergence (default), the sampled-token
-        form, a task-reward weight.
+        form, a task-reward weight, an SFT weight.
     preflight: run the pre-flight gate before Ray starts (``recipe.opsd.preflight``: student and
         teacher renderings of the first training rows agree on EOS and reasoning-mode tokens, the
         ``none`` control gives the student's exact input); False skips it.
@@ -280,6 +292,11 @@ class OPSDConfig:
             raise ValueError(
                 f"opsd.objective (kind {self.objective.kind!r}, task_weight {self.objective.task_weight}) needs "
                 f"opsd.loss.variant=opsd; {self.loss.variant!r} has its own target"
+            )
+        if self.objective.sft_weight > 0 and self.loss.variant != "opsd":
+            raise ValueError(
+                f"opsd.objective.sft_weight={self.objective.sft_weight} needs opsd.loss.variant=opsd; "
+                f"{self.loss.variant!r} has its own target"
             )
         if self.objective.kind == "sampled_token" and self.loss.topk is not None:
             raise ValueError(f"opsd.loss.topk must be null with opsd.objective.kind=sampled_token (it scores the "

@@ -266,6 +266,32 @@ def check_ema_resume(opsd: OPSDConfig, *, resume_dir) -> None:
 
 
 
+def check_sft_solutions(opsd: OPSDConfig, *, train_files) -> None:
+    """opsd.objective.sft_weight > 0: every row of the train parquet(s) has a non-empty
+    ``extra_info.solution`` (the SFT target), before Ray starts; the first row without one is named.
+    A file the driver cannot read here (remote) is left to the trainer, which names the row too."""
+    if opsd.objective.sft_weight <= 0:
+        return
+    import pyarrow.parquet as pq
+
+    from recipe.opsd.sft_inputs import SOLUTION_FIELD
+
+    for path in [train_files] if isinstance(train_files, str) else list(train_files):
+        try:
+            rows = pq.read_table(str(path), columns=["extra_info"]).column("extra_info").to_pylist()
+        except (OSError, KeyError, ValueError):
+            continue
+        for number, info in enumerate(rows):
+            text = (info or {}).get(SOLUTION_FIELD)
+            if not isinstance(text, str) or not text.strip():
+                raise InputError(
+                    f"row {number} has no non-empty extra_info.{SOLUTION_FIELD}, the target of the SFT term "
+                    f"(opsd.objective.sft_weight={opsd.objective.sft_weight})",
+                    file=path, row=str((info or {}).get("id", number)),
+                    hint="use a data set whose every row has a reference solution, or set opsd.objective.sft_weight=0",
+                )
+
+
 def _validate_verl_config(config, *, use_reference_policy: bool) -> None:
     """verl's own ``validate_config`` (as its TaskRunner runs it): batch sizes that do not divide
     across the GPUs, micro-batch settings, ... fail now instead of late. Its assertion messages
@@ -355,6 +381,7 @@ def main(config):
         # teacher kind checkpoint: same tokenizer as the student; kind ema: a resume needs the EMA state
         check_teacher_checkpoint(opsd, student_path=config.actor_rollout_ref.model.path)
         check_ema_resume(opsd, resume_dir=resume_dir)
+        check_sft_solutions(opsd, train_files=config.data.train_files)  # opsd.objective.sft_weight > 0 only
     except InputError as err:  # names the file and what is wrong with it, no traceback
         print(f"[opsd] {err}", file=sys.stderr)
         sys.exit(2)

@@ -147,6 +147,11 @@ class ObjectiveWeights:
     def needs_task_reward(self) -> bool:
         return self.task_weight > 0
 
+    @property
+    def needs_sft(self) -> bool:
+        """Whether the step needs the SFT term (a second student forward on the reference solutions)."""
+        return self.sft_weight > 0
+
 
 def sampled_token_advantages(*, teacher_log_probs_BT: torch.Tensor, old_log_probs_BT: torch.Tensor,
                              mask_BT: torch.Tensor, discount: float = 0.0) -> torch.Tensor:

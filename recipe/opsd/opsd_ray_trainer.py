@@ -23,8 +23,9 @@ weight sync to the rollout servers, validation, checkpoints, logging -- is verl'
 
 The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
 With ``opsd.objective.task_weight`` > 0 the trainer grades every rollout with the one grader and
-sends each response's GRPO group advantage to the actor (``_add_task_advantages``; docs/core_math.md
-"Mixed objectives").
+sends each response's GRPO group advantage to the actor (``_add_task_advantages``); with
+``opsd.objective.sft_weight`` > 0 it sends each row's student prompt + reference solution + EOS
+(``_add_sft_inputs``) for the SFT term (docs/core_math.md "Mixed objectives").
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from recipe.opsd.actor_loss import TASK_ADVANTAGES_KEY, TEACHER_WEIGHT_KEY
+from recipe.opsd.actor_loss import SFT_INPUT_FIELDS, SFT_INPUT_PREFIX, TASK_ADVANTAGES_KEY, TEACHER_WEIGHT_KEY
 from recipe.opsd.config import OPSDConfig
 from recipe.opsd.monitor import TrainingCollapseError, TrainingDynamicsMonitor
 from recipe.opsd import nonfinite
@@ -88,6 +89,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             opsd_config, self.tokenizer, teacher_tokenizer=self._teacher_tokenizer()
         )
         self.monitor = TrainingDynamicsMonitor(opsd_config.monitor) if opsd_config.monitor.enabled else None
+        self.sft_inputs = self._sft_inputs()  # None unless opsd.objective.sft_weight > 0
         # non-finite loss / gradient: updates skipped (engine), counted and stopped on (here)
         self.nonfinite = nonfinite.NonFiniteGuard(opsd_config.max_consecutive_nonfinite)
         self._nan_teacher_test_steps = nonfinite.nan_teacher_test_steps()  # TEST ONLY, empty in real runs
@@ -224,6 +226,30 @@ class RayOPSDTrainer(RayPPOTrainer):
         advantages_B = group_advantages(rewards_B=rewards_B, group_ids_B=list(batch.non_tensor_batch["uid"]))
         batch.batch[TASK_ADVANTAGES_KEY] = advantages_B
         return {"opsd/task_reward": rewards_B.mean().item(), "opsd/task_advantage_abs": advantages_B.abs().mean().item()}
+
+    # ------------------------------------------------------------------ SFT term (opsd.objective.sft_weight)
+    def _sft_inputs(self):
+        """``sft_inputs.SFTInputs`` of this run (student prompts as the rollouts', cap
+        ``opsd.objective.sft_max_length`` or ``data.max_response_length``); None with sft_weight 0."""
+        from recipe.opsd.sft_inputs import SFTInputs
+
+        objective = self.opsd.objective
+        if objective.sft_weight <= 0:
+            return None
+        cap = objective.sft_max_length or int(self.config.data.max_response_length)
+        return SFTInputs(student_prompt_ids=self.teacher_inputs.student_prompt_ids, tokenizer=self.tokenizer,
+                         max_length=cap)
+
+    def _add_sft_inputs(self, batch: DataProto) -> dict:
+        """Each row's SFT input -- its student prompt (left-padded) + reference solution + EOS (right-padded,
+        ``SFTInputs.spliced``) -- as ``opsd_sft_*`` tensors of the actor batch, split per rank and
+        micro-batch with the rows; the engine runs the student on them inside the update. Returns the share
+        of rows whose solution was cut to the cap (``opsd/sft_truncated_frac``)."""
+        spliced = self.sft_inputs.spliced(batch.non_tensor_batch["extra_info"])
+        suffix = {"responses": "BS", "response_mask": "BS"}
+        for field in SFT_INPUT_FIELDS:
+            batch.batch[SFT_INPUT_PREFIX + field] = spliced[f"{field}_{suffix.get(field, 'BT')}"]
+        return {"opsd/sft_truncated_frac": spliced["truncated_B"].float().mean().item()}
 
     # ------------------------------------------------------------------ step dumps
     def _dump_step(self, batch: DataProto) -> None:
@@ -433,6 +459,8 @@ class RayOPSDTrainer(RayPPOTrainer):
                     batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
                     if self.opsd.objective.task_weight > 0:  # the grader's GRPO advantage (opsd.objective)
                         metrics.update(self._add_task_advantages(batch))
+                    if self.sft_inputs is not None:  # the SFT rows (opsd.objective.sft_weight)
+                        metrics.update(self._add_sft_inputs(batch))
                     if self.opsd.dump_steps:
                         self._dump_step(batch)
                     variant_inputs = {}
@@ -454,6 +482,8 @@ class RayOPSDTrainer(RayPPOTrainer):
                     for prefix in (TEACHER_INPUT_PREFIX, REFERENCE_INPUT_PREFIX):
                         for field in TEACHER_INPUT_FIELDS:
                             batch.batch.pop(prefix + field, None)
+                    for field in SFT_INPUT_FIELDS:
+                        batch.batch.pop(SFT_INPUT_PREFIX + field, None)
 
                     # the monitor sees this step's metrics before the checkpoint, so that a stop is
                     # saved and the saved monitor state includes the step

@@ -13,7 +13,8 @@ instruction-only contexts change the student message; a parquet built for anothe
 silently run another experiment).
 
 Both are cached per row (``extra_info`` id, index and problem), so a row is rendered and checked
-once per run.
+once per run; ``student_prompt_ids`` (the rendering the check compares with) is also the student
+prompt of the SFT term (``recipe.opsd.sft_inputs``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class TeacherInputs:
         # same vocabulary), else the student's tokenizer
         self.teacher_tokenizer = tokenizer if teacher_tokenizer is None else teacher_tokenizer
         self._teacher_prompts: dict = {}
+        self._student_prompts: dict = {}
         self._checked_rows: set = set()
 
     @classmethod
@@ -65,7 +67,7 @@ class TeacherInputs:
         from recipe.common.chat import render_ids
         from recipe.common.prompts import build_prompt_pair, reference_only_messages
 
-        key = (reference_only, *_row_key(extra_info))
+        key = (reference_only, *row_key(extra_info))
         if key not in self._teacher_prompts:
             if reference_only:
                 messages = reference_only_messages(self.teacher_context, dict(extra_info))
@@ -82,18 +84,26 @@ class TeacherInputs:
             self._teacher_prompts[key] = ids
         return self._teacher_prompts[key]
 
-    def check_student_prompts(self, prompt_ids: Sequence[Sequence[int]], extra_infos: Sequence[Mapping]) -> None:
-        """Raise unless each row's rollout prompt ids (unpadded) are the student message of
-        ``teacher_context`` for that row, rendered in ``student_mode``."""
+    def student_prompt_ids(self, extra_info: Mapping) -> list[int]:
+        """The student message of ``teacher_context`` for one row rendered in ``student_mode``: the
+        prompt the rollouts must have been generated from (cached per row; a copy is returned)."""
         from recipe.common.chat import render_ids
         from recipe.common.prompts import build_prompt_pair
 
+        key = row_key(extra_info)
+        if key not in self._student_prompts:
+            student_messages, _ = build_prompt_pair(self.teacher_context, dict(extra_info))
+            self._student_prompts[key] = list(render_ids(student_messages, self.tokenizer, self.student_mode))
+        return list(self._student_prompts[key])
+
+    def check_student_prompts(self, prompt_ids: Sequence[Sequence[int]], extra_infos: Sequence[Mapping]) -> None:
+        """Raise unless each row's rollout prompt ids (unpadded) are the student message of
+        ``teacher_context`` for that row, rendered in ``student_mode``."""
         for actual, info in zip(prompt_ids, extra_infos, strict=True):
-            key = _row_key(info)
+            key = row_key(info)
             if key in self._checked_rows:
                 continue
-            student_messages, _ = build_prompt_pair(self.teacher_context, dict(info))
-            expected = list(render_ids(student_messages, self.tokenizer, self.student_mode))
+            expected = self.student_prompt_ids(info)
             actual = list(actual)
             if actual != expected:
                 raise ValueError(
@@ -124,5 +134,6 @@ class TeacherInputs:
         )
 
 
-def _row_key(extra_info: Mapping) -> tuple:
+def row_key(extra_info: Mapping) -> tuple:
+    """What identifies a row of the data set for the per-row caches (``extra_info`` id, index, problem)."""
     return (extra_info.get("id"), extra_info.get("index"), extra_info.get("problem"))

@@ -19,7 +19,9 @@ through the driver); what OPSD changes is what the forward returns:
     computed in place of that lm_head, chunked; for ``positions: advt:K``).
   * ``opsd_forward="student_loss"``: hands them, with the live lm_head weight (an FSDP2 DTensor
     gathered with ``full_tensor()``, which is differentiable), to the loss function
-    (``recipe.opsd.actor_loss.opsd_loss``).
+    (``recipe.opsd.actor_loss.opsd_loss``). With SFT rows in the micro-batch
+    (``opsd.objective.sft_weight`` > 0) a first student forward on them gives ``sft_hidden`` (with
+    grad), handed to the same loss function: one loss, one backward through both forwards.
   Without ``opsd_forward`` the stock verl forward runs (log-probs for validation tools etc.).
 - ``OPSDActorRolloutRefWorker`` uses that engine for actor and teacher, sets the OPSD loss with a
   frozen copy of the initial lm_head (read once from the initial checkpoint; in LoRA mode the
@@ -47,7 +49,13 @@ from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from recipe.common.heads import checkpoint_lm_head, output_logit_scale, response_rows
-from recipe.opsd.actor_loss import LOSS_SEQUENCES_KEY, RESPONSE_TOKENS_KEY, opsd_loss
+from recipe.opsd.actor_loss import (
+    LOSS_SEQUENCES_KEY,
+    RESPONSE_TOKENS_KEY,
+    SFT_INPUT_PREFIX,
+    SFT_TOKENS_KEY,
+    opsd_loss,
+)
 from recipe.opsd.nonfinite import TEST_NAN_TEACHER_KEY, SkipNonFiniteLossMixin
 from recipe.opsd.signals import sampled_token_rank_from_hidden
 from recipe.opsd.teacher_kinds import EMA_TEACHER_DIR
@@ -105,7 +113,43 @@ class OPSDEngineMixin:
             tu.assign_non_tensor(
                 data, **{RESPONSE_TOKENS_KEY: int(counts[0].item()), LOSS_SEQUENCES_KEY: int(counts[1].item())}
             )
+            self._opsd_count_sft_tokens(data)
         return super().forward_backward_batch(data, loss_function, forward_only=forward_only)
+
+    # --- the SFT term (opsd.objective.sft_weight): a second student forward on the opsd_sft_* rows
+    def _opsd_count_sft_tokens(self, data) -> None:
+        """``opsd_sft_tokens``: the solution tokens of the whole mini-batch (all dp ranks), the SFT
+        term's normaliser, so that it does not depend on the micro-batch split (no SFT rows: nothing)."""
+        if SFT_INPUT_PREFIX + "response_mask" not in data.keys():
+            return
+        tokens = data[SFT_INPUT_PREFIX + "response_mask"].sum().to(get_device_id())
+        torch.distributed.all_reduce(tokens, group=self.get_data_parallel_group())
+        tu.assign_non_tensor(data, **{SFT_TOKENS_KEY: int(tokens.item())})
+
+    def _opsd_sft_hidden(self, micro_batch, autocast_ctx):
+        """Final hidden states [b, S, H] of the student, with grad, on the micro-batch's SFT rows (student
+        prompt + solution + EOS) at the positions predicting each solution token; None without SFT rows.
+
+        A forward of its own (HF computes the logits of one position only; the hidden states reach the
+        loss function of the main forward, which scores them with the live lm_head), so one backward
+        of the summed loss runs through both forwards."""
+        if SFT_INPUT_PREFIX + "response_mask" not in micro_batch.keys():
+            return None
+        from verl import DataProto
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        tensors = {field: micro_batch[SFT_INPUT_PREFIX + field]
+                   for field in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")}
+        tensors[RESPONSE_LENGTHS_KEY] = tensors["response_mask"].sum(-1)
+        rows = left_right_2_no_padding(DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0}).to_tensordict())
+        for key in ("use_remove_padding", "pad_mode", "use_fused_kernels"):
+            value = tu.get_non_tensor_data(data=micro_batch, key=key, default=None)
+            if value is not None:
+                tu.assign_non_tensor(rows, **{key: value})
+        model_inputs, _ = self.prepare_model_inputs(micro_batch=rows)
+        with autocast_ctx, capture_final_hidden(self.module) as store:
+            self.module(**model_inputs, use_cache=False, logits_to_keep=1)
+        return _response_hidden(store["hidden"], micro_batch=rows, packed=model_inputs["attention_mask"] is None)
 
     def optimizer_step(self):
         grad_norm = super().optimizer_step()
@@ -183,6 +227,7 @@ class OPSDEngineMixin:
                 "metrics": {},
             }
 
+        sft_hidden = self._opsd_sft_hidden(micro_batch, autocast_ctx)  # opsd.objective.sft_weight > 0 only
         # Student: the loss is computed INSIDE the model's forward, in place of its lm_head, so that
         # FSDP2 sees it as the forward output (its backward hooks re-gather the lm_head weight).
         # With logits_to_keep=0 the lm_head input is the final hidden state of every position.
@@ -192,6 +237,8 @@ class OPSDEngineMixin:
             with torch.autocast(device_type=get_device_name(), enabled=False):
                 weight, bias = head_params()
                 model_output = {"student_hidden": response_hidden(hidden), "student_weight": weight, "student_bias": bias}
+                if sft_hidden is not None:
+                    model_output["sft_hidden"] = sft_hidden
                 loss, captured["metrics"] = loss_function(
                     model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group()
                 )

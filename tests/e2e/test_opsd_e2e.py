@@ -18,8 +18,9 @@ resume. Four training launches and four failing ones (3 min 42 s on 2 shared cor
   full-parameter run's step 1; the checkpoint's base weights are bit-identical to the initial
   ones; the rollout serves bf16 of the merged adapters); the collapse monitor stops the run after
   step 2 and a checkpoint (with the monitor's state) is saved there.
-- ``+experiment=objective_sampled_token_task``, 1 step: the sampled-token surrogate with the
-  grader's GRPO advantage trains through the real trainer.
+- ``+experiment=objective_sampled_token_task`` + ``opsd.objective.sft_weight=0.1``, 1 step: the
+  sampled-token surrogate with the grader's GRPO advantage and the SFT term on the reference
+  solutions (a second student forward on the workers) trains through the real trainer.
 - bad ``opsd.*`` values fail before Ray starts with a message naming the field; the pre-flight gate
   prints its line before Ray starts, and a student prompt of another context stops the run there
   with the diff of the two renderings.
@@ -403,10 +404,12 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, t
 
 def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
     """opsd.objective through the real trainer: the sampled-token surrogate with the grader's GRPO group
-    advantage (2 prompts x 4 rollouts, one step): the trainer grades, the workers get the advantages."""
+    advantage (2 prompts x 4 rollouts, one step): the trainer grades, the workers get the advantages; with
+    an SFT term (folded into this launch): the workers run the student on prompt + reference solution."""
     run = run_cpu_verl(
         SCRIPT,
-        ["+experiment=objective_sampled_token_task", "data.train_batch_size=2", "trainer.save_freq=-1"],
+        ["+experiment=objective_sampled_token_task", "opsd.objective.sft_weight=0.1", "data.train_batch_size=2",
+         "trainer.save_freq=-1"],
         workdir=tmp_path,
         env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl", STEPS="1"),
         script=True,
@@ -415,8 +418,9 @@ def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_mo
     assert run.returncode == 0, run.tail()
     metrics = run.metrics[1]
     for key in ("opsd/loss", "actor/loss", "actor/grad_norm", "opsd/pg_advantage", "opsd/task_reward",
-                "opsd/task_advantage_abs", "opsd/fwd_kl"):
+                "opsd/task_advantage_abs", "opsd/fwd_kl", "opsd/sft_nll", "opsd/sft_truncated_frac"):
         assert math.isfinite(metrics[key]), (key, metrics)
+    assert metrics["opsd/sft_nll"] > 0 and metrics["opsd/sft_tokens"] > 0
     assert metrics["opsd/loss"] == pytest.approx(metrics["actor/loss"], rel=1e-5, abs=1e-8)
     assert 0.0 <= metrics["opsd/task_reward"] <= 1.0 and metrics["actor/grad_norm"] > 0
 

@@ -67,19 +67,20 @@ def expected_opsd(model: str, experiment: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("experiment, kind, task_weight, n", [
-    ("objective_sampled_token", "sampled_token", 0.0, 1),
-    ("objective_sampled_token_task", "sampled_token", 0.1, 4),
-    ("objective_divergence_task", "full_vocabulary", 0.1, 4),
+@pytest.mark.parametrize("experiment, kind, task_weight, n, sft_weight", [
+    ("objective_sampled_token", "sampled_token", 0.0, 1, 0.0),
+    ("objective_sampled_token_task", "sampled_token", 0.1, 4, 0.0),
+    ("objective_divergence_task", "full_vocabulary", 0.1, 4, 0.0),
+    ("objective_sft", "full_vocabulary", 0.0, 1, 0.1),
 ])
-def test_objective_presets_reach_the_final_config_and_validate(experiment, kind, task_weight, n):
+def test_objective_presets_reach_the_final_config_and_validate(experiment, kind, task_weight, n, sft_weight):
     from recipe.opsd.main_opsd import prepare_config
 
     launch = gpu_plan(OPSD, ["+model=qwen3_1p7b", f"+experiment={experiment}"])
     assert_reaches(launch.config, {"opsd.objective.kind": kind, "opsd.objective.task_weight": task_weight,
-                                   "actor_rollout_ref.rollout.n": n})
+                                   "actor_rollout_ref.rollout.n": n, "opsd.objective.sft_weight": sft_weight})
     opsd = prepare_config(launch.config.copy())
-    assert (opsd.objective.kind, opsd.objective.task_weight) == (kind, task_weight)
+    assert (opsd.objective.kind, opsd.objective.task_weight, opsd.objective.sft_weight) == (kind, task_weight, sft_weight)
     if task_weight:  # the task reward refuses a single rollout per prompt
         single = launch.config.copy()
         single.actor_rollout_ref.rollout.n = 1

@@ -1,13 +1,16 @@
 """Run the OPSD student forward of the real verl FSDP2 engine once, on CPU, and save what it produced.
 
-    python tests/opsd/engine_probe.py <falcon_h1|granite|qwen3> <out_dir>
+    python tests/opsd/engine_probe.py <falcon_h1|granite|qwen3> <out_dir> [sft]
 
 Not a test (run by ``test_engine_forward.py`` in a fresh process: the CPU platform patches
 process-global state). World size 1 over gloo, fp32 parameters and compute. Writes
 ``<out_dir>/model`` (a tiny model of the given architecture + the character tokenizer) and
 ``<out_dir>/result.pt``: the batch, the engine's summed micro-batch loss, every parameter's
 gradient after ``forward_backward_batch`` (two micro-batches) and the pre-clip gradient norm
-verl's ``optimizer_step`` returns (= ``actor/grad_norm``).
+verl's ``optimizer_step`` returns (= ``actor/grad_norm``). With ``sft``: the objective adds
+``SFT_WEIGHT`` x the SFT term, and the batch carries SFT rows (``opsd_sft_*``: a prompt of
+``SFT_PROMPT_LENS`` tokens, a solution of ``SOLUTION_LENS``), so the engine runs its second
+student forward before the loss forward.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ PROMPT_LENS = (3, 5, 2, 4)
 RESPONSE_LENS = (4, 2, 5, 3)
 LOSS = dict(beta=0.0, clip_tau=0.05, student_temperature=1.1, chunk_size=3)
 MICRO_BATCH = 2
+SFT_WEIGHT = 0.5
+SFT_PROMPT_LENS = (2, 4, 3, 1)
+SOLUTION_LENS = (3, 1, 4, 2)
 
 
 def tiny_model(arch: str, vocab_size: int, pad_token_id: int):
@@ -77,7 +83,25 @@ def batch(vocab_size: int, hidden_size: int, pad_token_id: int) -> dict:
     }
 
 
-def main(arch: str, out_dir: str) -> None:
+def sft_rows(vocab_size: int, pad_token_id: int) -> dict:
+    """The SFT rows: random prompt ids + solution ids, spliced as the trainer splices them."""
+    from recipe.common.chat import splice_teacher_inputs
+
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in SFT_PROMPT_LENS]
+    width = max(SOLUTION_LENS)
+    solutions = torch.full((len(SOLUTION_LENS), width), pad_token_id)
+    mask = torch.zeros(len(SOLUTION_LENS), width, dtype=torch.long)
+    for i, n in enumerate(SOLUTION_LENS):
+        solutions[i, :n] = torch.randint(0, vocab_size, (n,), generator=gen)
+        mask[i, :n] = 1
+    spliced = splice_teacher_inputs(prompts, solutions, mask, pad_token_id=pad_token_id)
+    return {"opsd_sft_input_ids": spliced["input_ids_BT"], "opsd_sft_attention_mask": spliced["attention_mask_BT"],
+            "opsd_sft_position_ids": spliced["position_ids_BT"], "opsd_sft_responses": solutions,
+            "opsd_sft_response_mask": mask}
+
+
+def main(arch: str, out_dir: str, sft: bool = False) -> None:
     import torch.distributed as dist
 
     from recipe.models.tiny import build_char_tokenizer
@@ -88,6 +112,8 @@ def main(arch: str, out_dir: str) -> None:
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     tensors = batch(len(tokenizer), model.config.hidden_size, tokenizer.pad_token_id)
+    if sft:
+        tensors |= sft_rows(len(tokenizer), tokenizer.pad_token_id)
 
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -116,7 +142,10 @@ def main(arch: str, out_dir: str) -> None:
         checkpoint_config=CheckpointConfig(),
     )
     engine.initialize()
-    loss_fn = opsd_loss_function(OPSDLossConfig(**LOSS), model_config, frozen_teacher_head=True)
+    from recipe.opsd.objectives import ObjectiveWeights
+
+    objective = ObjectiveWeights(sft_weight=SFT_WEIGHT) if sft else None
+    loss_fn = opsd_loss_function(OPSDLossConfig(**LOSS), model_config, frozen_teacher_head=True, objective=objective)
 
     proto = DataProto.from_dict(
         tensors={**tensors, RESPONSE_LENGTHS_KEY: tensors["response_mask"].sum(-1)},
@@ -132,13 +161,16 @@ def main(arch: str, out_dir: str) -> None:
         output = engine.forward_backward_batch(data, loss_fn)
         grads = {name: p.grad.full_tensor().detach().clone() for name, p in engine.module.named_parameters()}
         grad_norm = engine.optimizer_step()
+    # the SFT metrics summed over the micro-batches (SUM metrics; world size 1)
+    metrics = {key: sum(m.aggregate() for m in (value if isinstance(value, list) else [value]))
+               for key, value in output["metrics"].items() if key.startswith("opsd/sft")}
     torch.save(
         {"batch": tensors, "loss": float(sum(output["loss"])), "grads": grads, "grad_norm": grad_norm,
-         "loss_config": LOSS},
+         "loss_config": LOSS, "sft_metrics": metrics},
         os.path.join(out_dir, "result.pt"),
     )
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sft=sys.argv[3:] == ["sft"])

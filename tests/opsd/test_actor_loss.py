@@ -13,7 +13,13 @@ import math
 import pytest
 import torch
 
-from recipe.opsd.actor_loss import TASK_ADVANTAGES_KEY, TEACHER_WEIGHT_KEY, opsd_loss
+from recipe.opsd.actor_loss import (
+    SFT_INPUT_PREFIX,
+    SFT_TOKENS_KEY,
+    TASK_ADVANTAGES_KEY,
+    TEACHER_WEIGHT_KEY,
+    opsd_loss,
+)
 from recipe.opsd.config import OPSDLossConfig
 from recipe.opsd.losses import LOSS_AGG_MODES, token_divergence
 from recipe.opsd.objectives import (
@@ -420,3 +426,130 @@ def test_the_objectives_split_into_micro_batches_and_ranks_exactly():
     assert total == pytest.approx(float(whole), rel=1e-12)
     _close(grad_h, whole_grads[0])
     _close(grad_w, whole_grads[1])
+
+
+# --- the SFT term (opsd.objective.sft_weight): the NLL of the reference solutions, its own token count
+SOLUTION_LENS = (3, 5, 1)
+S = max(SOLUTION_LENS)
+OTHER_RANK_SFT_TOKENS = 4
+
+
+def _sft_rows(seed, data):
+    """``sft_hidden`` [B, S, H] (the second forward's hidden states) and the solution ids / mask / count."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(B, S, dtype=torch.bool)
+    for i, n in enumerate(SOLUTION_LENS):
+        mask[i, :n] = True
+    data = data | {SFT_INPUT_PREFIX + "responses": torch.randint(0, V, (B, S), generator=gen),
+                   SFT_INPUT_PREFIX + "response_mask": mask,
+                   SFT_TOKENS_KEY: int(mask.sum()) + OTHER_RANK_SFT_TOKENS}
+    return torch.randn(B, S, H, generator=gen, dtype=torch.float64), data
+
+
+def _run_sft(loss_config, student_hidden, student_weight, teacher_weight, sft_hidden, data, objective):
+    hs = student_hidden.clone().requires_grad_(True)
+    ws = student_weight.clone().requires_grad_(True)
+    hf = sft_hidden.clone().requires_grad_(True)
+    loss, metrics = opsd_loss(
+        {"student_hidden": hs, "student_weight": ws, "student_bias": None, "sft_hidden": hf},
+        data, loss_config=loss_config, teacher_weight_VH=teacher_weight, objective=objective,
+    )
+    grads = torch.autograd.grad(loss, (hs, ws, hf))
+    return loss, {k: m.aggregate() for k, m in metrics.items()}, grads
+
+
+def _sft_reference(student_weight, sft_hidden, data):
+    """(the SFT term, its grads w.r.t. weight and sft_hidden): -log softmax(h W^T)[s] on full float64
+    logits at temperature 1, summed over the solution tokens, x dp_size / solution tokens of the mini-batch."""
+    ws = student_weight.clone().requires_grad_(True)
+    hf = sft_hidden.clone().requires_grad_(True)
+    logp = torch.log_softmax(hf @ ws.T, -1).gather(-1, data[SFT_INPUT_PREFIX + "responses"].unsqueeze(-1)).squeeze(-1)
+    mask = data[SFT_INPUT_PREFIX + "response_mask"]
+    term = -logp[mask].sum() * data["dp_size"] / data[SFT_TOKENS_KEY]
+    return term, torch.autograd.grad(term, (ws, hf))
+
+
+@pytest.mark.parametrize("kind, task_weight", [("full_vocabulary", 0.0), ("full_vocabulary", 0.3),
+                                               ("sampled_token", 0.0), ("sampled_token", 0.3)])
+def test_the_sft_term_adds_the_solution_nll_for_both_objective_kinds(kind, task_weight):
+    cfg = OPSDLossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=0.9, chunk_size=4)
+    hs, ws, wt, data = _batch(seed=37)
+    data[TASK_ADVANTAGES_KEY] = TASK_ADVANTAGES
+    sft_hidden, data = _sft_rows(38, data)
+    main_objective = ObjectiveWeights(objective=kind, task_weight=task_weight)
+    objective = ObjectiveWeights(objective=kind, task_weight=task_weight, sft_weight=0.4)
+    loss, metrics, grads = _run_sft(cfg, hs, ws, wt, sft_hidden, data, objective)
+    main_loss, main_metrics, main_grads = _run(cfg, hs, ws, wt, data, main_objective)
+    term, (term_grad_w, term_grad_f) = _sft_reference(ws, sft_hidden, data)
+    _close(loss, main_loss + 0.4 * term)
+    _close(grads[0], main_grads[0])  # the rollouts' hidden states see the main loss only
+    _close(grads[1], main_grads[1] + 0.4 * term_grad_w)
+    _close(grads[2], 0.4 * term_grad_f)
+    assert set(metrics) == set(main_metrics) | {"opsd/sft_nll", "opsd/sft_tokens"}
+    assert metrics["opsd/loss"] == pytest.approx(float(loss.detach()), rel=1e-12)
+    # the logged NLL is the term before its weight: the token mean over the mini-batch's solution tokens
+    assert metrics["opsd/sft_nll"] == pytest.approx(float(term), rel=1e-12)
+    assert metrics["opsd/sft_tokens"] == sum(SOLUTION_LENS) * DP
+
+
+def test_the_sft_term_by_hand():
+    """One solution token s = 1 whose logit is ln 3, every other logit 0: p(s) = 3 / (3 + V - 1) = 1/5
+    (V = 13), so the term is -ln(1/5) x dp_size 2 / 3 solution tokens in the mini-batch."""
+    cfg = OPSDLossConfig(chunk_size=4)
+    hs, ws, wt, data = _batch(seed=41)
+    weight = torch.zeros(V, H, dtype=torch.float64)
+    weight[1, 0] = math.log(3.0)
+    sft_hidden = torch.zeros(B, 1, H, dtype=torch.float64)
+    sft_hidden[:, 0, 0] = 1.0
+    mask = torch.tensor([[True], [False], [False]])
+    data |= {SFT_INPUT_PREFIX + "responses": torch.ones(B, 1, dtype=torch.long),
+             SFT_INPUT_PREFIX + "response_mask": mask, SFT_TOKENS_KEY: 3, "dp_size": 2}
+    loss, metrics, _ = _run_sft(cfg, hs, weight, weight, sft_hidden, data, ObjectiveWeights(sft_weight=1.0))
+    alone, _, _ = _run(cfg, hs, weight, weight, data)
+    assert V == 13
+    assert float(loss - alone) == pytest.approx(math.log(5.0) * 2 / 3, rel=1e-12)
+    assert metrics["opsd/sft_nll"] == pytest.approx(math.log(5.0) * 2 / 3, rel=1e-12)
+
+
+def test_weight_zero_gives_exactly_the_old_loss_and_needs_no_sft_rows():
+    cfg = OPSDLossConfig(beta=0.0, clip_tau=0.05, chunk_size=4)
+    hs, ws, wt, data = _batch(seed=43)
+    old, old_metrics, old_grads = _run(cfg, hs, ws, wt, data)
+    new, new_metrics, new_grads = _run(cfg, hs, ws, wt, data, ObjectiveWeights(sft_weight=0.0))
+    assert torch.equal(old, new) and old_metrics == new_metrics
+    assert all(torch.equal(a, b) for a, b in zip(old_grads, new_grads))
+    # a positive weight without the second forward's hidden states is an error, not a silent zero
+    with pytest.raises(KeyError, match="sft_hidden"):
+        _run(cfg, hs, ws, wt, data, ObjectiveWeights(sft_weight=0.1))
+
+
+def test_the_sft_term_splits_into_micro_batches_and_ranks_exactly():
+    """5 rollouts on 1 rank, or {0, 1}, {2} on rank 0 and {3, 4} on rank 1: the same loss and averaged gradients."""
+    objective = ObjectiveWeights(objective="full_vocabulary", sft_weight=0.7)
+    cfg = OPSDLossConfig(student_temperature=1.1, chunk_size=2)
+    hs_a, ws, wt, data_a = _batch(seed=47)
+    hs_b, _, _, data_b = _batch(seed=48)
+    sft_a, data_a = _sft_rows(49, data_a)
+    sft_b, data_b = _sft_rows(50, data_b)
+    mini = {k: (torch.cat([v, data_b[k][:2]]) if isinstance(v, torch.Tensor) else v) for k, v in data_a.items()}
+    hs_all, sft_all = torch.cat([hs_a, hs_b[:2]]), torch.cat([sft_a, sft_b[:2]])
+    mask = mini["loss_mask"]
+    counts = {"batch_num_tokens": int(mask.sum()), "opsd_loss_sequences": int((mask.sum(-1) > 0).sum()),
+              "opsd_response_tokens": int(mini["response_mask"].sum()),
+              SFT_TOKENS_KEY: int(mini[SFT_INPUT_PREFIX + "response_mask"].sum())}
+    whole, whole_metrics, whole_grads = _run_sft(cfg, hs_all, ws, wt, sft_all, mini | counts | {"dp_size": 1}, objective)
+    grads = [torch.zeros_like(hs_all), torch.zeros_like(ws), torch.zeros_like(sft_all)]
+    total, nll = 0.0, 0.0
+    for rows in (slice(0, 2), slice(2, 3), slice(3, 5)):
+        sub = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in mini.items()}
+        loss, metrics, (gh, gw, gf) = _run_sft(cfg, hs_all[rows], ws, wt, sft_all[rows], sub | counts | {"dp_size": 2},
+                                               objective)
+        grads[0][rows] += gh / 2
+        grads[1] += gw / 2
+        grads[2][rows] += gf / 2
+        total += float(loss) / 2
+        nll += metrics["opsd/sft_nll"] / 2  # summed per rank, averaged over ranks as verl reduces metrics
+    assert total == pytest.approx(float(whole), rel=1e-12)
+    assert nll == pytest.approx(whole_metrics["opsd/sft_nll"], rel=1e-12)
+    for split, full in zip(grads, whole_grads):
+        _close(split, full)

@@ -30,17 +30,19 @@ PROBE = Path(__file__).resolve().parent / "engine_probe.py"
 HEAD_SCALE = {"falcon_h1": lambda c: c.lm_head_multiplier, "granite": lambda c: 1.0 / c.logits_scaling}
 
 
-def _probe(arch: str, out_dir: Path) -> dict:
+def _probe(arch: str, out_dir: Path, *extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
-    proc = subprocess.run([sys.executable, str(PROBE), arch, str(out_dir)], cwd=REPO_ROOT, env=env,
+    proc = subprocess.run([sys.executable, str(PROBE), arch, str(out_dir), *extra], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out_dir / "result.pt", weights_only=False)
 
 
-def _reference(model_dir: Path, result: dict, scale: float):
+def _reference(model_dir: Path, result: dict, scale: float, sft_weight: float = 0.0):
     """(loss, {name: grad}) of the clipped divergence on the model's own float64 logits, averaged as the
-    paper does (the default loss_agg_mode): over each rollout's positions, then over rollouts."""
+    paper does (the default loss_agg_mode): over each rollout's positions, then over rollouts; with
+    ``sft_weight`` plus that weight x the NLL of the SFT rows' solutions (temperature 1, the model's own
+    logits), averaged over all solution tokens."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="eager")
@@ -57,6 +59,14 @@ def _reference(model_dir: Path, result: dict, scale: float):
             student_temperature=opts["student_temperature"],
         ).mean()
     loss = total / rollouts
+    if sft_weight:
+        nll, tokens = 0.0, int(batch["opsd_sft_response_mask"].sum())
+        for i in range(rollouts):
+            ids = batch["opsd_sft_input_ids"][i][batch["opsd_sft_attention_mask"][i].bool()]
+            n = int(batch["opsd_sft_response_mask"][i].sum())
+            logits = model(ids[None], use_cache=False).logits[0, len(ids) - n - 1: len(ids) - 1]
+            nll = nll - torch.log_softmax(logits, -1).gather(-1, ids[len(ids) - n:, None]).sum()
+        loss = loss + sft_weight * nll / tokens
     loss.backward()
     return float(loss), {name: p.grad for name, p in model.named_parameters()}
 
@@ -76,3 +86,22 @@ def test_scaled_head_loss_and_gradients_equal_the_core_function(arch, tmp_path):
         torch.testing.assert_close(result["grads"][name].double(), grad, rtol=1e-4, atol=1e-7, msg=name)
     norm = torch.sqrt(sum((g * g).sum() for g in grads.values()))
     assert result["grad_norm"] == pytest.approx(float(norm), rel=1e-5)  # actor/grad_norm, before clipping
+
+
+def test_the_sft_term_runs_a_second_student_forward_under_one_backward(tmp_path):
+    """opsd.objective.sft_weight: the engine runs the student on the SFT rows (a forward of its own), then
+    the loss forward; one backward of the summed loss must give the gradient of divergence + w x NLL of
+    the model's own float64 logits (Granite: its head scale applies to both), split into 2 micro-batches."""
+    from transformers import AutoConfig
+
+    result = _probe("granite", tmp_path, "sft")
+    scale = HEAD_SCALE["granite"](AutoConfig.from_pretrained(tmp_path / "model"))
+    loss, grads = _reference(tmp_path / "model", result, scale, sft_weight=0.5)
+    without, _ = _reference(tmp_path / "model", result, scale)
+    assert abs(loss - without) > 0.1  # the term is there (NLL ~ ln V of a random model)
+    assert result["loss"] == pytest.approx(loss, rel=1e-4)
+    for name, grad in grads.items():
+        torch.testing.assert_close(result["grads"][name].double(), grad, rtol=1e-4, atol=1e-7, msg=name)
+    tokens = int(result["batch"]["opsd_sft_response_mask"].sum())
+    assert result["sft_metrics"]["opsd/sft_tokens"] == tokens
+    assert result["sft_metrics"]["opsd/sft_nll"] == pytest.approx((loss - without) / 0.5, rel=1e-4)

@@ -130,6 +130,11 @@ def test_every_opsd_field_is_commented_in_the_yaml():
         (["opsd.loss.variant=beta_opsd", "+opsd.loss.variant_params.pmi_clip=10"], "opsd.loss.variant_params"),
         (["opsd.loss.variant=purified", "opsd.teacher_context=unrelated"], "opsd.teacher_context"),
         (["opsd.loss.variant=purified", "opsd.loss.topk=4"], "opsd.loss.topk"),
+        # the SFT term (opsd.objective): a number >= 0, an integer cap, refused with a variant's own target
+        (["opsd.objective.sft_weight=-0.1"], "opsd.objective.sft_weight"),
+        (["opsd.objective.sft_weight=0.1", "opsd.objective.sft_max_length=0"], "opsd.objective.sft_max_length"),
+        (["opsd.objective.sft_max_length=1.5"], "opsd.objective.sft_max_length"),
+        (["opsd.objective.sft_weight=0.1", "opsd.loss.variant=beta_opsd"], "opsd.objective.sft_weight"),
     ],
 )
 def test_bad_variant_options_fail_naming_the_field(overrides, field):
@@ -197,3 +202,10 @@ def test_another_verl_version_is_refused_naming_the_private_apis(monkeypatch):
     monkeypatch.setenv(ALLOW_OTHER_VERL_ENV, "1")
     with pytest.warns(RuntimeWarning, match="verl 0.9.2"):
         check_verl_version("0.9.2")
+
+
+def test_the_sft_weight_reaches_the_actor_objective():
+    opsd = prepare_config(_compose(["opsd.objective.sft_weight=0.25", "opsd.objective.kind=sampled_token"]))
+    assert opsd.objective.weights.sft_weight == 0.25 and opsd.objective.weights.needs_sft
+    assert opsd.objective.sft_max_length is None  # = data.max_response_length (the trainer)
+    assert not prepare_config(_compose([])).objective.weights.needs_sft  # the paper: no SFT term

@@ -108,6 +108,7 @@ EXPECTED = {
     # verl interpolates rollout.n into the actor, ref and critic blocks
     "objective_sampled_token_task": {"opsd.objective.kind", "opsd.objective.task_weight"} | ROLLOUT_N,
     "objective_divergence_task": {"opsd.objective.task_weight"} | ROLLOUT_N,
+    "objective_sft": {"opsd.objective.sft_weight"},
     "beta_opsd": REPLICATION | {
         "opsd.loss.variant", "opsd.loss.variant_params.teacher_weight_start",
         "opsd.loss.variant_params.teacher_weight_end", "opsd.loss.variant_params.discount", "opsd.loss.variant_params",
