@@ -188,6 +188,7 @@ def _run(label: str, src: Path, model: Path, data: tuple[Path, Path], out: Path,
     ]
     if args.native_mode:
         overrides += ["opsd.student_mode=null", "opsd.teacher_mode=null"]
+    overrides += args.override
     print(f"[bench] {label}: {src} ...", file=sys.stderr, flush=True)
     with open(run_dir / "run.log", "w") as log:
         proc = subprocess.run(["bash", str(src / "recipe/opsd/run_opsd.sh"), *overrides], cwd=src, env=env,
@@ -253,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--response-length", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a hydra override for every run (repeatable), e.g. actor_rollout_ref.rollout.temperature=0 "
+                             "(greedy: the rollout server's batching then cannot change the responses)")
     parser.add_argument("--rtol", type=float, default=1e-5, help="step-1 agreement tolerance (relative)")
     parser.add_argument("--out-dir", default=None, help="keep the runs here (default: a temporary directory)")
     cli.add_debug_argument(parser)
