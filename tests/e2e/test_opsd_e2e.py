@@ -32,7 +32,6 @@ import pandas as pd
 import pytest
 import torch
 
-from recipe.cpu.rollout import WEIGHTS_LOG_ENV
 
 pytestmark = pytest.mark.e2e
 
@@ -49,24 +48,6 @@ LOGGED = (
 )
 BATCH_SIZE = 4  # data.train_batch_size of the tiny demo preset (recipe/opsd/config/demo/tiny.yaml)
 DATA_SEED = 42  # data.seed of config/opsd_trainer.yaml
-
-
-def _env(tiny_model_dir, tiny_data, ckpt_dir, weights_log, **extra):
-    return {
-        "DEVICE": "cpu",
-        "MODEL_PATH": str(tiny_model_dir),
-        "TRAIN_FILES": str(tiny_data["train"]),
-        "VAL_FILES": str(tiny_data["val"]),
-        "CKPT_DIR": str(ckpt_dir),
-        WEIGHTS_LOG_ENV: str(weights_log),
-        **extra,
-    }
-
-
-def _initial_state_dict(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
 
 
 def _float64_sums(model_dir):
@@ -142,11 +123,12 @@ def _hub_cache(model_dir, hf_home):
     return hf_home
 
 
-def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data, tmp_path):
+def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_run_env, tiny_initial_state, tiny_model_dir,
+                             tiny_data, tmp_path):
     """Also: the model is given by a Hub id (``MODEL_PATH=org/name``, as on GPU clusters) that
     resolves offline from a local Hugging Face cache, sharded (issue 17a)."""
     ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
-    env = _env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
+    env = tiny_run_env(ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
     env |= {"MODEL_PATH": HUB_ID, "HF_HOME": str(_hub_cache(tiny_model_dir, tmp_path / "hf_home")),
             "HF_HUB_OFFLINE": "1"}
     run = run_cpu_verl(
@@ -188,7 +170,7 @@ def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir
 
     # After start-up (step 0) and after every step, each of the 2 replicas serves the trainer's weights.
     served = check_rollout_weights(
-        weights_log, ckpt, expected_steps=[0, 1, 2], initial=_initial_state_dict(tiny_model_dir)
+        weights_log, ckpt, expected_steps=[0, 1, 2], initial=tiny_initial_state
     )
     assert sorted(served) == [0, 1]
     assert sum(served[0][0][n] != served[0][2][n] for n in served[0][0]) >= len(served[0][0]) // 2
@@ -215,17 +197,24 @@ RESUME_ARGS = [
 ]
 
 
+# The resume launches also run the EMA teacher with decay 0.5 (one launch pair for both: the test of
+# the EMA teacher reads them too). At step 1 every teacher kind is the initial model, so the first
+# launch's step 1 is also the frozen-teacher reference of the LoRA and EMA-decay-1 tests. A frozen
+# teacher across a resume: the kill test of test_opsd_faults_e2e.py.
+EMA_HALF = ("opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.5")
+
+
 @pytest.fixture(scope="module")
-def one_rank_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path_factory):
-    """1 rank, 2 steps, a checkpoint after every step (the first launch of the resume test and the
-    full-parameter reference of the LoRA test)."""
+def one_rank_run(run_cpu_verl, tiny_run_env, tmp_path_factory):
+    """1 rank, 2 steps, a checkpoint after every step, the EMA teacher (decay 0.5): the first launch
+    of the resume and EMA tests, the full-parameter reference of the LoRA test."""
     root = tmp_path_factory.mktemp("opsd_one_rank")
     ckpt, weights_log = root / "ckpt", root / "rollout_weights.jsonl"
     run = run_cpu_verl(
         SCRIPT,
-        RESUME_ARGS,
+        RESUME_ARGS + list(EMA_HALF),
         workdir=root / "launch1",
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
+        env=tiny_run_env(ckpt, weights_log, STEPS="2"),
         script=True,
         timeout=300,
     )
@@ -233,21 +222,27 @@ def one_rank_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path_factory):
     return run, ckpt, weights_log
 
 
-def test_resume_continues_from_the_last_checkpoint(
-    one_rank_run, run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data
-):
+@pytest.fixture(scope="module")
+def one_rank_resumed(one_rank_run, run_cpu_verl, tiny_run_env):
+    """The same command as ``one_rank_run`` again, with one more step (``STEPS=3``): it must resume at step 3."""
     first, ckpt, weights_log = one_rank_run
-    assert sorted(first.metrics) == [1, 2], first.tail()
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    # The same command again, with one more step: it must resume at step 3.
-    second = run_cpu_verl(
+    return run_cpu_verl(
         SCRIPT,
-        RESUME_ARGS,
+        RESUME_ARGS + list(EMA_HALF),
         workdir=first.metrics_path.parent.parent / "launch2",
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="3"),
+        env=tiny_run_env(ckpt, weights_log, STEPS="3"),
         script=True,
         timeout=300,
     )
+
+
+def test_resume_continues_from_the_last_checkpoint(
+    one_rank_run, one_rank_resumed, check_rollout_weights, tiny_model_dir, tiny_data, tiny_initial_state
+):
+    first, ckpt, weights_log = one_rank_run
+    second = one_rank_resumed
+    assert sorted(first.metrics) == [1, 2], first.tail()
     assert second.returncode == 0, second.tail()
     assert sorted(second.metrics) == [3], "the rerun must continue at step 3 and repeat no step"
     _check_step_metrics(second.metrics[3], step=3, vocab_size=_vocab_size(tiny_model_dir))
@@ -261,9 +256,8 @@ def test_resume_continues_from_the_last_checkpoint(
     # The resumed trainer starts from the step-2 weights: at start-up the rollout is given exactly
     # the step-2 checkpoint (not the initial model), then the step-3 weights.
     check_rollout_weights(
-        weights_log, ckpt, expected_steps=[0, 1, 2, 2, 3], initial=_initial_state_dict(tiny_model_dir)
+        weights_log, ckpt, expected_steps=[0, 1, 2, 2, 3], initial=tiny_initial_state
     )
-    assert second.metrics[3]["opsd/teacher_param_checksum"] == first.metrics[2]["opsd/teacher_param_checksum"]
     assert second.metrics[3]["opsd/actor_param_sqsum"] != first.metrics[2]["opsd/actor_param_sqsum"]
     assert second.metrics[3]["actor/lr"] == first.metrics[2]["actor/lr"] == first.metrics[1]["actor/lr"] > 0
 
@@ -302,7 +296,7 @@ def _bf16(state):
 
 
 def test_lora_teacher_is_the_base_model(
-    one_rank_run, run_cpu_verl, fsdp_state_dict, tiny_model_dir, tiny_data, tmp_path
+    one_rank_run, run_cpu_verl, fsdp_state_dict, tiny_run_env, tiny_initial_state, tiny_model_dir, tmp_path
 ):
     """LoRA: the student trains adapters (B starts at zero), the teacher is the same model with the
     adapter disabled, no second copy. Step 1 (student = base, same seeds, same data) equals the
@@ -326,7 +320,7 @@ def test_lora_teacher_is_the_base_model(
             "+opsd.monitor.metric_keys.length=training/global_step", "+opsd.monitor.stop_on=[length]",
         ],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="3"),
+        env=tiny_run_env(ckpt, weights_log, STEPS="3"),
         script=True,
         timeout=300,
     )
@@ -360,7 +354,7 @@ def test_lora_teacher_is_the_base_model(
     # The base weights (= the teacher: the adapter-disabled model) are exactly the initial model's;
     # the adapters trained.
     state = fsdp_state_dict(ckpt / "global_step_2" / "actor")
-    initial = _initial_state_dict(tiny_model_dir)
+    initial = tiny_initial_state
     base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in state.items() if "lora_" not in k}
     assert base.keys() == initial.keys(), sorted(base.keys() ^ initial.keys())[:5]
     changed = [name for name, tensor in base.items() if not torch.equal(tensor, initial[name])]
@@ -386,12 +380,12 @@ def test_lora_teacher_is_the_base_model(
         ("opsd.loss.clip_tau=-1", "opsd.loss.clip_tau"),
     ],
 )
-def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, override, field):
+def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_run_env, tmp_path, override, field):
     run = run_cpu_verl(
         SCRIPT,
         [override],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl"),
+        env=tiny_run_env(tmp_path / "ckpt", tmp_path / "weights.jsonl"),
         script=True,
         timeout=120,
     )
@@ -401,14 +395,14 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, t
     assert "ray init kwargs" not in run.log and "Started a local Ray instance" not in run.log, run.tail()
 
 
-def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_run_env, tmp_path):
     """opsd.objective through the real trainer: the sampled-token surrogate with the grader's GRPO group
     advantage (2 prompts x 4 rollouts, one step): the trainer grades, the workers get the advantages."""
     run = run_cpu_verl(
         SCRIPT,
         ["+experiment=objective_sampled_token_task", "data.train_batch_size=2", "trainer.save_freq=-1"],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl", STEPS="1"),
+        env=tiny_run_env(tmp_path / "ckpt", tmp_path / "weights.jsonl", STEPS="1"),
         script=True,
         timeout=300,
     )
@@ -421,14 +415,14 @@ def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_mo
     assert 0.0 <= metrics["opsd/task_reward"] <= 1.0 and metrics["actor/grad_norm"] > 0
 
 
-def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, tiny_run_env, tmp_path):
     """The tiny parquet holds the default student message; an instruction-only context changes the
     student's message, so the gate stops the run with the diff of the two renderings, in one message."""
     run = run_cpu_verl(
         SCRIPT,
         ["opsd.teacher_context=concise_to_detailed"],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl"),
+        env=tiny_run_env(tmp_path / "ckpt", tmp_path / "weights.jsonl"),
         script=True,
         timeout=120,
     )
@@ -439,7 +433,7 @@ def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, 
     assert "Started a local Ray instance" not in run.log, run.tail()
 
 
-def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny_run_env, tmp_path):
     """trainer.resume_mode=auto (the default) would resume from a save whose rank shards are missing
     (a run killed while saving): one line naming the checkpoint, before Ray starts."""
     ckpt = tmp_path / "ckpt"
@@ -450,7 +444,7 @@ def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny
         SCRIPT,
         [],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, ckpt, tmp_path / "weights.jsonl", STEPS="3"),
+        env=tiny_run_env(ckpt, tmp_path / "weights.jsonl", STEPS="3"),
         script=True,
         timeout=120,
     )
@@ -461,17 +455,18 @@ def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny
 
 
 # ------------------------------------------------------------------ teacher kinds (opsd.teacher)
-# 1 rank, 2 steps each, the one-rank run's settings (RESUME_ARGS; its launch is the frozen_initial
-# reference). opsd/teacher_param_* are the float64 sums of the weights that scored the step, taken
-# right before the teacher forward; opsd/actor_param_* those of the actor after the step's update.
+# 1 rank, 2 steps each, the one-rank run's settings (RESUME_ARGS; the one-rank launches themselves run
+# the EMA teacher with decay 0.5, their step 1 is every kind's reference: the initial model).
+# opsd/teacher_param_* are the float64 sums of the weights that scored the step, taken right before
+# the teacher forward; opsd/actor_param_* those of the actor after the step's update.
 
 
-def _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, root, *overrides):
+def _teacher_kind_run(run_cpu_verl, tiny_run_env, tiny_model_dir, root, *overrides):
     run = run_cpu_verl(
         SCRIPT,
         RESUME_ARGS + list(overrides),
         workdir=root,
-        env=_env(tiny_model_dir, tiny_data, root / "ckpt", root / "rollout_weights.jsonl", STEPS="2"),
+        env=tiny_run_env(root / "ckpt", root / "rollout_weights.jsonl", STEPS="2"),
         script=True,
         timeout=300,
     )
@@ -486,74 +481,74 @@ def _sums(metrics, who):
     return metrics[f"opsd/{who}_param_checksum"], metrics[f"opsd/{who}_param_sqsum"]
 
 
-def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_ema_teacher_with_decay_one_is_the_frozen_teacher(
+    one_rank_run, run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path
+):
     """teacher <- 1 * teacher + 0 * student after every step: bit-identical to the frozen initial
-    teacher (its checksum at both steps), and step 1 has the frozen run's statistics (same prompts,
-    same student and teacher; the samples differ between launches, see the LoRA test)."""
-    frozen, _, _ = one_rank_run
-    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=ema",
+    teacher (at both steps the checksum of the initial model as the one-rank run's step-1 teacher
+    has it, same world size), and step 1 has the statistics of the one-rank run's step 1 (same
+    prompts, same student, the same initial teacher; the samples differ between launches, see the
+    LoRA test)."""
+    reference, _, _ = one_rank_run
+    run = _teacher_kind_run(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path, "opsd.teacher.kind=ema",
                             "opsd.teacher.ema_decay=1.0")
     for step in (1, 2):
-        assert _sums(run.metrics[step], "teacher") == _sums(frozen.metrics[step], "teacher")
+        assert _sums(run.metrics[step], "teacher") == _sums(reference.metrics[1], "teacher")
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
-    ema1, frozen1 = run.metrics[1], frozen.metrics[1]
-    assert ema1["training/data_index_sum"] == frozen1["training/data_index_sum"]
+    ema1, reference1 = run.metrics[1], reference.metrics[1]
+    assert ema1["training/data_index_sum"] == reference1["training/data_index_sum"]
     for key in ("opsd/teacher_entropy", "opsd/student_entropy"):
-        assert ema1[key] == pytest.approx(frozen1[key], rel=1e-4), key
-    assert ema1["opsd/loss"] == pytest.approx(frozen1["opsd/loss"], rel=0.1)
+        assert ema1[key] == pytest.approx(reference1[key], rel=1e-4), key
+    assert ema1["opsd/loss"] == pytest.approx(reference1["opsd/loss"], rel=0.1)
 
 
-def test_ema_teacher_follows_the_student_and_resumes(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
-    """decay 0.5: the teacher of step s + 1 is 0.5 x the teacher of step s + 0.5 x the student after
-    step s, on every parameter, so its float64 sum is the mean of theirs; the EMA teacher is saved
-    with each checkpoint, and a rerun with 3 steps resumes it (not the initial model) at step 3."""
-    ema = ("opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.5")
-    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, *ema)
+def test_ema_teacher_follows_the_student_and_resumes(one_rank_run, one_rank_resumed, tiny_model_dir):
+    """decay 0.5 (the one-rank launches): the teacher of step s + 1 is 0.5 x the teacher of step s +
+    0.5 x the student after step s, on every parameter, so its float64 sum is the mean of theirs; the
+    EMA teacher is saved with each checkpoint, and the rerun with 3 steps resumes it (not the initial
+    model) at step 3."""
+    run, ckpt, _ = one_rank_run
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    for step in (1, 2):
+        _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
     initial_sum, _ = _float64_sums(tiny_model_dir)
     assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     actor_sum, _ = _sums(run.metrics[1], "actor")
     assert run.metrics[2]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * initial_sum + 0.5 * actor_sum, rel=1e-6)
     assert run.metrics[2]["opsd/teacher_param_checksum"] != pytest.approx(initial_sum, rel=1e-9)
-    assert (tmp_path / "ckpt" / "global_step_2" / "opsd_ema_teacher" / "rank_0.pt").is_file()
+    assert (ckpt / "global_step_2" / "opsd_ema_teacher" / "rank_0.pt").is_file()
 
-    resumed = run_cpu_verl(
-        SCRIPT,
-        RESUME_ARGS + list(ema),
-        workdir=tmp_path / "launch2",
-        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl", STEPS="3"),
-        script=True,
-        timeout=300,
-    )
+    resumed = one_rank_resumed
     assert resumed.returncode == 0, resumed.tail()
     assert sorted(resumed.metrics) == [3], resumed.tail()
     teacher2, actor2 = run.metrics[2]["opsd/teacher_param_checksum"], run.metrics[2]["opsd/actor_param_checksum"]
     assert resumed.metrics[3]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * teacher2 + 0.5 * actor2, rel=1e-6)
 
 
-def test_live_teacher_is_the_current_student(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_live_teacher_is_the_current_student(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path):
     """No second copy: the weights that score step s are the actor's after step s - 1 (the student
     that sampled the rollouts), the initial model at step 1."""
-    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=live")
+    run = _teacher_kind_run(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path, "opsd.teacher.kind=live")
     assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "teacher") == _sums(run.metrics[1], "actor")
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
 
 
-def test_checkpoint_teacher_is_that_model(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_checkpoint_teacher_is_that_model(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path):
     """A larger model with the student's tokenizer (hidden 128 vs 64, another seed) scores the
     rollouts, its lm_head the teacher head: its checksum at both steps is that checkpoint's."""
     from recipe.models.tiny import build_tiny_model
 
     teacher_dir = build_tiny_model(tmp_path / "teacher", seed=1, hidden_size=128, num_heads=4, num_kv_heads=2)
-    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path / "run", "opsd.teacher.kind=checkpoint",
+    run = _teacher_kind_run(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path / "run", "opsd.teacher.kind=checkpoint",
                             f"opsd.teacher.path={teacher_dir}")
     for step in (1, 2):
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(teacher_dir), rel=1e-12)
     assert _float64_sums(teacher_dir) != _float64_sums(tiny_model_dir)
 
 
-def test_teacher_refusals_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_teacher_refusals_before_ray_starts(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path):
     """One line each, before Ray: a teacher checkpoint with another tokenizer; the same model, prompt
     (context none), mode and temperature as the student (the loss would be identically 0)."""
     import shutil
@@ -572,7 +567,7 @@ def test_teacher_refusals_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_d
             SCRIPT,
             overrides,
             workdir=tmp_path / f"case{index}",
-            env=_env(tiny_model_dir, tiny_data, tmp_path / f"ckpt{index}", tmp_path / "weights.jsonl"),
+            env=tiny_run_env(tmp_path / f"ckpt{index}", tmp_path / "weights.jsonl"),
             script=True,
             timeout=120,
         )
