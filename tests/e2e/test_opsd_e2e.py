@@ -2,8 +2,10 @@
 
 Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot
 (run next to the actor's update, on the workers), the fused loss in the actor, checkpoints and
-resume. Four training launches and four failing ones (3 min 42 s on 2 shared cores, 2026-11-23:
-54 s, 43 s + 43 s, 43 s, 3 x 6 s; the fourth, a resume from an incomplete save, ~8 s):
+resume. Eight training launches and seven failing ones (before Ray starts). Each training launch
+costs ~1 min of CI on 2 cores, mostly start-up: a new check goes into an existing launch (the
+module-scoped fixtures ``one_rank_run`` / ``one_rank_resumed`` are read by four tests) unless it
+needs a configuration no launch has.
 
 - 2 FSDP ranks, 2 steps, the model given by a fake Hub id resolved offline from a temporary
   Hugging Face cache (sharded): every logged metric is there and finite (file logger, and verl's
@@ -11,15 +13,18 @@ resume. Four training launches and four failing ones (3 min 42 s on 2 shared cor
   parameter checksum equals the initial model's at every step while the actor's moves; after
   every step both rollout replicas serve bit-identical trainer weights (server sha256 log vs the
   FSDP checkpoint of that step); the data order is verl's seeded sampler order.
-- 1 rank, 2 steps then the same command with 3 steps: the rerun resumes from the step-2
-  checkpoint (no step repeated), its rollout serves the resumed weights, step 3 trains on the
-  batch an uninterrupted run would see, and the collapse monitor resumes with its window.
+- 1 rank, 2 steps then the same command with 3 steps, the EMA teacher with decay 0.5: the rerun
+  resumes from the step-2 checkpoint (no step repeated), its rollout serves the resumed weights,
+  step 3 trains on the batch an uninterrupted run would see, the collapse monitor resumes with its
+  window, and the EMA teacher follows the student and is resumed from the checkpoint.
 - LoRA, 3 steps: the teacher is the base model with the adapter disabled (step 1 matches the
   full-parameter run's step 1; the checkpoint's base weights are bit-identical to the initial
   ones; the rollout serves bf16 of the merged adapters); the collapse monitor stops the run after
   step 2 and a checkpoint (with the monitor's state) is saved there.
 - ``+experiment=objective_sampled_token_task``, 1 step: the sampled-token surrogate with the
   grader's GRPO advantage trains through the real trainer.
+- teacher kinds, 2 steps each: ``ema`` with decay 1 is the frozen initial model, ``live`` is the
+  current student, ``checkpoint`` is another (larger) model; refusals before Ray.
 - bad ``opsd.*`` values fail before Ray starts with a message naming the field; the pre-flight gate
   prints its line before Ray starts, and a student prompt of another context stops the run there
   with the diff of the two renderings.
