@@ -460,21 +460,45 @@ def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny
 
 
 # ------------------------------------------------------------------ teacher kinds (opsd.teacher)
-# 1 rank, 2 steps each, the one-rank run's settings (RESUME_ARGS; the one-rank launches themselves run
+# 1 rank, 2 steps each (two launches at a time: teacher_kind_runs), the one-rank run's settings (RESUME_ARGS; the one-rank launches themselves run
 # the EMA teacher with decay 0.5, their step 1 is every kind's reference: the initial model).
 # opsd/teacher_param_* are the float64 sums of the weights that scored the step, taken right before
 # the teacher forward; opsd/actor_param_* those of the actor after the step's update.
 
 
-def _teacher_kind_run(run_cpu_verl, tiny_run_env, tiny_model_dir, root, *overrides):
-    run = run_cpu_verl(
-        SCRIPT,
-        RESUME_ARGS + list(overrides),
-        workdir=root,
-        env=tiny_run_env(root / "ckpt", root / "rollout_weights.jsonl", STEPS="2"),
-        script=True,
-        timeout=300,
-    )
+TEACHER_KINDS = {
+    "ema_decay_1": ["opsd.teacher.kind=ema", "opsd.teacher.ema_decay=1.0"],
+    "live": ["opsd.teacher.kind=live"],
+    "checkpoint": ["opsd.teacher.kind=checkpoint"],  # + opsd.teacher.path of the fixture's model
+}
+
+
+@pytest.fixture(scope="module")
+def teacher_kind_runs(run_cpu_verl_side_by_side, tiny_run_env, tmp_path_factory):
+    """``({kind: VerlRun}, checkpoint teacher dir)``: one launch per ``TEACHER_KINDS`` entry, two at a
+    time (independent launches; CI budget). The checkpoint teacher is a larger model with the
+    student's tokenizer (hidden 128 vs 64, another seed)."""
+    from recipe.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("teacher_kinds")
+    teacher_dir = build_tiny_model(root / "teacher", seed=1, hidden_size=128, num_heads=4, num_kv_heads=2)
+    extra = {"checkpoint": [f"opsd.teacher.path={teacher_dir}"]}
+    launches = {
+        kind: dict(
+            target=SCRIPT,
+            args=RESUME_ARGS + overrides + extra.get(kind, []),
+            workdir=root / kind,
+            env=tiny_run_env(root / kind / "ckpt", root / kind / "rollout_weights.jsonl", STEPS="2"),
+            script=True,
+            timeout=300,
+        )
+        for kind, overrides in TEACHER_KINDS.items()
+    }
+    return run_cpu_verl_side_by_side(launches), teacher_dir
+
+
+def _teacher_kind_run(teacher_kind_runs, kind, tiny_model_dir):
+    run = teacher_kind_runs[0][kind]
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
     for step in (1, 2):
@@ -486,17 +510,14 @@ def _sums(metrics, who):
     return metrics[f"opsd/{who}_param_checksum"], metrics[f"opsd/{who}_param_sqsum"]
 
 
-def test_ema_teacher_with_decay_one_is_the_frozen_teacher(
-    one_rank_run, run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path
-):
+def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, teacher_kind_runs, tiny_model_dir):
     """teacher <- 1 * teacher + 0 * student after every step: bit-identical to the frozen initial
     teacher (at both steps the checksum of the initial model as the one-rank run's step-1 teacher
     has it, same world size), and step 1 has the statistics of the one-rank run's step 1 (same
     prompts, same student, the same initial teacher; the samples differ between launches, see the
     LoRA test)."""
     reference, _, _ = one_rank_run
-    run = _teacher_kind_run(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path, "opsd.teacher.kind=ema",
-                            "opsd.teacher.ema_decay=1.0")
+    run = _teacher_kind_run(teacher_kind_runs, "ema_decay_1", tiny_model_dir)
     for step in (1, 2):
         assert _sums(run.metrics[step], "teacher") == _sums(reference.metrics[1], "teacher")
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
@@ -531,23 +552,20 @@ def test_ema_teacher_follows_the_student_and_resumes(one_rank_run, one_rank_resu
     assert resumed.metrics[3]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * teacher2 + 0.5 * actor2, rel=1e-6)
 
 
-def test_live_teacher_is_the_current_student(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path):
+def test_live_teacher_is_the_current_student(teacher_kind_runs, tiny_model_dir):
     """No second copy: the weights that score step s are the actor's after step s - 1 (the student
     that sampled the rollouts), the initial model at step 1."""
-    run = _teacher_kind_run(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path, "opsd.teacher.kind=live")
+    run = _teacher_kind_run(teacher_kind_runs, "live", tiny_model_dir)
     assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "teacher") == _sums(run.metrics[1], "actor")
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
 
 
-def test_checkpoint_teacher_is_that_model(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path):
+def test_checkpoint_teacher_is_that_model(teacher_kind_runs, tiny_model_dir):
     """A larger model with the student's tokenizer (hidden 128 vs 64, another seed) scores the
     rollouts, its lm_head the teacher head: its checksum at both steps is that checkpoint's."""
-    from recipe.models.tiny import build_tiny_model
-
-    teacher_dir = build_tiny_model(tmp_path / "teacher", seed=1, hidden_size=128, num_heads=4, num_kv_heads=2)
-    run = _teacher_kind_run(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path / "run", "opsd.teacher.kind=checkpoint",
-                            f"opsd.teacher.path={teacher_dir}")
+    teacher_dir = teacher_kind_runs[1]
+    run = _teacher_kind_run(teacher_kind_runs, "checkpoint", tiny_model_dir)
     for step in (1, 2):
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(teacher_dir), rel=1e-12)
     assert _float64_sums(teacher_dir) != _float64_sums(tiny_model_dir)
