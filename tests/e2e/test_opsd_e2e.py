@@ -300,35 +300,59 @@ def _bf16(state):
     return {name: tensor.to(torch.bfloat16).float() for name, tensor in state.items()}
 
 
-def test_lora_teacher_is_the_base_model(
-    one_rank_run, run_cpu_verl, fsdp_state_dict, tiny_run_env, tiny_initial_state, tiny_model_dir, tmp_path
-):
+# ------------------------------------------------------------------ independent launches
+# 1 rank each, none reads another's files: run two at a time (CI budget: a launch keeps ~1 core busy).
+SAMPLED_TOKEN_ARGS = ["+experiment=objective_sampled_token_task", "data.train_batch_size=2", "trainer.save_freq=-1"]
+# The checkpoint teacher: a larger model with the student's tokenizer (hidden 128 vs 64, another seed).
+CHECKPOINT_TEACHER = {"seed": 1, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
+
+
+@pytest.fixture(scope="module")
+def independent_runs(run_cpu_verl_side_by_side, tiny_run_env, tmp_path_factory):
+    """``{name: (VerlRun, ckpt_dir, weights_log)}`` of the LoRA launch (``LORA_ARGS``, 3 steps), the
+    sampled-token launch (1 step) and one launch per ``TEACHER_KINDS`` entry (2 steps each, the
+    one-rank run's ``RESUME_ARGS``); ``"checkpoint_teacher_dir"``: that teacher's model directory."""
+    from recipe.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("independent_runs")
+    teacher_dir = build_tiny_model(root / "checkpoint_teacher", **CHECKPOINT_TEACHER)
+    plans = {"lora": (LORA_ARGS, "3"), "sampled_token": (SAMPLED_TOKEN_ARGS, "1")}
+    plans |= {kind: (RESUME_ARGS + overrides, "2") for kind, overrides in TEACHER_KINDS.items()}
+    plans["checkpoint"][0].append(f"opsd.teacher.path={teacher_dir}")
+    paths = {name: (root / name / "ckpt", root / name / "rollout_weights.jsonl") for name in plans}
+    launches = {
+        name: dict(target=SCRIPT, args=args, workdir=root / name, env=tiny_run_env(*paths[name], STEPS=steps),
+                   script=True, timeout=300)
+        for name, (args, steps) in plans.items()
+    }
+    runs = run_cpu_verl_side_by_side(launches)
+    return {name: (runs[name], *paths[name]) for name in plans} | {"checkpoint_teacher_dir": teacher_dir}
+
+
+# LoRA (test_lora_teacher_is_the_base_model), 3 steps; a launch of independent_runs.
+LORA_ARGS = [
+    "trainer.log_fingerprints=true",
+    f"actor_rollout_ref.model.lora_rank={LORA_RANK}",
+    f"actor_rollout_ref.model.lora_alpha={LORA_ALPHA}",
+    # the HF rollout takes merged weights (it does not serve adapters)
+    "actor_rollout_ref.model.lora.merge=True",
+    # Also (folded in to save a launch): the collapse monitor stops the run and a checkpoint is
+    # saved although no save_freq step or last step was reached. The "length" role is pointed at
+    # the step counter, so the signature fires at step 2 (2 / 1 >= length_ratio_threshold 1.5).
+    "trainer.save_freq=5",
+    "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
+    "+opsd.monitor.metric_keys.length=training/global_step", "+opsd.monitor.stop_on=[length]",
+]
+
+
+def test_lora_teacher_is_the_base_model(one_rank_run, independent_runs, fsdp_state_dict, tiny_initial_state,
+                                       tiny_model_dir):
     """LoRA: the student trains adapters (B starts at zero), the teacher is the same model with the
     adapter disabled, no second copy. Step 1 (student = base, same seeds, same data) equals the
     full-parameter run's step 1; the checkpoint's base weights (= the teacher) are the initial ones;
     the rollout serves the merged adapters."""
     full, _, _ = one_rank_run
-    ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
-    run = run_cpu_verl(
-        SCRIPT,
-        [
-            "trainer.log_fingerprints=true",
-            f"actor_rollout_ref.model.lora_rank={LORA_RANK}",
-            f"actor_rollout_ref.model.lora_alpha={LORA_ALPHA}",
-            # the HF rollout takes merged weights (it does not serve adapters)
-            "actor_rollout_ref.model.lora.merge=True",
-            # Also (folded in to save a launch): the collapse monitor stops the run and a checkpoint is
-            # saved although no save_freq step or last step was reached. The "length" role is pointed at
-            # the step counter, so the signature fires at step 2 (2 / 1 >= length_ratio_threshold 1.5).
-            "trainer.save_freq=5",
-            "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
-            "+opsd.monitor.metric_keys.length=training/global_step", "+opsd.monitor.stop_on=[length]",
-        ],
-        workdir=tmp_path,
-        env=tiny_run_env(ckpt, weights_log, STEPS="3"),
-        script=True,
-        timeout=300,
-    )
+    run, ckpt, weights_log = independent_runs["lora"]
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], "the monitor must stop the 3-step run after step 2: " + run.tail()
     assert run.metrics[2]["opsd_monitor/should_stop"] == 1.0 and run.metrics[1]["opsd_monitor/should_stop"] == 0.0
@@ -400,17 +424,10 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_run_env, tmp
     assert "ray init kwargs" not in run.log and "Started a local Ray instance" not in run.log, run.tail()
 
 
-def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_run_env, tmp_path):
+def test_sampled_token_objective_with_task_reward_one_step(independent_runs):
     """opsd.objective through the real trainer: the sampled-token surrogate with the grader's GRPO group
     advantage (2 prompts x 4 rollouts, one step): the trainer grades, the workers get the advantages."""
-    run = run_cpu_verl(
-        SCRIPT,
-        ["+experiment=objective_sampled_token_task", "data.train_batch_size=2", "trainer.save_freq=-1"],
-        workdir=tmp_path,
-        env=tiny_run_env(tmp_path / "ckpt", tmp_path / "weights.jsonl", STEPS="1"),
-        script=True,
-        timeout=300,
-    )
+    run, _, _ = independent_runs["sampled_token"]
     assert run.returncode == 0, run.tail()
     metrics = run.metrics[1]
     for key in ("opsd/loss", "actor/loss", "actor/grad_norm", "opsd/pg_advantage", "opsd/task_reward",
@@ -460,10 +477,11 @@ def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny
 
 
 # ------------------------------------------------------------------ teacher kinds (opsd.teacher)
-# 1 rank, 2 steps each (two launches at a time: teacher_kind_runs), the one-rank run's settings (RESUME_ARGS; the one-rank launches themselves run
-# the EMA teacher with decay 0.5, their step 1 is every kind's reference: the initial model).
-# opsd/teacher_param_* are the float64 sums of the weights that scored the step, taken right before
-# the teacher forward; opsd/actor_param_* those of the actor after the step's update.
+# 1 rank, 2 steps each (launches of independent_runs), the one-rank run's settings (RESUME_ARGS; the
+# one-rank launches themselves run the EMA teacher with decay 0.5, their step 1 is every kind's
+# reference: the initial model). opsd/teacher_param_* are the float64 sums of the weights that scored
+# the step, taken right before the teacher forward; opsd/actor_param_* those of the actor after the
+# step's update.
 
 
 TEACHER_KINDS = {
@@ -473,32 +491,8 @@ TEACHER_KINDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def teacher_kind_runs(run_cpu_verl_side_by_side, tiny_run_env, tmp_path_factory):
-    """``({kind: VerlRun}, checkpoint teacher dir)``: one launch per ``TEACHER_KINDS`` entry, two at a
-    time (independent launches; CI budget). The checkpoint teacher is a larger model with the
-    student's tokenizer (hidden 128 vs 64, another seed)."""
-    from recipe.models.tiny import build_tiny_model
-
-    root = tmp_path_factory.mktemp("teacher_kinds")
-    teacher_dir = build_tiny_model(root / "teacher", seed=1, hidden_size=128, num_heads=4, num_kv_heads=2)
-    extra = {"checkpoint": [f"opsd.teacher.path={teacher_dir}"]}
-    launches = {
-        kind: dict(
-            target=SCRIPT,
-            args=RESUME_ARGS + overrides + extra.get(kind, []),
-            workdir=root / kind,
-            env=tiny_run_env(root / kind / "ckpt", root / kind / "rollout_weights.jsonl", STEPS="2"),
-            script=True,
-            timeout=300,
-        )
-        for kind, overrides in TEACHER_KINDS.items()
-    }
-    return run_cpu_verl_side_by_side(launches), teacher_dir
-
-
-def _teacher_kind_run(teacher_kind_runs, kind, tiny_model_dir):
-    run = teacher_kind_runs[0][kind]
+def _teacher_kind_run(independent_runs, kind, tiny_model_dir):
+    run, _, _ = independent_runs[kind]
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
     for step in (1, 2):
@@ -510,14 +504,14 @@ def _sums(metrics, who):
     return metrics[f"opsd/{who}_param_checksum"], metrics[f"opsd/{who}_param_sqsum"]
 
 
-def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, teacher_kind_runs, tiny_model_dir):
+def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, independent_runs, tiny_model_dir):
     """teacher <- 1 * teacher + 0 * student after every step: bit-identical to the frozen initial
     teacher (at both steps the checksum of the initial model as the one-rank run's step-1 teacher
     has it, same world size), and step 1 has the statistics of the one-rank run's step 1 (same
     prompts, same student, the same initial teacher; the samples differ between launches, see the
     LoRA test)."""
     reference, _, _ = one_rank_run
-    run = _teacher_kind_run(teacher_kind_runs, "ema_decay_1", tiny_model_dir)
+    run = _teacher_kind_run(independent_runs, "ema_decay_1", tiny_model_dir)
     for step in (1, 2):
         assert _sums(run.metrics[step], "teacher") == _sums(reference.metrics[1], "teacher")
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
@@ -552,20 +546,20 @@ def test_ema_teacher_follows_the_student_and_resumes(one_rank_run, one_rank_resu
     assert resumed.metrics[3]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * teacher2 + 0.5 * actor2, rel=1e-6)
 
 
-def test_live_teacher_is_the_current_student(teacher_kind_runs, tiny_model_dir):
+def test_live_teacher_is_the_current_student(independent_runs, tiny_model_dir):
     """No second copy: the weights that score step s are the actor's after step s - 1 (the student
     that sampled the rollouts), the initial model at step 1."""
-    run = _teacher_kind_run(teacher_kind_runs, "live", tiny_model_dir)
+    run = _teacher_kind_run(independent_runs, "live", tiny_model_dir)
     assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "teacher") == _sums(run.metrics[1], "actor")
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
 
 
-def test_checkpoint_teacher_is_that_model(teacher_kind_runs, tiny_model_dir):
+def test_checkpoint_teacher_is_that_model(independent_runs, tiny_model_dir):
     """A larger model with the student's tokenizer (hidden 128 vs 64, another seed) scores the
     rollouts, its lm_head the teacher head: its checksum at both steps is that checkpoint's."""
-    teacher_dir = teacher_kind_runs[1]
-    run = _teacher_kind_run(teacher_kind_runs, "checkpoint", tiny_model_dir)
+    teacher_dir = independent_runs["checkpoint_teacher_dir"]
+    run = _teacher_kind_run(independent_runs, "checkpoint", tiny_model_dir)
     for step in (1, 2):
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(teacher_dir), rel=1e-12)
     assert _float64_sums(teacher_dir) != _float64_sums(tiny_model_dir)
