@@ -12,9 +12,10 @@
   verl entry point (``python -m <module> +platform=cpu`` with the CPU environment) in a subprocess
   with the metrics jsonl at ``<workdir>/metrics.jsonl`` and a timeout. Returns a ``VerlRun`` with
   the return code, the combined log and the metrics parsed per step.
-- ``run_cpu_verl_side_by_side``: ``run_all({name: run_cpu_verl keyword arguments}, at_once=2) ->
-  {name: VerlRun}``, independent launches ``at_once`` at a time (a launch keeps ~1 core busy: Ray's
-  workers run one thread each; each holds ~2-4 GB).
+- ``run_cpu_verl_side_by_side``: ``run_all({name: run_cpu_verl keyword arguments or a callable},
+  at_once=2) -> {name: VerlRun or the callable's result}``, independent launches (or chains of
+  dependent ones) ``at_once`` at a time (a launch keeps ~1 core busy: Ray's workers run one thread
+  each; each holds ~2-4 GB).
 - ``fsdp_state_dict``: ``load(actor_dir) -> {name: float32 tensor}``, the full weights of an
   FSDP2 checkpoint of any world size (shards concatenated along dim 0).
 - ``check_rollout_weights``: ``check(weights_log, ckpt_dir, *, expected_steps, initial=None)``
@@ -262,12 +263,17 @@ def run_cpu_verl():
 
 @pytest.fixture(scope="session")
 def run_cpu_verl_side_by_side(run_cpu_verl):
-    """``run_all({name: kwargs of run_cpu_verl}, at_once=2) -> {name: VerlRun}``: independent launches
-    ``at_once`` at a time (their workdirs and checkpoint directories must differ)."""
+    """``run_all({name: kwargs of run_cpu_verl, or a callable}, at_once=2) -> {name: result}``:
+    independent launches ``at_once`` at a time (their workdirs and checkpoint directories must
+    differ); a callable (no arguments) runs dependent launches one after the other in its slot and
+    returns what it likes."""
 
-    def run_all(launches: dict[str, dict], *, at_once: int = 2) -> dict[str, VerlRun]:
+    def run_all(launches: dict, *, at_once: int = 2) -> dict:
         with ThreadPoolExecutor(max_workers=at_once) as pool:
-            futures = {name: pool.submit(run_cpu_verl, **kwargs) for name, kwargs in launches.items()}
+            futures = {
+                name: pool.submit(job) if callable(job) else pool.submit(run_cpu_verl, **job)
+                for name, job in launches.items()
+            }
             return {name: future.result() for name, future in futures.items()}
 
     return run_all

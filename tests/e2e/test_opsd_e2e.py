@@ -5,7 +5,7 @@ Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl'
 resume. Eight training launches and seven failing ones (before Ray starts). Each training launch
 costs ~1 min of CI on 2 cores, mostly start-up: a new check goes into an existing launch (the
 module-scoped fixtures ``one_rank_run`` / ``one_rank_resumed`` are read by four tests) unless it
-needs a configuration no launch has.
+needs a configuration no launch has. The 1-rank launches run two at a time (``independent_runs``).
 
 - 2 FSDP ranks, 2 steps, the model given by a fake Hub id resolved offline from a temporary
   Hugging Face cache (sharded): every logged metric is there and finite (file logger, and verl's
@@ -209,13 +209,12 @@ RESUME_ARGS = [
 EMA_HALF = ("opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.5")
 
 
-@pytest.fixture(scope="module")
-def one_rank_run(run_cpu_verl, tiny_run_env, tmp_path_factory):
-    """1 rank, 2 steps, a checkpoint after every step, the EMA teacher (decay 0.5): the first launch
-    of the resume and EMA tests, the full-parameter reference of the LoRA test."""
-    root = tmp_path_factory.mktemp("opsd_one_rank")
+def _one_rank_pair(run_cpu_verl, tiny_run_env, root):
+    """1 rank, 2 steps, a checkpoint after every step, the EMA teacher (decay 0.5); then the same
+    command with one more step (``STEPS=3``), which must resume at step 3. Returns ``(first, ckpt,
+    weights_log, the tracker's step after the first launch, second)`` (a launch of independent_runs)."""
     ckpt, weights_log = root / "ckpt", root / "rollout_weights.jsonl"
-    run = run_cpu_verl(
+    first = run_cpu_verl(
         SCRIPT,
         RESUME_ARGS + list(EMA_HALF),
         workdir=root / "launch1",
@@ -223,23 +222,36 @@ def one_rank_run(run_cpu_verl, tiny_run_env, tmp_path_factory):
         script=True,
         timeout=300,
     )
-    assert run.returncode == 0, run.tail()
-    return run, ckpt, weights_log
-
-
-@pytest.fixture(scope="module")
-def one_rank_resumed(one_rank_run, run_cpu_verl, tiny_run_env):
-    """The same command as ``one_rank_run`` again, with one more step (``STEPS=3``): it must resume at step 3."""
-    first, ckpt, weights_log = one_rank_run
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    return run_cpu_verl(
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    saved = tracker.read_text().strip() if tracker.exists() else None
+    if first.returncode != 0:
+        return first, ckpt, weights_log, saved, None
+    second = run_cpu_verl(
         SCRIPT,
         RESUME_ARGS + list(EMA_HALF),
-        workdir=first.metrics_path.parent.parent / "launch2",
+        workdir=root / "launch2",
         env=tiny_run_env(ckpt, weights_log, STEPS="3"),
         script=True,
         timeout=300,
     )
+    return first, ckpt, weights_log, saved, second
+
+
+@pytest.fixture(scope="module")
+def one_rank_run(independent_runs):
+    """``(VerlRun, ckpt_dir, weights_log)`` of the first one-rank launch: of the resume and EMA tests,
+    the full-parameter reference of the LoRA test."""
+    first, ckpt, weights_log, _, _ = independent_runs["one_rank"]
+    assert first.returncode == 0, first.tail()
+    return first, ckpt, weights_log
+
+
+@pytest.fixture(scope="module")
+def one_rank_resumed(one_rank_run, independent_runs):
+    """The same command as ``one_rank_run`` again, with one more step (``STEPS=3``): it must resume at step 3."""
+    _, _, _, saved, second = independent_runs["one_rank"]
+    assert saved == "2"  # the first launch's last save
+    return second
 
 
 def test_resume_continues_from_the_last_checkpoint(
@@ -301,17 +313,19 @@ def _bf16(state):
 
 
 # ------------------------------------------------------------------ independent launches
-# 1 rank each, none reads another's files: run two at a time (CI budget: a launch keeps ~1 core busy).
+# 1 rank each, none reads another's files: run two at a time (CI budget: a launch keeps ~1 core busy),
+# the one-rank pair (two dependent launches) in one slot.
 SAMPLED_TOKEN_ARGS = ["+experiment=objective_sampled_token_task", "data.train_batch_size=2", "trainer.save_freq=-1"]
 # The checkpoint teacher: a larger model with the student's tokenizer (hidden 128 vs 64, another seed).
 CHECKPOINT_TEACHER = {"seed": 1, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
 
 
 @pytest.fixture(scope="module")
-def independent_runs(run_cpu_verl_side_by_side, tiny_run_env, tmp_path_factory):
+def independent_runs(run_cpu_verl_side_by_side, run_cpu_verl, tiny_run_env, tmp_path_factory):
     """``{name: (VerlRun, ckpt_dir, weights_log)}`` of the LoRA launch (``LORA_ARGS``, 3 steps), the
     sampled-token launch (1 step) and one launch per ``TEACHER_KINDS`` entry (2 steps each, the
-    one-rank run's ``RESUME_ARGS``); ``"checkpoint_teacher_dir"``: that teacher's model directory."""
+    one-rank run's ``RESUME_ARGS``); ``"one_rank"``: the one-rank pair (``_one_rank_pair``, in one
+    slot, first); ``"checkpoint_teacher_dir"``: that teacher's model directory."""
     from recipe.models.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("independent_runs")
@@ -325,8 +339,10 @@ def independent_runs(run_cpu_verl_side_by_side, tiny_run_env, tmp_path_factory):
                    script=True, timeout=300)
         for name, (args, steps) in plans.items()
     }
-    runs = run_cpu_verl_side_by_side(launches)
-    return {name: (runs[name], *paths[name]) for name in plans} | {"checkpoint_teacher_dir": teacher_dir}
+    pair = {"one_rank": lambda: _one_rank_pair(run_cpu_verl, tiny_run_env, root / "one_rank")}
+    runs = run_cpu_verl_side_by_side(pair | launches)
+    return ({name: (runs[name], *paths[name]) for name in plans}
+            | {"one_rank": runs["one_rank"], "checkpoint_teacher_dir": teacher_dir})
 
 
 # LoRA (test_lora_teacher_is_the_base_model), 3 steps; a launch of independent_runs.
