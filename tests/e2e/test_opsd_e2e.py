@@ -247,7 +247,7 @@ def one_rank_run(independent_runs):
 
 
 @pytest.fixture(scope="module")
-def one_rank_resumed(one_rank_run, independent_runs):
+def one_rank_resumed(one_rank_run, independent_runs):  # one_rank_run: its checks first
     """The same command as ``one_rank_run`` again, with one more step (``STEPS=3``): it must resume at step 3."""
     _, _, _, saved, second = independent_runs["one_rank"]
     assert saved == "2"  # the first launch's last save
