@@ -214,26 +214,15 @@ def _one_rank_pair(run_cpu_verl, tiny_run_env, root):
     command with one more step (``STEPS=3``), which must resume at step 3. Returns ``(first, ckpt,
     weights_log, the tracker's step after the first launch, second)`` (a launch of independent_runs)."""
     ckpt, weights_log = root / "ckpt", root / "rollout_weights.jsonl"
-    first = run_cpu_verl(
-        SCRIPT,
-        RESUME_ARGS + list(EMA_HALF),
-        workdir=root / "launch1",
-        env=tiny_run_env(ckpt, weights_log, STEPS="2"),
-        script=True,
-        timeout=300,
-    )
+
+    def launch(workdir, steps):
+        return run_cpu_verl(SCRIPT, RESUME_ARGS + list(EMA_HALF), workdir=root / workdir,
+                            env=tiny_run_env(ckpt, weights_log, STEPS=steps), script=True, timeout=300)
+
+    first = launch("launch1", "2")
     tracker = ckpt / "latest_checkpointed_iteration.txt"
     saved = tracker.read_text().strip() if tracker.exists() else None
-    if first.returncode != 0:
-        return first, ckpt, weights_log, saved, None
-    second = run_cpu_verl(
-        SCRIPT,
-        RESUME_ARGS + list(EMA_HALF),
-        workdir=root / "launch2",
-        env=tiny_run_env(ckpt, weights_log, STEPS="3"),
-        script=True,
-        timeout=300,
-    )
+    second = launch("launch2", "3") if first.returncode == 0 else None
     return first, ckpt, weights_log, saved, second
 
 
