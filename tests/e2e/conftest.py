@@ -4,10 +4,18 @@
   (``recipe.models.tiny.build_tiny_model``, seed 0).
 - ``tiny_data``: ``{"train", "val", "sft"}`` parquet files of the CPU demo ``tiny``
   (``recipe.toy.demo.write_tiny_data``: 64 train / 16 held-out toy problems, verl schema).
+- ``tiny_run_env``: ``env(ckpt_dir, weights_log=None, **extra) -> dict``, the environment of a
+  launch of a run script on the tiny model and data (``DEVICE=cpu``, ``MODEL_PATH``, ``TRAIN_FILES``,
+  ``VAL_FILES``, ``CKPT_DIR``, the rollout's weights log; ``extra`` adds or overrides variables).
+- ``tiny_initial_state``: the tiny model's initial float32 state dict (HF names), loaded once.
 - ``run_cpu_verl``: runs a run script (``bash recipe/<...>/run_*.sh``, i.e. the launcher) or a
   verl entry point (``python -m <module> +platform=cpu`` with the CPU environment) in a subprocess
   with the metrics jsonl at ``<workdir>/metrics.jsonl`` and a timeout. Returns a ``VerlRun`` with
   the return code, the combined log and the metrics parsed per step.
+- ``run_cpu_verl_side_by_side``: ``run_all({name: run_cpu_verl keyword arguments or a callable},
+  at_once=2) -> {name: VerlRun or the callable's result}``, independent launches (or chains of
+  dependent ones) ``at_once`` at a time (a launch keeps ~1 core busy: Ray's workers run one thread
+  each; each holds ~2-4 GB).
 - ``fsdp_state_dict``: ``load(actor_dir) -> {name: float32 tensor}``, the full weights of an
   FSDP2 checkpoint of any world size (shards concatenated along dim 0).
 - ``check_rollout_weights``: ``check(weights_log, ckpt_dir, *, expected_steps, initial=None)``
@@ -15,15 +23,20 @@
   weights: the sha256 of every served tensor (``OPSD_HF_ROLLOUT_WEIGHTS_LOG``) against the
   FSDP checkpoint of that step (and, for step 0, against ``initial``).
 
+Each launch costs ~1 min on 2 cores (Ray start, model load, the rollout server; a launch that fails
+before Ray ~6 s), most of the CI budget: fold new assertions into an existing launch (a module- or
+session-scoped fixture per launch, read by several tests) rather than adding a launch. The 40 slowest
+test phases are printed at the end of every run (``--durations=40`` in pyproject.toml).
+
 Example::
 
-    def test_two_steps(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+    def test_two_steps(run_cpu_verl, tiny_run_env, tmp_path):
         run = run_cpu_verl(
             "recipe/grpo_baseline/run_grpo.sh",
             ["trainer.save_freq=1"],
             workdir=tmp_path,
-            env={"DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "TRAIN_FILES": str(tiny_data["train"]),
-                 "CKPT_DIR": str(tmp_path / "ckpt"), "STEPS": "2"},
+            env=tiny_run_env(tmp_path / "ckpt", STEPS="2"),
+            script=True,
         )
         assert run.returncode == 0, run.tail()
         assert run.metrics[2]["timing_s/step"] > 0
@@ -36,6 +49,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,6 +169,36 @@ def tiny_data(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_run_env(tiny_model_dir, tiny_data):
+    """``env(ckpt_dir, weights_log=None, **extra) -> dict``: a run script's environment on the tiny
+    model and data; the rollout server logs the sha256 of the weights it serves to ``weights_log``
+    (default ``rollout_weights.jsonl`` next to ``ckpt_dir``; ``recipe.cpu.rollout.WEIGHTS_LOG_ENV``)."""
+    from recipe.cpu.rollout import WEIGHTS_LOG_ENV
+
+    def env(ckpt_dir: Path, weights_log: Path | None = None, **extra: str) -> dict[str, str]:
+        ckpt_dir = Path(ckpt_dir)
+        return {
+            "DEVICE": "cpu",
+            "MODEL_PATH": str(tiny_model_dir),
+            "TRAIN_FILES": str(tiny_data["train"]),
+            "VAL_FILES": str(tiny_data["val"]),
+            "CKPT_DIR": str(ckpt_dir),
+            WEIGHTS_LOG_ENV: str(weights_log if weights_log is not None else ckpt_dir.parent / "rollout_weights.jsonl"),
+            **extra,
+        }
+
+    return env
+
+
+@pytest.fixture(scope="session")
+def tiny_initial_state(tiny_model_dir) -> dict[str, torch.Tensor]:
+    """The tiny model's initial weights, ``{HF name: float32 tensor}`` (shared: do not modify)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+
+
+@pytest.fixture(scope="session")
 def run_cpu_verl():
     """``run(target, args, *, workdir, env=None, timeout=240, script=False) -> VerlRun``.
 
@@ -215,3 +259,21 @@ def run_cpu_verl():
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def run_cpu_verl_side_by_side(run_cpu_verl):
+    """``run_all({name: kwargs of run_cpu_verl, or a callable}, at_once=2) -> {name: result}``:
+    independent launches ``at_once`` at a time (their workdirs and checkpoint directories must
+    differ); a callable (no arguments) runs dependent launches one after the other in its slot and
+    returns what it likes."""
+
+    def run_all(launches: dict, *, at_once: int = 2) -> dict:
+        with ThreadPoolExecutor(max_workers=at_once) as pool:
+            futures = {
+                name: pool.submit(job) if callable(job) else pool.submit(run_cpu_verl, **job)
+                for name, job in launches.items()
+            }
+            return {name: future.result() for name, future in futures.items()}
+
+    return run_all

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from recipe.cpu.rollout import WEIGHTS_LOG_ENV
-
 pytestmark = pytest.mark.e2e
 
 SCRIPT = "recipe/grpo_baseline/run_grpo.sh"
@@ -29,22 +27,14 @@ LOGGED = (
 )
 
 
-def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data, tmp_path):
+def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, check_rollout_weights, tiny_run_env, tmp_path):
     ckpt_dir = tmp_path / "ckpt"
     weights_log = tmp_path / "rollout_weights.jsonl"
     run = run_cpu_verl(
         SCRIPT,
         [],
         workdir=tmp_path,
-        env={
-            "DEVICE": "cpu",
-            "MODEL_PATH": str(tiny_model_dir),
-            "TRAIN_FILES": str(tiny_data["train"]),
-            "VAL_FILES": str(tiny_data["val"]),
-            "CKPT_DIR": str(ckpt_dir),
-            "STEPS": "2",
-            WEIGHTS_LOG_ENV: str(weights_log),
-        },
+        env=tiny_run_env(ckpt_dir, weights_log, STEPS="2"),
         script=True,
         timeout=300,
     )

@@ -2,8 +2,10 @@
 
 Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot
 (run next to the actor's update, on the workers), the fused loss in the actor, checkpoints and
-resume. Four training launches and four failing ones (3 min 42 s on 2 shared cores, 2026-11-23:
-54 s, 43 s + 43 s, 43 s, 3 x 6 s; the fourth, a resume from an incomplete save, ~8 s):
+resume. Eight training launches and seven failing ones (before Ray starts). Each training launch
+costs ~1 min of CI on 2 cores, mostly start-up: a new check goes into an existing launch (the
+module-scoped fixtures ``one_rank_run`` / ``one_rank_resumed`` are read by four tests) unless it
+needs a configuration no launch has. The 1-rank launches run two at a time (``independent_runs``).
 
 - 2 FSDP ranks, 2 steps, the model given by a fake Hub id resolved offline from a temporary
   Hugging Face cache (sharded): every logged metric is there and finite (file logger, and verl's
@@ -11,9 +13,10 @@ resume. Four training launches and four failing ones (3 min 42 s on 2 shared cor
   parameter checksum equals the initial model's at every step while the actor's moves; after
   every step both rollout replicas serve bit-identical trainer weights (server sha256 log vs the
   FSDP checkpoint of that step); the data order is verl's seeded sampler order.
-- 1 rank, 2 steps then the same command with 3 steps: the rerun resumes from the step-2
-  checkpoint (no step repeated), its rollout serves the resumed weights, step 3 trains on the
-  batch an uninterrupted run would see, and the collapse monitor resumes with its window.
+- 1 rank, 2 steps then the same command with 3 steps, the EMA teacher with decay 0.5: the rerun
+  resumes from the step-2 checkpoint (no step repeated), its rollout serves the resumed weights,
+  step 3 trains on the batch an uninterrupted run would see, the collapse monitor resumes with its
+  window, and the EMA teacher follows the student and is resumed from the checkpoint.
 - LoRA, 3 steps: the teacher is the base model with the adapter disabled (step 1 matches the
   full-parameter run's step 1; the checkpoint's base weights are bit-identical to the initial
   ones; the rollout serves bf16 of the merged adapters); the collapse monitor stops the run after
@@ -21,6 +24,8 @@ resume. Four training launches and four failing ones (3 min 42 s on 2 shared cor
 - ``+experiment=objective_sampled_token_task`` + ``opsd.objective.sft_weight=0.1``, 1 step: the
   sampled-token surrogate with the grader's GRPO advantage and the SFT term on the reference
   solutions (a second student forward on the workers) trains through the real trainer.
+- teacher kinds, 2 steps each: ``ema`` with decay 1 is the frozen initial model, ``live`` is the
+  current student, ``checkpoint`` is another (larger) model; refusals before Ray.
 - bad ``opsd.*`` values fail before Ray starts with a message naming the field; the pre-flight gate
   prints its line before Ray starts, and a student prompt of another context stops the run there
   with the diff of the two renderings.
@@ -33,7 +38,6 @@ import pandas as pd
 import pytest
 import torch
 
-from recipe.cpu.rollout import WEIGHTS_LOG_ENV
 
 pytestmark = pytest.mark.e2e
 
@@ -50,24 +54,6 @@ LOGGED = (
 )
 BATCH_SIZE = 4  # data.train_batch_size of the tiny demo preset (recipe/opsd/config/demo/tiny.yaml)
 DATA_SEED = 42  # data.seed of config/opsd_trainer.yaml
-
-
-def _env(tiny_model_dir, tiny_data, ckpt_dir, weights_log, **extra):
-    return {
-        "DEVICE": "cpu",
-        "MODEL_PATH": str(tiny_model_dir),
-        "TRAIN_FILES": str(tiny_data["train"]),
-        "VAL_FILES": str(tiny_data["val"]),
-        "CKPT_DIR": str(ckpt_dir),
-        WEIGHTS_LOG_ENV: str(weights_log),
-        **extra,
-    }
-
-
-def _initial_state_dict(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
 
 
 def _float64_sums(model_dir):
@@ -143,11 +129,12 @@ def _hub_cache(model_dir, hf_home):
     return hf_home
 
 
-def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data, tmp_path):
+def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_run_env, tiny_initial_state, tiny_model_dir,
+                             tiny_data, tmp_path):
     """Also: the model is given by a Hub id (``MODEL_PATH=org/name``, as on GPU clusters) that
     resolves offline from a local Hugging Face cache, sharded (issue 17a)."""
     ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
-    env = _env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
+    env = tiny_run_env(ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
     env |= {"MODEL_PATH": HUB_ID, "HF_HOME": str(_hub_cache(tiny_model_dir, tmp_path / "hf_home")),
             "HF_HUB_OFFLINE": "1"}
     run = run_cpu_verl(
@@ -189,7 +176,7 @@ def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_model_dir
 
     # After start-up (step 0) and after every step, each of the 2 replicas serves the trainer's weights.
     served = check_rollout_weights(
-        weights_log, ckpt, expected_steps=[0, 1, 2], initial=_initial_state_dict(tiny_model_dir)
+        weights_log, ckpt, expected_steps=[0, 1, 2], initial=tiny_initial_state
     )
     assert sorted(served) == [0, 1]
     assert sum(served[0][0][n] != served[0][2][n] for n in served[0][0]) >= len(served[0][0]) // 2
@@ -216,39 +203,53 @@ RESUME_ARGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def one_rank_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path_factory):
-    """1 rank, 2 steps, a checkpoint after every step (the first launch of the resume test and the
-    full-parameter reference of the LoRA test)."""
-    root = tmp_path_factory.mktemp("opsd_one_rank")
+# The resume launches also run the EMA teacher with decay 0.5 (one launch pair for both: the test of
+# the EMA teacher reads them too). At step 1 every teacher kind is the initial model, so the first
+# launch's step 1 is also the frozen-teacher reference of the LoRA and EMA-decay-1 tests. A frozen
+# teacher across a resume: the kill test of test_opsd_faults_e2e.py.
+EMA_HALF = ("opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.5")
+
+
+def _one_rank_pair(run_cpu_verl, tiny_run_env, root):
+    """1 rank, 2 steps, a checkpoint after every step, the EMA teacher (decay 0.5); then the same
+    command with one more step (``STEPS=3``), which must resume at step 3. Returns ``(first, ckpt,
+    weights_log, the tracker's step after the first launch, second)`` (a launch of independent_runs)."""
     ckpt, weights_log = root / "ckpt", root / "rollout_weights.jsonl"
-    run = run_cpu_verl(
-        SCRIPT,
-        RESUME_ARGS,
-        workdir=root / "launch1",
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="2"),
-        script=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.tail()
-    return run, ckpt, weights_log
+
+    def launch(workdir, steps):
+        return run_cpu_verl(SCRIPT, RESUME_ARGS + list(EMA_HALF), workdir=root / workdir,
+                            env=tiny_run_env(ckpt, weights_log, STEPS=steps), script=True, timeout=300)
+
+    first = launch("launch1", "2")
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    saved = tracker.read_text().strip() if tracker.exists() else None
+    second = launch("launch2", "3") if first.returncode == 0 else None
+    return first, ckpt, weights_log, saved, second
+
+
+@pytest.fixture(scope="module")
+def one_rank_run(independent_runs):
+    """``(VerlRun, ckpt_dir, weights_log)`` of the first one-rank launch: of the resume and EMA tests,
+    the full-parameter reference of the LoRA test."""
+    first, ckpt, weights_log, _, _ = independent_runs["one_rank"]
+    assert first.returncode == 0, first.tail()
+    return first, ckpt, weights_log
+
+
+@pytest.fixture(scope="module")
+def one_rank_resumed(one_rank_run, independent_runs):  # one_rank_run: its checks first
+    """The same command as ``one_rank_run`` again, with one more step (``STEPS=3``): it must resume at step 3."""
+    _, _, _, saved, second = independent_runs["one_rank"]
+    assert saved == "2"  # the first launch's last save
+    return second
 
 
 def test_resume_continues_from_the_last_checkpoint(
-    one_rank_run, run_cpu_verl, check_rollout_weights, tiny_model_dir, tiny_data
+    one_rank_run, one_rank_resumed, check_rollout_weights, tiny_model_dir, tiny_data, tiny_initial_state
 ):
     first, ckpt, weights_log = one_rank_run
+    second = one_rank_resumed
     assert sorted(first.metrics) == [1, 2], first.tail()
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    # The same command again, with one more step: it must resume at step 3.
-    second = run_cpu_verl(
-        SCRIPT,
-        RESUME_ARGS,
-        workdir=first.metrics_path.parent.parent / "launch2",
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="3"),
-        script=True,
-        timeout=300,
-    )
     assert second.returncode == 0, second.tail()
     assert sorted(second.metrics) == [3], "the rerun must continue at step 3 and repeat no step"
     _check_step_metrics(second.metrics[3], step=3, vocab_size=_vocab_size(tiny_model_dir))
@@ -262,9 +263,8 @@ def test_resume_continues_from_the_last_checkpoint(
     # The resumed trainer starts from the step-2 weights: at start-up the rollout is given exactly
     # the step-2 checkpoint (not the initial model), then the step-3 weights.
     check_rollout_weights(
-        weights_log, ckpt, expected_steps=[0, 1, 2, 2, 3], initial=_initial_state_dict(tiny_model_dir)
+        weights_log, ckpt, expected_steps=[0, 1, 2, 2, 3], initial=tiny_initial_state
     )
-    assert second.metrics[3]["opsd/teacher_param_checksum"] == first.metrics[2]["opsd/teacher_param_checksum"]
     assert second.metrics[3]["opsd/actor_param_sqsum"] != first.metrics[2]["opsd/actor_param_sqsum"]
     assert second.metrics[3]["actor/lr"] == first.metrics[2]["actor/lr"] == first.metrics[1]["actor/lr"] > 0
 
@@ -302,35 +302,64 @@ def _bf16(state):
     return {name: tensor.to(torch.bfloat16).float() for name, tensor in state.items()}
 
 
-def test_lora_teacher_is_the_base_model(
-    one_rank_run, run_cpu_verl, fsdp_state_dict, tiny_model_dir, tiny_data, tmp_path
-):
+# ------------------------------------------------------------------ independent launches
+# 1 rank each, none reads another's files: run two at a time (CI budget: a launch keeps ~1 core busy),
+# the one-rank pair (two dependent launches) in one slot.
+SAMPLED_TOKEN_ARGS = ["+experiment=objective_sampled_token_task", "opsd.objective.sft_weight=0.1",
+                      "data.train_batch_size=2", "trainer.save_freq=-1"]
+# The checkpoint teacher: a larger model with the student's tokenizer (hidden 128 vs 64, another seed).
+CHECKPOINT_TEACHER = {"seed": 1, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
+
+
+@pytest.fixture(scope="module")
+def independent_runs(run_cpu_verl_side_by_side, run_cpu_verl, tiny_run_env, tmp_path_factory):
+    """``{name: (VerlRun, ckpt_dir, weights_log)}`` of the LoRA launch (``LORA_ARGS``, 3 steps), the
+    sampled-token launch (1 step) and one launch per ``TEACHER_KINDS`` entry (2 steps each, the
+    one-rank run's ``RESUME_ARGS``); ``"one_rank"``: the one-rank pair (``_one_rank_pair``, in one
+    slot, first); ``"checkpoint_teacher_dir"``: that teacher's model directory."""
+    from recipe.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("independent_runs")
+    teacher_dir = build_tiny_model(root / "checkpoint_teacher", **CHECKPOINT_TEACHER)
+    plans = {"lora": (LORA_ARGS, "3"), "sampled_token": (SAMPLED_TOKEN_ARGS, "1")}
+    plans |= {kind: (RESUME_ARGS + overrides, "2") for kind, overrides in TEACHER_KINDS.items()}
+    plans["checkpoint"][0].append(f"opsd.teacher.path={teacher_dir}")
+    paths = {name: (root / name / "ckpt", root / name / "rollout_weights.jsonl") for name in plans}
+    launches = {
+        name: dict(target=SCRIPT, args=args, workdir=root / name, env=tiny_run_env(*paths[name], STEPS=steps),
+                   script=True, timeout=300)
+        for name, (args, steps) in plans.items()
+    }
+    pair = {"one_rank": lambda: _one_rank_pair(run_cpu_verl, tiny_run_env, root / "one_rank")}
+    runs = run_cpu_verl_side_by_side(pair | launches)
+    return ({name: (runs[name], *paths[name]) for name in plans}
+            | {"one_rank": runs["one_rank"], "checkpoint_teacher_dir": teacher_dir})
+
+
+# LoRA (test_lora_teacher_is_the_base_model), 3 steps; a launch of independent_runs.
+LORA_ARGS = [
+    "trainer.log_fingerprints=true",
+    f"actor_rollout_ref.model.lora_rank={LORA_RANK}",
+    f"actor_rollout_ref.model.lora_alpha={LORA_ALPHA}",
+    # the HF rollout takes merged weights (it does not serve adapters)
+    "actor_rollout_ref.model.lora.merge=True",
+    # Also (folded in to save a launch): the collapse monitor stops the run and a checkpoint is
+    # saved although no save_freq step or last step was reached. The "length" role is pointed at
+    # the step counter, so the signature fires at step 2 (2 / 1 >= length_ratio_threshold 1.5).
+    "trainer.save_freq=5",
+    "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
+    "+opsd.monitor.metric_keys.length=training/global_step", "+opsd.monitor.stop_on=[length]",
+]
+
+
+def test_lora_teacher_is_the_base_model(one_rank_run, independent_runs, fsdp_state_dict, tiny_initial_state,
+                                       tiny_model_dir):
     """LoRA: the student trains adapters (B starts at zero), the teacher is the same model with the
     adapter disabled, no second copy. Step 1 (student = base, same seeds, same data) equals the
     full-parameter run's step 1; the checkpoint's base weights (= the teacher) are the initial ones;
     the rollout serves the merged adapters."""
     full, _, _ = one_rank_run
-    ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
-    run = run_cpu_verl(
-        SCRIPT,
-        [
-            "trainer.log_fingerprints=true",
-            f"actor_rollout_ref.model.lora_rank={LORA_RANK}",
-            f"actor_rollout_ref.model.lora_alpha={LORA_ALPHA}",
-            # the HF rollout takes merged weights (it does not serve adapters)
-            "actor_rollout_ref.model.lora.merge=True",
-            # Also (folded in to save a launch): the collapse monitor stops the run and a checkpoint is
-            # saved although no save_freq step or last step was reached. The "length" role is pointed at
-            # the step counter, so the signature fires at step 2 (2 / 1 >= length_ratio_threshold 1.5).
-            "trainer.save_freq=5",
-            "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
-            "+opsd.monitor.metric_keys.length=training/global_step", "+opsd.monitor.stop_on=[length]",
-        ],
-        workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, ckpt, weights_log, STEPS="3"),
-        script=True,
-        timeout=300,
-    )
+    run, ckpt, weights_log = independent_runs["lora"]
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], "the monitor must stop the 3-step run after step 2: " + run.tail()
     assert run.metrics[2]["opsd_monitor/should_stop"] == 1.0 and run.metrics[1]["opsd_monitor/should_stop"] == 0.0
@@ -361,7 +390,7 @@ def test_lora_teacher_is_the_base_model(
     # The base weights (= the teacher: the adapter-disabled model) are exactly the initial model's;
     # the adapters trained.
     state = fsdp_state_dict(ckpt / "global_step_2" / "actor")
-    initial = _initial_state_dict(tiny_model_dir)
+    initial = tiny_initial_state
     base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in state.items() if "lora_" not in k}
     assert base.keys() == initial.keys(), sorted(base.keys() ^ initial.keys())[:5]
     changed = [name for name, tensor in base.items() if not torch.equal(tensor, initial[name])]
@@ -387,12 +416,12 @@ def test_lora_teacher_is_the_base_model(
         ("opsd.loss.clip_tau=-1", "opsd.loss.clip_tau"),
     ],
 )
-def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, override, field):
+def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_run_env, tmp_path, override, field):
     run = run_cpu_verl(
         SCRIPT,
         [override],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl"),
+        env=tiny_run_env(tmp_path / "ckpt", tmp_path / "weights.jsonl"),
         script=True,
         timeout=120,
     )
@@ -402,19 +431,11 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, t
     assert "ray init kwargs" not in run.log and "Started a local Ray instance" not in run.log, run.tail()
 
 
-def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_sampled_token_objective_with_task_reward_one_step(independent_runs):
     """opsd.objective through the real trainer: the sampled-token surrogate with the grader's GRPO group
     advantage (2 prompts x 4 rollouts, one step): the trainer grades, the workers get the advantages; with
     an SFT term (folded into this launch): the workers run the student on prompt + reference solution."""
-    run = run_cpu_verl(
-        SCRIPT,
-        ["+experiment=objective_sampled_token_task", "opsd.objective.sft_weight=0.1", "data.train_batch_size=2",
-         "trainer.save_freq=-1"],
-        workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl", STEPS="1"),
-        script=True,
-        timeout=300,
-    )
+    run, _, _ = independent_runs["sampled_token"]
     assert run.returncode == 0, run.tail()
     metrics = run.metrics[1]
     for key in ("opsd/loss", "actor/loss", "actor/grad_norm", "opsd/pg_advantage", "opsd/task_reward",
@@ -425,14 +446,14 @@ def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_mo
     assert 0.0 <= metrics["opsd/task_reward"] <= 1.0 and metrics["actor/grad_norm"] > 0
 
 
-def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, tiny_run_env, tmp_path):
     """The tiny parquet holds the default student message; an instruction-only context changes the
     student's message, so the gate stops the run with the diff of the two renderings, in one message."""
     run = run_cpu_verl(
         SCRIPT,
         ["opsd.teacher_context=concise_to_detailed"],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl"),
+        env=tiny_run_env(tmp_path / "ckpt", tmp_path / "weights.jsonl"),
         script=True,
         timeout=120,
     )
@@ -443,7 +464,7 @@ def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, 
     assert "Started a local Ray instance" not in run.log, run.tail()
 
 
-def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny_run_env, tmp_path):
     """trainer.resume_mode=auto (the default) would resume from a save whose rank shards are missing
     (a run killed while saving): one line naming the checkpoint, before Ray starts."""
     ckpt = tmp_path / "ckpt"
@@ -454,7 +475,7 @@ def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny
         SCRIPT,
         [],
         workdir=tmp_path,
-        env=_env(tiny_model_dir, tiny_data, ckpt, tmp_path / "weights.jsonl", STEPS="3"),
+        env=tiny_run_env(ckpt, tmp_path / "weights.jsonl", STEPS="3"),
         script=True,
         timeout=120,
     )
@@ -465,20 +486,22 @@ def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny
 
 
 # ------------------------------------------------------------------ teacher kinds (opsd.teacher)
-# 1 rank, 2 steps each, the one-rank run's settings (RESUME_ARGS; its launch is the frozen_initial
-# reference). opsd/teacher_param_* are the float64 sums of the weights that scored the step, taken
-# right before the teacher forward; opsd/actor_param_* those of the actor after the step's update.
+# 1 rank, 2 steps each (launches of independent_runs), the one-rank run's settings (RESUME_ARGS; the
+# one-rank launches themselves run the EMA teacher with decay 0.5, their step 1 is every kind's
+# reference: the initial model). opsd/teacher_param_* are the float64 sums of the weights that scored
+# the step, taken right before the teacher forward; opsd/actor_param_* those of the actor after the
+# step's update.
 
 
-def _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, root, *overrides):
-    run = run_cpu_verl(
-        SCRIPT,
-        RESUME_ARGS + list(overrides),
-        workdir=root,
-        env=_env(tiny_model_dir, tiny_data, root / "ckpt", root / "rollout_weights.jsonl", STEPS="2"),
-        script=True,
-        timeout=300,
-    )
+TEACHER_KINDS = {
+    "ema_decay_1": ["opsd.teacher.kind=ema", "opsd.teacher.ema_decay=1.0"],
+    "live": ["opsd.teacher.kind=live"],
+    "checkpoint": ["opsd.teacher.kind=checkpoint"],  # + opsd.teacher.path of the fixture's model
+}
+
+
+def _teacher_kind_run(independent_runs, kind, tiny_model_dir):
+    run, _, _ = independent_runs[kind]
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
     for step in (1, 2):
@@ -490,74 +513,68 @@ def _sums(metrics, who):
     return metrics[f"opsd/{who}_param_checksum"], metrics[f"opsd/{who}_param_sqsum"]
 
 
-def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, independent_runs, tiny_model_dir):
     """teacher <- 1 * teacher + 0 * student after every step: bit-identical to the frozen initial
-    teacher (its checksum at both steps), and step 1 has the frozen run's statistics (same prompts,
-    same student and teacher; the samples differ between launches, see the LoRA test)."""
-    frozen, _, _ = one_rank_run
-    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=ema",
-                            "opsd.teacher.ema_decay=1.0")
+    teacher (at both steps the checksum of the initial model as the one-rank run's step-1 teacher
+    has it, same world size), and step 1 has the statistics of the one-rank run's step 1 (same
+    prompts, same student, the same initial teacher; the samples differ between launches, see the
+    LoRA test)."""
+    reference, _, _ = one_rank_run
+    run = _teacher_kind_run(independent_runs, "ema_decay_1", tiny_model_dir)
     for step in (1, 2):
-        assert _sums(run.metrics[step], "teacher") == _sums(frozen.metrics[step], "teacher")
+        assert _sums(run.metrics[step], "teacher") == _sums(reference.metrics[1], "teacher")
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
-    ema1, frozen1 = run.metrics[1], frozen.metrics[1]
-    assert ema1["training/data_index_sum"] == frozen1["training/data_index_sum"]
+    ema1, reference1 = run.metrics[1], reference.metrics[1]
+    assert ema1["training/data_index_sum"] == reference1["training/data_index_sum"]
     for key in ("opsd/teacher_entropy", "opsd/student_entropy"):
-        assert ema1[key] == pytest.approx(frozen1[key], rel=1e-4), key
-    assert ema1["opsd/loss"] == pytest.approx(frozen1["opsd/loss"], rel=0.1)
+        assert ema1[key] == pytest.approx(reference1[key], rel=1e-4), key
+    assert ema1["opsd/loss"] == pytest.approx(reference1["opsd/loss"], rel=0.1)
 
 
-def test_ema_teacher_follows_the_student_and_resumes(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
-    """decay 0.5: the teacher of step s + 1 is 0.5 x the teacher of step s + 0.5 x the student after
-    step s, on every parameter, so its float64 sum is the mean of theirs; the EMA teacher is saved
-    with each checkpoint, and a rerun with 3 steps resumes it (not the initial model) at step 3."""
-    ema = ("opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.5")
-    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, *ema)
+def test_ema_teacher_follows_the_student_and_resumes(one_rank_run, one_rank_resumed, tiny_model_dir):
+    """decay 0.5 (the one-rank launches): the teacher of step s + 1 is 0.5 x the teacher of step s +
+    0.5 x the student after step s, on every parameter, so its float64 sum is the mean of theirs; the
+    EMA teacher is saved with each checkpoint, and the rerun with 3 steps resumes it (not the initial
+    model) at step 3."""
+    run, ckpt, _ = one_rank_run
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    for step in (1, 2):
+        _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
     initial_sum, _ = _float64_sums(tiny_model_dir)
     assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     actor_sum, _ = _sums(run.metrics[1], "actor")
     assert run.metrics[2]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * initial_sum + 0.5 * actor_sum, rel=1e-6)
     assert run.metrics[2]["opsd/teacher_param_checksum"] != pytest.approx(initial_sum, rel=1e-9)
-    assert (tmp_path / "ckpt" / "global_step_2" / "opsd_ema_teacher" / "rank_0.pt").is_file()
+    assert (ckpt / "global_step_2" / "opsd_ema_teacher" / "rank_0.pt").is_file()
 
-    resumed = run_cpu_verl(
-        SCRIPT,
-        RESUME_ARGS + list(ema),
-        workdir=tmp_path / "launch2",
-        env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl", STEPS="3"),
-        script=True,
-        timeout=300,
-    )
+    resumed = one_rank_resumed
     assert resumed.returncode == 0, resumed.tail()
     assert sorted(resumed.metrics) == [3], resumed.tail()
     teacher2, actor2 = run.metrics[2]["opsd/teacher_param_checksum"], run.metrics[2]["opsd/actor_param_checksum"]
     assert resumed.metrics[3]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * teacher2 + 0.5 * actor2, rel=1e-6)
 
 
-def test_live_teacher_is_the_current_student(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_live_teacher_is_the_current_student(independent_runs, tiny_model_dir):
     """No second copy: the weights that score step s are the actor's after step s - 1 (the student
     that sampled the rollouts), the initial model at step 1."""
-    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path, "opsd.teacher.kind=live")
+    run = _teacher_kind_run(independent_runs, "live", tiny_model_dir)
     assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "teacher") == _sums(run.metrics[1], "actor")
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
 
 
-def test_checkpoint_teacher_is_that_model(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_checkpoint_teacher_is_that_model(independent_runs, tiny_model_dir):
     """A larger model with the student's tokenizer (hidden 128 vs 64, another seed) scores the
     rollouts, its lm_head the teacher head: its checksum at both steps is that checkpoint's."""
-    from recipe.models.tiny import build_tiny_model
-
-    teacher_dir = build_tiny_model(tmp_path / "teacher", seed=1, hidden_size=128, num_heads=4, num_kv_heads=2)
-    run = _teacher_kind_run(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path / "run", "opsd.teacher.kind=checkpoint",
-                            f"opsd.teacher.path={teacher_dir}")
+    teacher_dir = independent_runs["checkpoint_teacher_dir"]
+    run = _teacher_kind_run(independent_runs, "checkpoint", tiny_model_dir)
     for step in (1, 2):
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(teacher_dir), rel=1e-12)
     assert _float64_sums(teacher_dir) != _float64_sums(tiny_model_dir)
 
 
-def test_teacher_refusals_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
+def test_teacher_refusals_before_ray_starts(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path):
     """One line each, before Ray: a teacher checkpoint with another tokenizer; the same model, prompt
     (context none), mode and temperature as the student (the loss would be identically 0)."""
     import shutil
@@ -576,7 +593,7 @@ def test_teacher_refusals_before_ray_starts(run_cpu_verl, tiny_model_dir, tiny_d
             SCRIPT,
             overrides,
             workdir=tmp_path / f"case{index}",
-            env=_env(tiny_model_dir, tiny_data, tmp_path / f"ckpt{index}", tmp_path / "weights.jsonl"),
+            env=tiny_run_env(tmp_path / f"ckpt{index}", tmp_path / "weights.jsonl"),
             script=True,
             timeout=120,
         )

@@ -15,10 +15,18 @@ and the control (teacher context ``none``). Fails when the teacher signal is wir
   first 10, and the held-out greedy accuracy after OPSD is above the control's and the student's
   by a margin (shuffled teacher positions, a wrong sign or a stale rollout model do not learn).
 
+The two OPSD launches run side by side (CI budget: each keeps ~1 core busy, Ray's workers run one
+thread each, so on 2 cores the pair takes little more than one); the full-solution launch starts
+once the control has evaluated the initial student (the evaluation both share, cached in the toy
+cache), so they never write one directory at once.
+
 Not asserted: full-solution KL >= 3x answer-only KL. In the default two-operand task the
 reference solution ``a+b=c`` holds nothing beyond the answer, so both contexts give the same KL
 (measured 0.143 vs 0.140); docs/toy_world.md has the three-operand measurement (1.8x).
 """
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -51,13 +59,21 @@ def test_toy_opsd_learns_from_the_reference_and_the_control_does_not(toy_cache, 
     assert kl["none"] < 1e-6, kl
     assert kl["full_solution"] > 0.02, kl  # measured 0.14 on 64 prompts
 
-    control = run_method("opsd", cache=cache, run_dir=tmp_path / "control", steps=CI_STEPS,
-                         extra=["opsd.teacher_context=none", "opsd.teacher.allow_zero_loss=true"], timeout_s=900, **EVAL)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        control_run = pool.submit(run_method, "opsd", cache=cache, run_dir=tmp_path / "control", steps=CI_STEPS,
+                                  extra=["opsd.teacher_context=none", "opsd.teacher.allow_zero_loss=true"],
+                                  timeout_s=900, **EVAL)
+        # train.log appears when the control's training starts, after its evaluation of the student
+        while not (tmp_path / "control" / "train.log").exists() and not control_run.done():
+            time.sleep(1)
+        full_run = pool.submit(run_method, "opsd", cache=cache, run_dir=tmp_path / "full", steps=CI_STEPS,
+                               timeout_s=900, **EVAL)
+        control, full = control_run.result(), full_run.result()
+
     step1 = control["train"]["metrics"][0]
     assert step1["opsd/loss"] < 1e-6 and step1["opsd/fwd_kl"] < 1e-6, step1
     assert step1["opsd/top1_agree"] == 1.0, step1
 
-    full = run_method("opsd", cache=cache, run_dir=tmp_path / "full", steps=CI_STEPS, timeout_s=900, **EVAL)
     metrics = full["train"]["metrics"]
     assert len(metrics) == CI_STEPS
     trainer_kl = metrics[0]["opsd/fwd_kl"]
