@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import torch
 from pathlib import Path
 
 from recipe.common.checkpoints import check_resumable
+from recipe.launch.processes import kill_marked
 from recipe.opsd.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC, TEST_NAN_TEACHER_ENV
 from recipe.opsd.opsd_ray_trainer import TEST_PAUSE_IN_SAVE_ENV, TEST_PAUSE_MARKER
 
@@ -64,34 +64,15 @@ STEPS = 6  # never reached: the guard stops the second launch at step 5
 NAN_TEACHER_STEPS = "4,5"
 
 
-def _pids_with(marker: str) -> list[int]:
-    """Processes whose environment holds ``marker`` (a launch's driver, Ray daemons and workers)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(entry.name))
-            except OSError:  # gone, or not ours
-                pass
-    return pids
+MARK = "OPSD_TEST_LAUNCH_ID"
 
 
-def _kill_run(marker: str) -> None:
-    """SIGKILL every process of the run at once, as a job scheduler does (the launcher starts the
-    trainer in its own session and Ray workers have their own process groups, so no single group
-    holds the run)."""
-    for _ in range(20):
-        pids = _pids_with(marker)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.5)
-    raise AssertionError(f"processes of the killed run still alive: {_pids_with(marker)}")
+def _kill_run(workdir) -> None:
+    """SIGKILL every process of the run at once, as a job scheduler does: the launcher, the trainer
+    (its own session) and Ray's daemons and workers (their own process groups), found by the mark in
+    their environment (``recipe.launch.processes``)."""
+    left = kill_marked(variable=MARK, value=str(workdir))
+    assert not left, f"processes of the killed run still alive: {left}"
 
 
 def _launch_and_kill_in_save(env, workdir, *, timeout=300):
@@ -99,10 +80,9 @@ def _launch_and_kill_in_save(env, workdir, *, timeout=300):
     pause inside the step-4 save."""
     workdir.mkdir(parents=True)
     log_path = workdir / "run.log"
-    marker = f"OPSD_TEST_LAUNCH_ID={workdir}"
     full_env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(workdir / "metrics.jsonl"), "RAY_DEDUP_LOGS": "0",
                 "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1", **env, TEST_PAUSE_IN_SAVE_ENV: "4",
-                "OPSD_TEST_LAUNCH_ID": str(workdir)}
+                MARK: str(workdir)}
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(["bash", str(REPO_ROOT / SCRIPT), *KILL_ARGS], cwd=REPO_ROOT, env=full_env,
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
@@ -113,7 +93,7 @@ def _launch_and_kill_in_save(env, workdir, *, timeout=300):
                 assert time.monotonic() < deadline, "the run never reached the step-4 save"
                 time.sleep(0.2)
         finally:
-            _kill_run(marker)
+            _kill_run(workdir)
             proc.wait()
     return _read_metrics(workdir / "metrics.jsonl"), log_path.read_text(errors="replace")
 
