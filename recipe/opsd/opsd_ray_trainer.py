@@ -374,10 +374,10 @@ class RayOPSDTrainer(RayPPOTrainer):
                 student_prompts.append(render_ids(student_messages, tokenizer, opsd.student_mode))
                 teacher_prompts.append(inputs.teacher_prompt_ids(info))
                 responses.append(preflight.control_response(info, tokenizer, tokens=opsd.preflight_positions))
+        pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         width = max(len(ids) for ids in responses)
-        responses_BR = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in responses])
+        responses_BR = torch.tensor([ids + [pad] * (width - len(ids)) for ids in responses])
         response_mask_BR = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in responses])
-        pad = int(tokenizer.pad_token_id)
         # the student as verl's agent loop lays it out: prompt left-padded to data.max_prompt_length
         student = splice_teacher_inputs(student_prompts, responses_BR, response_mask_BR, pad_token_id=pad)
         extra = max(int(self.config.data.max_prompt_length) + width - student["input_ids_BT"].shape[1], 0)

@@ -423,7 +423,9 @@ def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_mo
     advantage (2 prompts x 4 rollouts, one step): the trainer grades, the workers get the advantages."""
     run = run_cpu_verl(
         SCRIPT,
-        ["+experiment=objective_sampled_token_task", "data.train_batch_size=2", "trainer.save_freq=-1"],
+        # also (folded in): opsd.preflight=false skips both parts of the pre-flight gate
+        ["+experiment=objective_sampled_token_task", "data.train_batch_size=2", "trainer.save_freq=-1",
+         "opsd.preflight=false"],
         workdir=tmp_path,
         env=_env(tiny_model_dir, tiny_data, tmp_path / "ckpt", tmp_path / "weights.jsonl", STEPS="1"),
         script=True,
@@ -436,6 +438,7 @@ def test_sampled_token_objective_with_task_reward_one_step(run_cpu_verl, tiny_mo
         assert math.isfinite(metrics[key]), (key, metrics)
     assert metrics["opsd/loss"] == pytest.approx(metrics["actor/loss"], rel=1e-5, abs=1e-8)
     assert 0.0 <= metrics["opsd/task_reward"] <= 1.0 and metrics["actor/grad_norm"] > 0
+    assert "[opsd] preflight" not in run.log and not any(key.startswith("preflight/") for key in metrics)
 
 
 def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, tiny_model_dir, tiny_data, tmp_path):
