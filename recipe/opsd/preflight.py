@@ -1,5 +1,6 @@
 """Pre-flight gate of an OPSD run: student and teacher renderings of a few training rows agree
-where they must (pure: stdlib + the prompt, chat and teacher-input modules; no verl, ray or model).
+where they must, and the divergence of the first response positions (pure: stdlib, torch and the
+prompt, chat, loss and signal modules; no verl, ray or model).
 
 The most frequent complaint in the peers' issues is a student/teacher template or thinking-mode
 mismatch that trains silently on the wrong signal (docs/opsd_recipe.md, "Pre-flight gate"). For
@@ -281,10 +282,12 @@ def run_preflight(rows: Sequence[Mapping], *, teacher_context: str, student_mode
 # window edges of the report: positions [0, 4), [4, 16), [16, K) (those below K)
 WINDOW_EDGES = (0, 4, 16)
 # the none control's largest per-position divergence allowed when the teacher has the student's weights,
-# by the dtype of the hidden states: identical inputs through identical weights give bitwise-identical
-# logits in float32/float64 (measured: exactly 0 on the CPU path); half precision gets a margin for
-# kernels that are not bitwise reproducible (not measured: no GPU here). A template / padding / position
-# glue bug gives O(0.1-1) nats on a trained model.
+# by the dtype of the hidden states. Identical inputs through identical weights give bitwise-identical
+# logits when both forwards run the same kernels on the same shapes (measured: exactly 0 on the CPU path,
+# bf16 autocast, for frozen_initial, ema, live and LoRA). Half precision keeps a margin for GPU kernels
+# that are not bitwise reproducible across batch shapes (dynamic micro-batching can pack the teacher's
+# and the student's rows differently): bf16 rounding of the logits gives ~1e-4-1e-3 nats, not measured
+# (no GPU here); a padding / position / template glue bug gives far more on a trained model.
 NONE_CONTROL_TOLERANCE = {"float64": 1e-9, "float32": 1e-6, "bfloat16": 2e-2, "float16": 2e-2}
 # the teacher kinds whose weights are the student's before the first update (live: at every step)
 SAME_WEIGHT_KINDS = ("frozen_initial", "ema", "live")
