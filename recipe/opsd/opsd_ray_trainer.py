@@ -378,11 +378,10 @@ class RayOPSDTrainer(RayPPOTrainer):
         width = max(len(ids) for ids in responses)
         responses_BR = torch.tensor([ids + [pad] * (width - len(ids)) for ids in responses])
         response_mask_BR = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in responses])
-        # the student as verl's agent loop lays it out: prompt left-padded to data.max_prompt_length
+        # verl's layout (prompt left-padded, response right-padded) for both sides, each padded to its own
+        # longest prompt: the none rows sit behind more left padding on the teacher side (its context rows
+        # are longer), as teacher and student rows do in training
         student = splice_teacher_inputs(student_prompts, responses_BR, response_mask_BR, pad_token_id=pad)
-        extra = max(int(self.config.data.max_prompt_length) + width - student["input_ids_BT"].shape[1], 0)
-        student = {key: torch.nn.functional.pad(value, (extra, 0), value=pad if key == "input_ids_BT" else 0)
-                   for key, value in student.items()}
         teacher = splice_teacher_inputs(teacher_prompts, responses_BR, response_mask_BR, pad_token_id=pad)
         tensors = {field: student[f"{field}_BT"] for field in TEACHER_INPUT_FIELDS}
         tensors |= {TEACHER_INPUT_PREFIX + field: teacher[f"{field}_BT"] for field in TEACHER_INPUT_FIELDS}
