@@ -144,3 +144,34 @@ def test_preflight_positions_is_validated(value):
     assert OPSDConfig().preflight_positions == 16
     with pytest.raises(ValueError, match="opsd.preflight_positions must be an integer >= 1"):
         OPSDConfig(preflight_positions=value)
+
+
+def test_the_workers_stand_in_loss_scores_each_row_where_its_response_is():
+    """``teacher_worker._preflight_loss`` (the actor's loss function during the gate): values scattered
+    to each micro-batch row's response positions, tagged with the row index; the live head (teacher
+    weight None) is the student's; the returned loss is 0."""
+    from recipe.opsd.config import OPSDLossConfig
+    from recipe.opsd.teacher_worker import PREFLIGHT_ROW_KEY, _preflight_loss
+
+    gen = torch.Generator().manual_seed(3)
+    hidden_bRH, teacher_bRH = torch.randn(2, 3, 4, generator=gen), torch.randn(2, 3, 4, generator=gen)
+    weight_VH = torch.randn(7, 4, generator=gen)
+    mask_bR = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    responses_bR = torch.tensor([[1, 2, 3], [4, 0, 0]])
+    data = {"response_mask": mask_bR, "responses": responses_bR, "teacher_hidden": teacher_bRH,
+            PREFLIGHT_ROW_KEY: torch.tensor([5, 2])}
+    store = {"rows": []}
+    loss_config = OPSDLossConfig()
+    loss, metrics = _preflight_loss({"student_hidden": hidden_bRH, "student_weight": weight_VH, "student_bias": None},
+                                    data, loss_config=loss_config, teacher_weight_VH=None, store=store)
+    assert float(loss) == 0.0 and metrics == {} and store["dtype"] == "float32"
+    (rows_b, values), = store["rows"]
+    assert rows_b.tolist() == [5, 2]
+    mask = mask_bR.bool()
+    expected = first_position_values(hidden_bRH[mask], weight_VH, teacher_bRH[mask], weight_VH, responses_bR[mask],
+                                     beta=loss_config.beta, clip_tau=loss_config.clip_tau,
+                                     student_temperature=loss_config.student_temperature,
+                                     teacher_temperature=loss_config.effective_teacher_temperature)
+    for key in ("divergence", "fwd_kl", "control"):
+        assert values[key].dtype == torch.float64 and values[key].shape == (2, 3)
+        assert torch.equal(values[key][mask], expected[key].double()) and not values[key][~mask].any()
