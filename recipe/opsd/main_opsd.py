@@ -10,7 +10,9 @@ divide across the GPUs fail here), settings that would silently bypass the OPSD 
 refused, and the student's chat-template mode is wired into verl's dataset
 (``data.apply_chat_template_kwargs.enable_thinking``). Then the pre-flight gate
 (``recipe.opsd.preflight``; ``opsd.preflight=false`` skips it) renders the first training rows for
-student and teacher with the tokenizer alone and stops on a template / mode / EOS mismatch.
+student and teacher with the tokenizer alone and stops on a template / mode / EOS mismatch; its
+model-level part runs on the workers before the first rollout (``RayOPSDTrainer._preflight_divergence``)
+and a failure there exits with code 2 too.
 """
 
 from __future__ import annotations
