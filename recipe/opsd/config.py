@@ -242,7 +242,11 @@ class OPSDConfig:
         form, a task-reward weight, an SFT weight.
     preflight: run the pre-flight gate before Ray starts (``recipe.opsd.preflight``: student and
         teacher renderings of the first training rows agree on EOS and reasoning-mode tokens, the
-        ``none`` control gives the student's exact input); False skips it.
+        ``none`` control gives the student's exact input) and, on the workers before the first
+        rollout, the divergence of the first response positions (``preflight_positions``); False
+        skips both.
+    preflight_positions: K, the response positions (the reference solution's first K tokens,
+        teacher-forced) whose divergence the pre-flight gate reports on the workers; integer >= 1.
     teacher: which weights score the rollouts (``OPSDTeacherConfig``; default the frozen initial student).
     max_consecutive_nonfinite: steps in a row with a non-finite loss or gradient norm (each one's
         update skipped, ``recipe.opsd.nonfinite``) after which the run saves a checkpoint and stops.
@@ -261,6 +265,7 @@ class OPSDConfig:
     objective: OPSDObjectiveConfig = field(default_factory=OPSDObjectiveConfig)
     # --- pre-flight gate (issue 22 item 3)
     preflight: bool = True
+    preflight_positions: int = 16
     teacher: OPSDTeacherConfig = field(default_factory=OPSDTeacherConfig)
     max_consecutive_nonfinite: int = 3
     dump_steps: bool = False
@@ -303,6 +308,10 @@ class OPSDConfig:
                              f"sampled token only, no vocabulary support), got {self.loss.topk!r}")
         if not isinstance(self.preflight, bool):
             raise ValueError(f"opsd.preflight must be true or false, got {self.preflight!r}")
+        k = self.preflight_positions
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"opsd.preflight_positions must be an integer >= 1 (response positions the pre-flight "
+                             f"gate scores), got {k!r}")
         tmax = self.teacher_max_prompt_length
         if isinstance(tmax, bool) or int(tmax) != tmax or tmax < 1:
             raise ValueError(f"opsd.teacher_max_prompt_length must be an integer >= 1, got {tmax!r}")

@@ -10,7 +10,9 @@ divide across the GPUs fail here), settings that would silently bypass the OPSD 
 refused, and the student's chat-template mode is wired into verl's dataset
 (``data.apply_chat_template_kwargs.enable_thinking``). Then the pre-flight gate
 (``recipe.opsd.preflight``; ``opsd.preflight=false`` skips it) renders the first training rows for
-student and teacher with the tokenizer alone and stops on a template / mode / EOS mismatch.
+student and teacher with the tokenizer alone and stops on a template / mode / EOS mismatch; its
+model-level part runs on the workers before the first rollout (``RayOPSDTrainer._preflight_divergence``)
+and a failure there exits with code 2 too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from recipe.common.checkpoints import check_training_inputs, choose_resume_dir
 from recipe.common.cli import InputError
 from recipe.opsd.config import OPSDConfig
 from recipe.opsd.nonfinite import NonFiniteTrainingError
+from recipe.opsd.preflight import GATE_ROWS, PreflightError
 
 # The verl release the glue was written against: its private APIs (docs/verl_private_apis.md) are
 # re-checked by hand on every upgrade.
@@ -143,12 +146,11 @@ def _check_objective(config, opsd: OPSDConfig) -> None:
         )
 
 
-# --- pre-flight gate (issue 22 item 3): rows of the first train file it renders
-PREFLIGHT_ROWS = 4
+# --- pre-flight gate (issue 22 item 3)
 
 
 def preflight_gate(config, opsd: OPSDConfig) -> str:
-    """The pre-flight gate on the first ``PREFLIGHT_ROWS`` rows of the first train file, with the
+    """The pre-flight gate on the first ``GATE_ROWS`` rows of the first train file, with the
     tokenizer verl will build (``tokenizer_path`` or ``path``, ``custom_chat_template``) and no model.
     Returns the report line; raises ``preflight.PreflightError`` (message with the diff). Data or a
     tokenizer the driver cannot read (a remote path verl copies to the workers, a model directory that
@@ -164,7 +166,7 @@ def preflight_gate(config, opsd: OPSDConfig) -> str:
     path = str(files if isinstance(files, str) else list(files)[0])
     prompt_key = config.data.get("prompt_key", "prompt")
     try:
-        batch = next(pq.ParquetFile(path).iter_batches(batch_size=PREFLIGHT_ROWS, columns=[prompt_key, "extra_info"]))
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=GATE_ROWS, columns=[prompt_key, "extra_info"]))
     except (OSError, StopIteration, KeyError, ValueError) as err:
         return f"[opsd] preflight: skipped (cannot read the `{prompt_key}` and `extra_info` columns of {path} here: {err})"
     rows = batch.to_pylist()
@@ -401,6 +403,10 @@ def main(config):
     except NonFiniteTrainingError as err:  # Ray re-raises the trainer's error as a subclass of it
         print(f"[opsd] stopped: {getattr(err, 'cause', err)}", file=sys.stderr)
         sys.exit(3)
+    except PreflightError as err:  # the workers' part of the gate (the none control), before the first rollout
+        print(f"[opsd] preflight failed (opsd.preflight=false skips this gate): {getattr(err, 'cause', err)}",
+              file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -369,6 +369,65 @@ class RayOPSDTrainer(RayPPOTrainer):
         print(f"[opsd] collapse monitor resumed with {len(self.monitor.history)} logged steps")
         return result
 
+    # ------------------------------------------------------------------ pre-flight gate, the workers' part
+    def _preflight_divergence(self) -> dict:
+        """The pre-flight gate's model-level part (docs/opsd_recipe.md "Pre-flight gate"): the first
+        ``preflight.GATE_ROWS`` training rows, each twice -- student prompt of the configured context with
+        its teacher prompt (the trainer's ``TeacherInputs``), and the none control (student and teacher
+        prompt of context ``none``, both in the student's mode) -- with the reference solution's first
+        ``opsd.preflight_positions`` tokens as the response, scored on the workers
+        (``preflight_divergence``). Prints the table; raises ``PreflightError`` when the teacher has the
+        student's weights and the none control is not 0. Returns the ``preflight/...`` metrics."""
+        from recipe.common.chat import render_ids, splice_teacher_inputs
+        from recipe.common.prompts import build_prompt_pair
+        from recipe.opsd import preflight
+        from recipe.opsd.teacher_worker import PREFLIGHT_ROW_KEY
+
+        start = time.perf_counter()
+        frame = getattr(self.train_dataset, "dataframe", None)
+        if frame is None or len(frame) == 0 or "extra_info" not in frame.column_names:
+            print("[opsd] preflight positions: skipped (the train dataset has no extra_info rows here)")
+            return {}
+        opsd, tokenizer = self.opsd, self.tokenizer
+        infos = [dict(frame[i]["extra_info"]) for i in range(min(preflight.GATE_ROWS, len(frame)))]
+        none_inputs = TeacherInputs(teacher_context="none", student_mode=opsd.student_mode,
+                                    teacher_mode=opsd.student_mode, teacher_max_prompt_length=1 << 30,
+                                    tokenizer=tokenizer)
+        student_prompts, teacher_prompts, responses = [], [], []
+        for context, inputs in ((opsd.teacher_context, self.teacher_inputs), ("none", none_inputs)):
+            for info in infos:
+                student_messages, _ = build_prompt_pair(context, info)
+                student_prompts.append(render_ids(student_messages, tokenizer, opsd.student_mode))
+                teacher_prompts.append(inputs.teacher_prompt_ids(info))
+                responses.append(preflight.control_response(info, tokenizer, tokens=opsd.preflight_positions))
+        pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        width = max(len(ids) for ids in responses)
+        responses_BR = torch.tensor([ids + [pad] * (width - len(ids)) for ids in responses])
+        response_mask_BR = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in responses])
+        # verl's layout (prompt left-padded, response right-padded) for both sides, each padded to its own
+        # longest prompt: the none rows sit behind more left padding on the teacher side (its context rows
+        # are longer), as teacher and student rows do in training
+        student = splice_teacher_inputs(student_prompts, responses_BR, response_mask_BR, pad_token_id=pad)
+        teacher = splice_teacher_inputs(teacher_prompts, responses_BR, response_mask_BR, pad_token_id=pad)
+        tensors = {field: student[f"{field}_BT"] for field in TEACHER_INPUT_FIELDS}
+        tensors |= {TEACHER_INPUT_PREFIX + field: teacher[f"{field}_BT"] for field in TEACHER_INPUT_FIELDS}
+        tensors |= {"responses": responses_BR, "response_mask": response_mask_BR,
+                    RESPONSE_LENGTHS_KEY: response_mask_BR.sum(-1), PREFLIGHT_ROW_KEY: torch.arange(len(responses))}
+        values = self.actor_rollout_wg.preflight_divergence(tensors, opsd.loss.student_temperature)[0]
+        loss = opsd.loss
+        report = preflight.divergence_report(
+            values, mask_RK=response_mask_BR, is_none_R=[i >= len(infos) for i in range(len(responses))],
+            k=opsd.preflight_positions, teacher_context=opsd.teacher_context, teacher_kind=opsd.teacher.kind,
+            weights_equal=preflight.teacher_is_student(opsd.teacher.kind, resumed=self.global_steps > 0),
+            dtype=values["dtype"], seconds=time.perf_counter() - start,
+            settings=(f"beta {loss.beta}, clip_tau {loss.clip_tau}, T_s {loss.student_temperature}, "
+                      f"T_t {loss.effective_teacher_temperature}" + (f", topk {loss.topk}" if loss.topk else "")),
+        )
+        print("\n".join(report.lines()), flush=True)
+        if not report.ok:
+            raise preflight.PreflightError("\n".join([report.verdict(), *report.lines()]))
+        return report.metrics()
+
     # ------------------------------------------------------------------ loop
     def fit(self):
         """verl 0.9.1's ``RayPPOTrainer.fit`` with the PPO step replaced by the OPSD step. Every
@@ -391,6 +450,8 @@ class RayOPSDTrainer(RayPPOTrainer):
                   f"(now {list(self.opsd.monitor.stop_on)}).")
             self._shutdown_dump_executor()
             return
+        # the pre-flight gate's model-level part (opsd.preflight): before the first rollout and update
+        preflight_metrics = self._preflight_divergence() if self.opsd.preflight else {}
         self.checkpoint_manager.update_weights(self.global_steps)
         current_epoch = self.global_steps // len(self.train_dataloader)
         SkipManager.init(self.config)
@@ -405,6 +466,8 @@ class RayOPSDTrainer(RayPPOTrainer):
 
         progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="OPSD")
         self.global_steps += 1
+        if preflight_metrics:  # logged with the launch's first step (readers merge a step's records)
+            logger.log(data=preflight_metrics, step=self.global_steps)
         self.max_steps_duration = 0
         SkipManager.set_step(self.global_steps)
         profile_steps = self.config.global_profiler.steps

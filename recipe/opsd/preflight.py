@@ -1,5 +1,6 @@
 """Pre-flight gate of an OPSD run: student and teacher renderings of a few training rows agree
-where they must (pure: stdlib + the prompt, chat and teacher-input modules; no verl, ray or model).
+where they must, and the divergence of the first response positions (pure: stdlib, torch and the
+prompt, chat, loss and signal modules; no verl, ray or model).
 
 The most frequent complaint in the peers' issues is a student/teacher template or thinking-mode
 mismatch that trains silently on the wrong signal (docs/opsd_recipe.md, "Pre-flight gate"). For
@@ -24,8 +25,15 @@ prompt builder (``prompts.build_prompt_pair``) and renderer (``chat.render_ids``
 
 A failure raises ``PreflightError`` whose message is the readable diff of the two renderings
 (``rendering_diff``); success returns a ``PreflightReport`` whose ``summary()`` is the one log line.
-The gate needs the tokenizer only (seconds at any model size); why the model-level divergence of
-the first response positions is not part of it yet: docs/opsd_recipe.md, "Pre-flight gate".
+These checks need the tokenizer only (seconds at any model size) and run on the driver before Ray.
+
+The model-level part runs on the workers at the start of training, with the real student and
+teacher (docs/opsd_recipe.md, "Pre-flight gate"): the reference solution's first K tokens
+(``control_response``) are scored under the student prompt, the configured teacher prompt and the
+``none`` teacher prompt; the pure pieces of it live here: ``first_position_values`` (the loss's
+per-position divergence, the forward KL and the ``none`` control's divergence from hidden states
+and lm_head weights), ``position_window_edges`` / ``window_means`` (the per-window averages) and
+``divergence_report`` (the table, the metrics and the ``none`` check).
 
 Example::
 
@@ -42,8 +50,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["PreflightError", "PreflightReport", "rendering_diff", "generation_suffix", "turn_end_text",
-           "check_row", "run_preflight"]
+           "check_row", "run_preflight", "control_response", "position_window_edges", "window_means",
+           "first_position_values", "none_control_tolerance", "teacher_is_student", "DivergenceReport",
+           "divergence_report"]
 
+# training rows the gate checks (the first rows of the first train file / of the train dataset)
+GATE_ROWS = 4
 # a neutral user message: the generation prompt of a mode is what the template appends after it
 PROBE_MESSAGE = "PREFLIGHT PROBE"
 # the assistant reply rendered to find the token that closes an assistant turn
@@ -167,7 +179,7 @@ def check_row(extra_info: Mapping, *, rollout_messages: Sequence[Mapping] | None
     none_student, none_teacher = build_prompt_pair("none", dict(extra_info))
     control_student = render_ids(none_student, tokenizer, student_mode)
     control_teacher = render_ids(none_teacher, tokenizer, student_mode)
-    response = _control_response(extra_info, tokenizer)
+    response = control_response(extra_info, tokenizer, tokens=CONTROL_RESPONSE_TOKENS)
     response_BR = torch.tensor([response], dtype=torch.long)
     spliced = splice_teacher_inputs([control_teacher], response_BR, torch.ones_like(response_BR),
                                     pad_token_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0))
@@ -227,10 +239,11 @@ def check_row(extra_info: Mapping, *, rollout_messages: Sequence[Mapping] | None
             "turn_end": _token_name(tokenizer, end_ids["student"])}
 
 
-def _control_response(extra_info: Mapping, tokenizer) -> list[int]:
-    """The none control's response tokens: the first tokens of the reference solution (or the problem)."""
+def control_response(extra_info: Mapping, tokenizer, *, tokens: int) -> list[int]:
+    """The teacher-forced response of the gate: the first ``tokens`` tokens of the reference solution
+    (or the answer, or the problem), at least one token (EOS for an empty row)."""
     text = extra_info.get("solution") or extra_info.get("answer") or extra_info.get("problem") or "x"
-    ids = tokenizer(str(text), add_special_tokens=False)["input_ids"][:CONTROL_RESPONSE_TOKENS]
+    ids = tokenizer(str(text), add_special_tokens=False)["input_ids"][:tokens]
     return [int(i) for i in ids] or [int(tokenizer.eos_token_id)]
 
 
@@ -260,3 +273,188 @@ def run_preflight(rows: Sequence[Mapping], *, teacher_context: str, student_mode
                            teacher_mode=teacher_mode, turn_end=seen["turn_end"], student_suffix=seen["student_suffix"],
                            teacher_suffix=seen["teacher_suffix"], seconds=time.perf_counter() - start, notes=notes)
 
+
+
+# ----------------------------------------------------------------------------- the workers' part
+# The model-level report (run on the workers at the start of training, recipe.opsd.teacher_worker
+# .OPSDActorRolloutRefWorker.preflight_divergence, assembled by the trainer): the pure pieces.
+
+# window edges of the report: positions [0, 4), [4, 16), [16, K) (those below K)
+WINDOW_EDGES = (0, 4, 16)
+# the none control's largest per-position divergence allowed when the teacher has the student's weights,
+# by the dtype of the hidden states. Identical inputs through identical weights give bitwise-identical
+# logits when both forwards run the same kernels on the same shapes (measured: exactly 0 on the CPU path,
+# bf16 autocast, for frozen_initial, ema, live and LoRA). Half precision keeps a margin for GPU kernels
+# that are not bitwise reproducible across batch shapes (dynamic micro-batching can pack the teacher's
+# and the student's rows differently): bf16 rounding of the logits gives ~1e-4-1e-3 nats, not measured
+# (no GPU here); a padding / position / template glue bug gives far more on a trained model.
+NONE_CONTROL_TOLERANCE = {"float64": 1e-9, "float32": 1e-6, "bfloat16": 2e-2, "float16": 2e-2}
+# the teacher kinds whose weights are the student's before the first update (live: at every step)
+SAME_WEIGHT_KINDS = ("frozen_initial", "ema", "live")
+
+
+def position_window_edges(k: int) -> tuple[tuple[int, int], ...]:
+    """The report's windows [lo, hi) over the first ``k`` response positions: (0, 4), (4, 16),
+    (16, k), cut at k (k = 16: (0, 4), (4, 16); k = 3: (0, 3))."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    edges = [edge for edge in WINDOW_EDGES if edge < k] + [k]
+    return tuple(zip(edges[:-1], edges[1:]))
+
+
+def window_means(values_RK, mask_RK, *, windows) -> list[float]:
+    """Mean (float64) of ``values_RK`` over the true entries of ``mask_RK`` whose column (response
+    position) is in each window [lo, hi), pooled over rows; NaN for an empty window."""
+    import torch
+
+    from recipe.opsd.signals import position_windows
+
+    if values_RK.shape != mask_RK.shape or values_RK.dim() != 2:
+        raise ValueError(f"values_RK and mask_RK must be 2-D of the same shape; got {tuple(values_RK.shape)} and "
+                         f"{tuple(mask_RK.shape)}")
+    mask = mask_RK.bool()
+    positions_RK = torch.arange(values_RK.shape[1]).expand(values_RK.shape)
+    return [w["mean"] for w in position_windows(values_RK[mask], positions_RK[mask], windows=windows)]
+
+
+def first_position_values(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, sampled_ids_N, *,
+                          student_bias=None, teacher_bias=None, beta: float, clip_tau, student_temperature: float,
+                          teacher_temperature, topk=None, chunk_size: int = 1024) -> dict:
+    """Per position [N] (no grad): ``divergence``, the loss's d_t (eq. opsd_clipped: per-entry capped,
+    beta, temperatures, top-k support; the fused pass the actor runs, ``signals.
+    weighted_divergence_and_signals``), ``fwd_kl`` (unclipped forward KL, the logged diagnostic) and
+    ``control``: d_t with the teacher at the student's temperature (identical inputs and weights then
+    give 0 whatever the configured temperatures)."""
+    import torch
+
+    from recipe.opsd.losses import fused_linear_weighted_divergence
+    from recipe.opsd.signals import token_signals_from_hidden, weighted_divergence_and_signals
+
+    options = dict(student_bias=student_bias, teacher_bias=teacher_bias, beta=beta, clip_tau=clip_tau,
+                   student_temperature=student_temperature, chunk_size=chunk_size)
+    zeros_N = torch.zeros(student_hidden_NH.shape[0], device=student_hidden_NH.device)
+    hidden = (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+
+    def divergence(temperature):
+        if topk is None:
+            _, values_N, signals = weighted_divergence_and_signals(
+                *hidden, sampled_ids_N, row_weights_N=zeros_N, teacher_temperature=temperature, **options)
+            return values_N, signals["fwd_kl"]
+        _, values_N = fused_linear_weighted_divergence(*hidden, row_weights_N=zeros_N, topk=topk,
+                                                       teacher_temperature=temperature, **options)
+        signals = token_signals_from_hidden(*hidden, sampled_ids_N, student_bias=student_bias, teacher_bias=teacher_bias,
+                                            student_temperature=student_temperature, teacher_temperature=temperature,
+                                            clip_tau=clip_tau, chunk_size=chunk_size)
+        return values_N, signals["fwd_kl"]
+
+    with torch.no_grad():
+        values_N, fwd_kl_N = divergence(teacher_temperature)
+        same = teacher_temperature is None or float(teacher_temperature) == float(student_temperature)
+        control_N = values_N if same else divergence(student_temperature)[0]
+    return {"divergence": values_N.detach(), "fwd_kl": fwd_kl_N.detach(), "control": control_N.detach()}
+
+
+def none_control_tolerance(dtype_name: str) -> float:
+    """The none control's tolerance for hidden states of ``dtype_name`` (``NONE_CONTROL_TOLERANCE``)."""
+    name = str(dtype_name).removeprefix("torch.")
+    if name not in NONE_CONTROL_TOLERANCE:
+        raise ValueError(f"no none-control tolerance for dtype {dtype_name!r}; known: {sorted(NONE_CONTROL_TOLERANCE)}")
+    return NONE_CONTROL_TOLERANCE[name]
+
+
+def teacher_is_student(kind: str, *, resumed: bool) -> bool:
+    """Whether the teacher scores with the student's weights now: kind live always; frozen_initial
+    and ema before the first update of a fresh run (not after a resume); checkpoint never."""
+    return kind == "live" or (kind in SAME_WEIGHT_KINDS and not resumed)
+
+
+def _number(value: float) -> str:
+    return "nan" if value != value else ("0" if value == 0 else f"{value:.4g}")
+
+
+@dataclass
+class DivergenceReport:
+    """The workers' part of the gate: per window, the mean divergence and forward KL of the
+    configured context and of ``none``, and the none control. ``lines()`` is what the trainer
+    prints, ``metrics()`` what it logs (``preflight/...``)."""
+
+    k: int
+    rows: int
+    teacher_context: str
+    teacher_kind: str
+    windows: tuple
+    # {"context" | "none": {"divergence" | "fwd_kl": [mean per window]}}
+    table: dict
+    control_max: float
+    weights_equal: bool
+    tolerance: float
+    dtype: str
+    settings: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.weights_equal or self.control_max <= self.tolerance  # NaN fails
+
+    def verdict(self) -> str:
+        value = _number(self.control_max)
+        if not self.weights_equal:
+            return (f"none control max divergence {value} (reported only: the teacher ({self.teacher_kind}) does not "
+                    "have the student's weights now)")
+        if self.ok:
+            return (f"none control max divergence {value} <= {self.tolerance:g} (teacher {self.teacher_kind} has the "
+                    f"student's weights, {self.dtype})")
+        return (f"none control max divergence {value} > {self.tolerance:g}: the teacher ({self.teacher_kind}) has the "
+                f"student's weights and the none prompt is the student's prompt token for token, so the worker path "
+                "gives the teacher other inputs than the student (position ids, padding, attention mask or the "
+                "teacher/student splice), or other weights")
+
+    def lines(self) -> list[str]:
+        prefix = "[opsd] preflight positions:"
+        labels = [f"{lo}-{hi - 1}" if hi - lo > 1 else f"{lo}" for lo, hi in self.windows]
+        names = {"context": self.teacher_context, "none": "none"}
+        width = max(len(name) for name in names.values())
+        out = [f"{prefix} divergence of the first {self.k} response positions ({self.rows} rows, the reference "
+               f"solution teacher-forced; teacher {self.teacher_kind}{'; ' + self.settings if self.settings else ''})",
+               f"{prefix} {'context'.ljust(width)}  {'measure'.ljust(10)}  " + "  ".join(label.rjust(10) for label in labels)]
+        for side, name in names.items():
+            for measure in ("divergence", "fwd_kl"):
+                cells = "  ".join(_number(v).rjust(10) for v in self.table[side][measure])
+                out.append(f"{prefix} {name.ljust(width)}  {measure.ljust(10)}  {cells}")
+        out.append(f"{prefix} {'ok' if self.ok else 'FAILED'}: {self.verdict()}; {self.seconds:.2f} s")
+        return out
+
+    def metrics(self) -> dict:
+        out = {}
+        for side in ("context", "none"):
+            for measure in ("divergence", "fwd_kl"):
+                for (lo, hi), value in zip(self.windows, self.table[side][measure]):
+                    out[f"preflight/{side}/{measure}_p{lo}_{hi - 1}"] = value
+        out["preflight/none_control_max"] = self.control_max
+        out["preflight/seconds"] = self.seconds
+        return out
+
+
+def divergence_report(values: Mapping, *, mask_RK, is_none_R, k: int, teacher_context: str, teacher_kind: str,
+                      weights_equal: bool, dtype: str, settings: str = "", seconds: float = 0.0) -> DivergenceReport:
+    """The report from the workers' per-position values (``first_position_values`` keys, each [R, K]):
+    rows with ``is_none_R`` true are the none control's, the others the configured context's (the same
+    rows in the same order)."""
+    import torch
+
+    is_none_R = torch.as_tensor(is_none_R, dtype=torch.bool)
+    mask_RK = torch.as_tensor(mask_RK).bool()
+    windows = position_window_edges(k)
+    table = {}
+    for side, rows_R in (("context", ~is_none_R), ("none", is_none_R)):
+        table[side] = {measure: window_means(torch.as_tensor(values[measure])[rows_R], mask_RK[rows_R], windows=windows)
+                       for measure in ("divergence", "fwd_kl")}
+    control_RK = torch.as_tensor(values["control"]).double()[is_none_R]
+    control = control_RK[mask_RK[is_none_R]]
+    control_max = float(control.abs().max()) if control.numel() else float("nan")
+    if control.numel() and not bool(torch.isfinite(control).all()):
+        control_max = float("nan")
+    return DivergenceReport(k=k, rows=int(is_none_R.sum()), teacher_context=teacher_context, teacher_kind=teacher_kind,
+                            windows=windows, table=table, control_max=control_max, weights_equal=weights_equal,
+                            tolerance=none_control_tolerance(dtype), dtype=str(dtype).removeprefix("torch."),
+                            settings=settings, seconds=seconds)

@@ -549,6 +549,83 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         return {"actor": sharded_param_sums(self.actor.engine.module.parameters())}
 
 
+    # ------------------------------------------------------------------ pre-flight gate, the workers' part
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def preflight_divergence(self, tensors: dict, temperature: float) -> dict:
+        """The pre-flight gate's model-level part (``recipe.opsd.preflight``, docs/opsd_recipe.md
+        "Pre-flight gate"), at the start of training, on every rank with the same few rows (FSDP needs
+        every rank in each forward; the rows are a handful).
+
+        ``tensors``: a verl-layout batch (``input_ids``, ``attention_mask``, ``position_ids``: the student
+        prompt left-padded + the teacher-forced response right-padded; ``responses``, ``response_mask``,
+        ``opsd_response_lengths``) with each row's teacher input (``opsd_teacher_*``) and its row index
+        (``PREFLIGHT_ROW_KEY``). The teacher runs as in training (``_teacher_forward``), the student as in
+        training (the ``student_loss`` forward, its loss function replaced by one that scores the rows
+        with ``preflight.first_position_values`` and returns 0). Returns ``divergence``, ``fwd_kl``,
+        ``control`` [B, R] (float64, 0 off the response) and ``dtype`` (of the hidden states).
+        """
+        from verl import DataProto
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        data = left_right_2_no_padding(
+            DataProto.from_dict(tensors=dict(tensors), meta_info={"temperature": float(temperature)}).to_tensordict()
+        )
+        data["teacher_hidden"] = self._teacher_forward(data, TEACHER_INPUT_PREFIX)["teacher_hidden"]
+        tu.assign_non_tensor(data, **{OPSD_FORWARD_KEY: "student_loss"}, compute_loss=True)
+        store: dict = {"rows": []}
+        training_loss = self.actor.loss_fn
+        self.actor.set_loss_fn(partial(
+            _preflight_loss, loss_config=self.opsd.loss, teacher_weight_VH=training_loss.keywords["teacher_weight_VH"],
+            store=store,
+        ))
+        _fsdp2_lazy_init(self.actor.engine.module)
+        try:
+            self.actor.infer_batch(data)
+        finally:
+            self.actor.set_loss_fn(training_loss)
+        shape = tuple(tensors["responses"].shape)
+        out = {key: torch.zeros(shape, dtype=torch.float64) for key in ("divergence", "fwd_kl", "control")}
+        for rows_b, values in store["rows"]:
+            for key in out:
+                out[key][rows_b] = values[key]
+        out["dtype"] = store.get("dtype", "float32")
+        return out
+
+
+def _preflight_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_VH, store):
+    """The pre-flight gate's stand-in for ``actor_loss.opsd_loss`` (same inputs, same head handling):
+    records each row's ``preflight.first_position_values`` in ``store["rows"]`` and returns 0."""
+    from recipe.opsd.preflight import first_position_values
+
+    hidden_bRH = model_output["student_hidden"]
+    dtype, device = hidden_bRH.dtype, hidden_bRH.device
+    student_weight_VH = model_output["student_weight"].to(dtype)
+    student_bias_V = model_output.get("student_bias")
+    student_bias_V = None if student_bias_V is None else student_bias_V.to(dtype)
+    live = teacher_weight_VH is None
+    teacher_weight = (student_weight_VH.detach() if live else teacher_weight_VH).to(dtype)
+    teacher_bias = student_bias_V.detach() if live and student_bias_V is not None else None
+    mask_bR = data["response_mask"].bool().to(device)
+    values = first_position_values(
+        hidden_bRH[mask_bR], student_weight_VH, data["teacher_hidden"].to(device=device, dtype=dtype)[mask_bR],
+        teacher_weight, data["responses"].to(device).long()[mask_bR], student_bias=student_bias_V,
+        teacher_bias=teacher_bias, beta=loss_config.beta, clip_tau=loss_config.clip_tau,
+        student_temperature=loss_config.student_temperature,
+        teacher_temperature=loss_config.effective_teacher_temperature, topk=loss_config.topk,
+        chunk_size=loss_config.chunk_size,
+    )
+    rows = {}
+    for key, values_N in values.items():
+        rows[key] = torch.zeros(mask_bR.shape, dtype=torch.float64)
+        rows[key][mask_bR.cpu()] = values_N.double().cpu()
+    store["rows"].append((data[PREFLIGHT_ROW_KEY].long().cpu(), rows))
+    store["dtype"] = str(dtype).removeprefix("torch.")
+    return hidden_bRH.new_zeros(()), {}
+
+
+# the pre-flight batch's row index [B] (micro-batching may reorder rows)
+PREFLIGHT_ROW_KEY = "opsd_preflight_row"
+
 # kind ema: the teacher's state in every checkpoint (global_step_<s>/opsd_ema_teacher/rank_<r>.pt)
 EMA_HEAD_KEY = "__opsd_teacher_head__"
 

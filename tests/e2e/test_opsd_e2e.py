@@ -102,6 +102,22 @@ def _check_step_metrics(metrics, *, step, vocab_size, not_logged=()):
     assert metrics["timing_s/teacher"] > 0 and metrics["timing_s/update_actor"] > 0
 
 
+def _check_preflight_positions(run, kind, *, checked=True):
+    """The pre-flight gate's workers' part printed its table and verdict and logged with the launch's first step;
+    ``checked``: the teacher has the student's weights, so the none control must be exactly 0 (it is, in bf16 too)."""
+    assert "[opsd] preflight positions: divergence of the first 16 response positions (4 rows" in run.log, run.tail()
+    verdict = "[opsd] preflight positions: ok: none control max divergence "
+    verdict += f"0 <= 0.02 (teacher {kind} has the student's weights, bfloat16)" if checked else ""
+    assert verdict in run.log, run.tail()
+    assert checked or f"(reported only: the teacher ({kind}) does not have the student's weights now)" in run.log
+    first = min(run.metrics)
+    for key in ("context/fwd_kl_p0_3", "context/divergence_p4_15", "none/fwd_kl_p4_15", "none_control_max"):
+        assert math.isfinite(run.metrics[first][f"preflight/{key}"]), key
+    assert run.metrics[first]["preflight/context/fwd_kl_p0_3"] > 0
+    if checked:
+        assert run.metrics[first]["preflight/none_control_max"] == 0.0
+
+
 def _vocab_size(model_dir):
     return json.loads((model_dir / "config.json").read_text())["vocab_size"]
 
@@ -149,6 +165,8 @@ def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_run_env, 
     assert sorted(run.metrics) == [1, 2], run.tail()
     # the pre-flight gate ran before Ray (on by default) on the tokenizer of the Hub id
     assert "[opsd] preflight: ok (4 rows, context full_solution, modes think/think)" in run.log, run.tail()
+    # and its model-level part on the workers before the first rollout (the frozen teacher is the student now)
+    _check_preflight_positions(run, "frozen_initial")
     for step in (1, 2):
         _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
 
@@ -252,6 +270,10 @@ def test_resume_continues_from_the_last_checkpoint(
     assert sorted(first.metrics) == [1, 2], first.tail()
     assert second.returncode == 0, second.tail()
     assert sorted(second.metrics) == [3], "the rerun must continue at step 3 and repeat no step"
+    # the pre-flight report (the one-rank launches run the EMA-0.5 teacher): checked at the fresh start; after a
+    # resume the teacher is no longer the student's weights (reported, logged with step 3)
+    _check_preflight_positions(first, "ema")
+    _check_preflight_positions(second, "ema", checked=False)
     _check_step_metrics(second.metrics[3], step=3, vocab_size=_vocab_size(tiny_model_dir))
 
     # Same data order as an uninterrupted run (the dataloader state is restored, not restarted).
@@ -305,8 +327,9 @@ def _bf16(state):
 # ------------------------------------------------------------------ independent launches
 # 1 rank each, none reads another's files: run two at a time (CI budget: a launch keeps ~1 core busy),
 # the one-rank pair (two dependent launches) in one slot.
+# also (folded in): opsd.preflight=false skips both parts of the pre-flight gate
 SAMPLED_TOKEN_ARGS = ["+experiment=objective_sampled_token_task", "opsd.objective.sft_weight=0.1",
-                      "data.train_batch_size=2", "trainer.save_freq=-1"]
+                      "data.train_batch_size=2", "trainer.save_freq=-1", "opsd.preflight=false"]
 # The checkpoint teacher: a larger model with the student's tokenizer (hidden 128 vs 64, another seed).
 CHECKPOINT_TEACHER = {"seed": 1, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
 
@@ -362,6 +385,8 @@ def test_lora_teacher_is_the_base_model(one_rank_run, independent_runs, fsdp_sta
     run, ckpt, weights_log = independent_runs["lora"]
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], "the monitor must stop the 3-step run after step 2: " + run.tail()
+    # pre-flight: student (adapters on, B = 0) and teacher (adapters off) score the none control identically
+    _check_preflight_positions(run, "frozen_initial")
     assert run.metrics[2]["opsd_monitor/should_stop"] == 1.0 and run.metrics[1]["opsd_monitor/should_stop"] == 0.0
     assert "[opsd] stopped by the collapse monitor: step 2: length signature" in run.log
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
@@ -444,6 +469,7 @@ def test_sampled_token_objective_with_task_reward_one_step(independent_runs):
     assert metrics["opsd/sft_nll"] > 0 and metrics["opsd/sft_tokens"] > 0
     assert metrics["opsd/loss"] == pytest.approx(metrics["actor/loss"], rel=1e-5, abs=1e-8)
     assert 0.0 <= metrics["opsd/task_reward"] <= 1.0 and metrics["actor/grad_norm"] > 0
+    assert "[opsd] preflight" not in run.log and not any(key.startswith("preflight/") for key in metrics)
 
 
 def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, tiny_run_env, tmp_path):
@@ -521,6 +547,7 @@ def test_ema_teacher_with_decay_one_is_the_frozen_teacher(one_rank_run, independ
     LoRA test)."""
     reference, _, _ = one_rank_run
     run = _teacher_kind_run(independent_runs, "ema_decay_1", tiny_model_dir)
+    _check_preflight_positions(run, "ema")
     for step in (1, 2):
         assert _sums(run.metrics[step], "teacher") == _sums(reference.metrics[1], "teacher")
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
@@ -559,6 +586,7 @@ def test_live_teacher_is_the_current_student(independent_runs, tiny_model_dir):
     """No second copy: the weights that score step s are the actor's after step s - 1 (the student
     that sampled the rollouts), the initial model at step 1."""
     run = _teacher_kind_run(independent_runs, "live", tiny_model_dir)
+    _check_preflight_positions(run, "live")
     assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "teacher") == _sums(run.metrics[1], "actor")
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
@@ -569,6 +597,8 @@ def test_checkpoint_teacher_is_that_model(independent_runs, tiny_model_dir):
     rollouts, its lm_head the teacher head: its checksum at both steps is that checkpoint's."""
     teacher_dir = independent_runs["checkpoint_teacher_dir"]
     run = _teacher_kind_run(independent_runs, "checkpoint", tiny_model_dir)
+    _check_preflight_positions(run, "checkpoint", checked=False)  # another model: reported, not checked
+    assert run.metrics[1]["preflight/none_control_max"] > 0
     for step in (1, 2):
         assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(teacher_dir), rel=1e-12)
     assert _float64_sums(teacher_dir) != _float64_sums(tiny_model_dir)

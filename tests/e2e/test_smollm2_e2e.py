@@ -38,6 +38,9 @@ def test_smollm2_trains_two_opsd_steps_and_the_analysis_cli_reads_the_result(smo
                        env=env, script=True, timeout=420)
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
+    # the pre-flight gate's workers' part on a real model: the none control is exactly 0, the solution moves the teacher
+    assert "[opsd] preflight positions: ok: none control max divergence 0 <= " in run.log, run.tail()
+    assert run.metrics[1]["preflight/none_control_max"] == 0.0 and run.metrics[1]["preflight/context/fwd_kl_p0_3"] > 1e-3
     for step, metrics in run.metrics.items():
         assert all(math.isfinite(metrics[k]) for k in ("opsd/loss", "opsd/fwd_kl", "actor/grad_norm")), metrics
         # the full-solution teacher disagrees with the student somewhere (a teacher given the student's prompt: 0)
