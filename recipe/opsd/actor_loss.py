@@ -168,6 +168,21 @@ def _sft_term(model_output, data, weight_VH, bias_V, *, chunk_size: int, dp_size
     return weighted_sum(nll_N, weights=weights_N), nll_N
 
 
+def loss_heads(model_output, *, teacher_weight_VH):
+    """(student hidden [b, R, H], student lm_head weight [V, H] and bias [V] | None, teacher weight [V, H]
+    and bias [V] | None) of a loss forward's output, all in the hidden states' dtype, as the model's own
+    (autocast) lm_head would run. ``teacher_weight_VH`` None (LoRA / live): the student's head, detached."""
+    hidden_bRH = model_output["student_hidden"]
+    dtype = hidden_bRH.dtype
+    student_weight_VH = model_output["student_weight"].to(dtype)
+    student_bias_V = model_output.get("student_bias")
+    student_bias_V = None if student_bias_V is None else student_bias_V.to(dtype)
+    live = teacher_weight_VH is None
+    teacher_weight = (student_weight_VH.detach() if live else teacher_weight_VH).to(dtype)
+    teacher_bias = student_bias_V.detach() if live and student_bias_V is not None else None
+    return hidden_bRH, student_weight_VH, student_bias_V, teacher_weight, teacher_bias
+
+
 def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_VH=None, objective=None):
     """verl loss function: OPSD divergence (or a variant's loss) on the loss positions of one micro-batch.
 
@@ -186,16 +201,9 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, teacher_weight_
     """
     from verl.utils.metric import AggregationType, Metric
 
-    # the lm_head runs in the dtype of the hidden states, as the model's own (autocast) lm_head would
-    student_hidden_bRH = model_output["student_hidden"]
-    dtype = student_hidden_bRH.dtype
-    device = student_hidden_bRH.device
-    student_weight_VH = model_output["student_weight"].to(dtype)
-    student_bias_V = model_output.get("student_bias")
-    student_bias_V = None if student_bias_V is None else student_bias_V.to(dtype)
-    live = teacher_weight_VH is None
-    teacher_weight = (student_weight_VH.detach() if live else teacher_weight_VH).to(dtype)
-    teacher_bias = student_bias_V.detach() if live and student_bias_V is not None else None
+    student_hidden_bRH, student_weight_VH, student_bias_V, teacher_weight, teacher_bias = loss_heads(
+        model_output, teacher_weight_VH=teacher_weight_VH)
+    dtype, device = student_hidden_bRH.dtype, student_hidden_bRH.device
     teacher_hidden_bRH = data["teacher_hidden"].to(device=device, dtype=dtype)
     response_mask_bR = data["response_mask"].bool().to(device)
     responses_bR = data["responses"].to(device).long()

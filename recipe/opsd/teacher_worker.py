@@ -54,6 +54,7 @@ from recipe.opsd.actor_loss import (
     RESPONSE_TOKENS_KEY,
     SFT_INPUT_PREFIX,
     SFT_TOKENS_KEY,
+    loss_heads,
     opsd_loss,
 )
 from recipe.opsd.nonfinite import TEST_NAN_TEACHER_KEY, SkipNonFiniteLossMixin
@@ -597,14 +598,9 @@ def _preflight_loss(model_output, data, dp_group=None, *, loss_config, teacher_w
     records each row's ``preflight.first_position_values`` in ``store["rows"]`` and returns 0."""
     from recipe.opsd.preflight import first_position_values
 
-    hidden_bRH = model_output["student_hidden"]
+    hidden_bRH, student_weight_VH, student_bias_V, teacher_weight, teacher_bias = loss_heads(
+        model_output, teacher_weight_VH=teacher_weight_VH)
     dtype, device = hidden_bRH.dtype, hidden_bRH.device
-    student_weight_VH = model_output["student_weight"].to(dtype)
-    student_bias_V = model_output.get("student_bias")
-    student_bias_V = None if student_bias_V is None else student_bias_V.to(dtype)
-    live = teacher_weight_VH is None
-    teacher_weight = (student_weight_VH.detach() if live else teacher_weight_VH).to(dtype)
-    teacher_bias = student_bias_V.detach() if live and student_bias_V is not None else None
     mask_bR = data["response_mask"].bool().to(device)
     values = first_position_values(
         hidden_bRH[mask_bR], student_weight_VH, data["teacher_hidden"].to(device=device, dtype=dtype)[mask_bR],
