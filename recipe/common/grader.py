@@ -91,8 +91,9 @@ class GradeResult:
         acc: whether the extracted answer equals the ground truth.
         pred: the extracted answer (boxed content, or the ``Answer:`` text in reward mode),
             None if none found.
-        has_boxed: whether a complete (balanced) ``\\boxed{}`` answer was found; the same
-            in both modes (the paper's "Format", the boxed-answer rate).
+        has_boxed: whether the final balanced ``\\boxed{}`` holds an answer (``has_boxed_answer``:
+            an empty ``\\boxed{}``, e.g. the instruction's echoed, is none); the same in both modes
+            (the paper's "Format", the boxed-answer rate).
     """
 
     score: float
@@ -135,6 +136,13 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+def has_boxed_answer(boxed: str | None) -> bool:
+    """Whether ``extract_boxed``'s result is a boxed answer: present and not empty. A model that
+    echoes the prompt's "put your final answer within \\boxed{}" writes an empty box, which the
+    boxed-answer rate must not count (SmolLM2 does: docs/real_model.md §5)."""
+    return bool(boxed)
+
+
 def extract_answer_line(text: str) -> str | None:
     """Text after the last ``Answer:`` on its line, without ``$``, ``*`` or a final period."""
     last = None
@@ -159,8 +167,7 @@ def extract_answer(text: str, *, mode: str = EVALUATION) -> str | None:
     """The answer ``mode`` extracts: the final balanced boxed content, and in ``reward`` mode
     the ``Answer:`` line when there is no boxed answer.
 
-    ``mode`` defaults to ``evaluation`` (boxed only) for callers that only ask whether an
-    answer is boxed (the trainer's ``opsd/rollout_boxed_rate``); ``grade`` has no default.
+    ``mode`` defaults to ``evaluation`` (boxed only); ``grade`` has no default.
     """
     boxed = extract_boxed(text)
     if check_mode(mode) == REWARD and boxed is None:
@@ -356,7 +363,7 @@ def grade(response: str, ground_truth, *, mode: str, timeout_s: float = DEFAULT_
     boxed = extract_boxed(response)
     pred = extract_answer_line(response) if boxed is None and mode == REWARD else boxed
     acc = pred is not None and gold != "" and answers_match(pred, gold, timeout_s=timeout_s)
-    return GradeResult(score=1.0 if acc else 0.0, acc=acc, pred=pred, has_boxed=boxed is not None)
+    return GradeResult(score=1.0 if acc else 0.0, acc=acc, pred=pred, has_boxed=has_boxed_answer(boxed))
 
 
 def _serve() -> None:

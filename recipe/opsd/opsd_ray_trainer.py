@@ -280,7 +280,7 @@ class RayOPSDTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------ metrics
     def _rollout_metrics(self, batch: DataProto) -> dict:
-        from recipe.common.grader import extract_answer
+        from recipe.common.grader import extract_boxed, has_boxed_answer
 
         response_len = batch.batch["responses"].shape[1]
         lengths = batch.batch[RESPONSE_LENGTHS_KEY].float()
@@ -294,7 +294,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             "response_length/min": lengths.min().item(),
             "response_length/clip_ratio": (lengths >= response_len).float().mean().item(),
             "prompt_length/mean": prompt_lengths.mean().item(),
-            "opsd/rollout_boxed_rate": float(np.mean([extract_answer(t) is not None for t in texts])),
+            "opsd/rollout_boxed_rate": float(np.mean([has_boxed_answer(extract_boxed(t)) for t in texts])),
         }
         if "rm_scores" in batch.batch.keys():
             metrics["opsd/rollout_score"] = batch.batch["rm_scores"].sum(-1).mean().item()

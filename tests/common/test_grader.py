@@ -143,6 +143,11 @@ def test_grade_result_fields():
         assert grade("\\boxed{6}", "5", mode=mode) == GradeResult(score=0.0, acc=False, pred="6", has_boxed=True)
         assert grade("nothing", "5", mode=mode) == GradeResult(score=0.0, acc=False, pred=None, has_boxed=False)
     assert grade("Answer: 5", "5", mode=REWARD) == GradeResult(score=1.0, acc=True, pred="5", has_boxed=False)
+    # an empty box (the instruction's "within \\boxed{}" echoed) is not a boxed answer, in either mode
+    for mode in (EVALUATION, REWARD):
+        assert grade("To put your final answer within \\boxed{}, add 5 and 9.", "14", mode=mode) == GradeResult(
+            score=0.0, acc=False, pred="", has_boxed=False)
+        assert grade("\\boxed{14}. Put it within \\boxed{ }", "14", mode=mode).has_boxed is False
     assert grade("Answer: 5", "5", mode=EVALUATION) == GradeResult(score=0.0, acc=False, pred=None, has_boxed=False)
 
 

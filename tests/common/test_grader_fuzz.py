@@ -122,7 +122,7 @@ def check_call(response: str, gold: str, mode: str) -> tuple[float, str | None]:
     boxed = extract_boxed(response)
     if not isinstance(result, GradeResult) or not isinstance(result.acc, bool):
         return elapsed, f"returned {result!r}"
-    if result.score != float(result.acc) or result.has_boxed is not (boxed is not None):
+    if result.score != float(result.acc) or result.has_boxed is not bool(boxed):
         return elapsed, f"inconsistent {result!r}"
     if not (result.pred is None or isinstance(result.pred, str)) or (mode == EVALUATION and result.pred != boxed):
         return elapsed, f"wrong pred {result.pred!r}"
