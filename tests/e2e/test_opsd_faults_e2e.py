@@ -45,12 +45,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _read_metrics(path):
-    """verl's file logger lines ``{"step": s, "data": {...}}`` -> ``{step: data}`` (one line per step here)."""
+    """verl's file logger lines ``{"step": s, "data": {...}}`` -> ``{step: data}``: one training record per
+    step (a repeated step fails); a launch's pre-flight record (``preflight/...`` only, logged with its
+    first step) is merged into that step."""
     metrics = {}
     for line in path.read_text().splitlines() if path.exists() else []:
         record = json.loads(line)
-        assert record["step"] not in metrics, f"step {record['step']} logged twice in {path}"
-        metrics[record["step"]] = record["data"]
+        step, data = record["step"], record["data"]
+        seen = metrics.setdefault(step, {})
+        training_seen = any(not key.startswith("preflight/") for key in seen)
+        preflight_only = all(key.startswith("preflight/") for key in data)
+        assert not (set(data) & set(seen)) and (preflight_only or not training_seen), f"step {step} logged twice in {path}"
+        seen.update(data)
     return metrics
 
 
