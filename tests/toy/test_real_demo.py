@@ -1,4 +1,5 @@
-"""CPU demo ``real`` (recipe.toy.real_demo): SmolLM2 + three-operand one-digit sums, its presets and evaluation rows.
+"""CPU demo ``real`` (recipe.toy.real_demo): SmolLM2 after a format SFT on sums of two numbers, OPSD / GRPO on sums
+of three numbers up to 19; its presets, the student's SFT stage and the evaluation rows.
 
 The plan tests locate the SmolLM2 directory without building it (the wheel's GGUF is hashed), so
 they need the wheel (skipped without it; CI installs it). The learning itself is measured, not
@@ -17,7 +18,15 @@ from recipe.launch.demos import get_demo
 from recipe.launch.recipes import get_recipe
 from recipe.launch.run import plan
 from recipe.launch.settings import Settings
-from recipe.toy.real_demo import REAL_TASK, display_real, greedy_preset, task_dir, write_real_data
+from recipe.toy.real_demo import (
+    REAL_TASK,
+    RealStudent,
+    display_real,
+    greedy_preset,
+    real_student_dir,
+    task_dir,
+    write_real_data,
+)
 from recipe.toy.task import TaskConfig
 from tests.conftest import requires_smollm2
 
@@ -35,7 +44,8 @@ def test_real_demo_plans_smollm2_with_native_modes_and_the_same_problems(recipe,
 
     launch, build = real_plan(recipe, tmp_path)
     cfg = launch.config
-    assert cfg.actor_rollout_ref.model.path == str(expected_dir(cache_dir=tmp_path))
+    student = real_student_dir(expected_dir(cache_dir=tmp_path), RealStudent(), cache=tmp_path) / "student"
+    assert cfg.actor_rollout_ref.model.path == str(student)
     assert cfg.data.train_files == str(task_dir(tmp_path) / "train.parquet")
     assert (cfg.trainer.total_training_steps, cfg.data.train_batch_size, cfg.data.max_response_length) == (16, 8, 128)
     assert cfg.data.seed == 42 and cfg.actor_rollout_ref.actor.optim.lr == 1.0e-5
@@ -46,7 +56,7 @@ def test_real_demo_plans_smollm2_with_native_modes_and_the_same_problems(recipe,
         assert cfg.opsd.loss.clip_tau == 0.05 and cfg.opsd.teacher_context == "full_solution"
     else:
         assert cfg.actor_rollout_ref.rollout.n == 4 and not cfg.data.apply_chat_template_kwargs
-    assert build.evaluate is not None and build.before_dir.parent == task_dir(tmp_path) / "eval_before"
+    assert build.evaluate is not None and build.before_dir == task_dir(tmp_path) / "eval_before" / student.parent.name
     assert not any(tmp_path.iterdir())  # build=False: nothing made
 
 
@@ -81,3 +91,48 @@ def test_evaluation_is_greedy_native_at_the_training_cap_and_displayed_in_percen
     rows = display_real({"greedy": 0.25, "boxed_rate": 0.5, "mean_length": 40.25, "n_problems": 64, "eval_s": 3.0})
     assert rows == {"greedy accuracy (%), 64 problems": "25.0", "boxed rate (%)": "50.0",
                     "mean length (tokens)": "40.2"}
+
+
+def test_the_student_task_and_the_demo_task_share_no_problem_and_the_student_sft_is_pinned():
+    sft_task = RealStudent().task
+    assert (sft_task.num_operands, REAL_TASK.num_operands) == (2, 3)  # two numbers to learn the format, three to train
+    assert sft_task.wording == REAL_TASK.wording == "sentence" and sft_task.max_operand == REAL_TASK.max_operand == 19
+    overrides = RealStudent().overrides()
+    assert "trainer.total_training_steps=14" in overrides and "optim.lr=1e-05" in overrides
+    assert "data.enable_thinking_default=null" in overrides and "engine.dtype=float32" in overrides
+    assert RealStudent().digest() != RealStudent(steps=15).digest() == RealStudent(steps=15).digest()
+
+
+@pytest.mark.parametrize("kwargs,match", [({"steps": 0}, "RealStudent.steps"), ({"batch_size": 2.0}, "RealStudent.batch_size"),
+                                          ({"lr": 0.0}, "RealStudent.lr must be > 0")])
+def test_real_student_rejects_bad_values_naming_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RealStudent(**kwargs)
+
+
+def test_sft_trains_the_answer_after_the_exact_rollout_prompt_on_smollm2(smollm2_dir, tmp_path):
+    """verl's SFT dataset (the overrides' data settings) renders a format-SFT row as the OPSD rollout's prompt ids
+    (``recipe.common.chat.render_ids``, native mode) followed by the reference solution and <|im_end|>; the loss is
+    on exactly those answer tokens."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from recipe.common.chat import render_ids
+    from recipe.toy.data import sft_rows
+    from recipe.toy.task import make_records
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    record = make_records(RealStudent().task)["train"][0]
+    path = tmp_path / "sft.parquet"
+    pd.DataFrame(sft_rows([record], mix={"problem": 1.0})).to_parquet(path)
+    data = dict(item.split("=", 1) for item in RealStudent().overrides() if item.startswith("data."))
+    config = OmegaConf.create({"pad_mode": "no_padding", "truncation": "error", "max_length": int(data["data.max_length"]),
+                               "enable_thinking_default": None, "messages_key": "messages"})
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    item = MultiTurnSFTDataset(parquet_files=str(path), tokenizer=tokenizer, config=config)[0]
+    prompt = render_ids(student_messages(record["problem"]), tokenizer, None)
+    answer = tokenizer(record["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    ids, mask = item["input_ids"].tolist(), item["loss_mask"].bool().tolist()
+    assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
+    trained = [token for token, on in zip(ids, mask) if on]
+    assert trained[:len(answer)] == answer and tokenizer.decode(trained[len(answer):]).strip() == ""

@@ -65,3 +65,42 @@ def test_config_rejects_bad_values_naming_the_field(field, value):
 def test_config_rejects_more_problems_than_exist():
     with pytest.raises(ValueError, match="distinct problems"):
         TaskConfig(num_operands=2, digits=1, n_train=40, n_heldout=5)
+
+
+def test_solve_sentence_wording_hand_written_example():
+    assert solve((7, 16, 2), wording="sentence") == {
+        "problem": "What is 7 + 16 + 2?",
+        "cot": "7 + 16 = 23\n23 + 2 = 25",
+        "solution": "7 + 16 = 23\n23 + 2 = 25\n\nSo, the answer is \\boxed{25}.",
+        "answer": "25",
+    }
+    assert grade(solve((7, 16), wording="sentence")["solution"], "23", mode="evaluation").acc
+    with pytest.raises(ValueError, match="wording must be one of"):
+        solve((1, 2), wording="chat")
+
+
+def test_max_operand_draws_from_one_to_max_inclusive_in_either_wording():
+    task = small(num_operands=2, digits=1, max_operand=19, n_train=150, n_heldout=30, wording="sentence")
+    records = make_records(task)
+    operands = set()
+    for row in records["train"] + records["heldout"]:
+        a, b = (int(v) for v in row["problem"][len("What is "):-1].split(" + "))
+        operands |= {a, b}
+        assert row["answer"] == str(a + b) and row["solution"].endswith(f"So, the answer is \\boxed{{{a + b}}}.")
+        assert row["unrelated_solution"].startswith(row["unrelated_problem"][len("What is "):-1])
+        assert row["id"].startswith(f"{DATA_SOURCE}-2x1-s0-max19-sentence-")
+    assert min(operands) == 1 and max(operands) == 19
+    assert task.operand_range == (1, 20) and small().operand_range == (10, 100)
+    # The toy world's ids and records are what they were before the knobs existed.
+    assert make_records(small())["train"][0]["id"] == f"{DATA_SOURCE}-3x2-s0-train-0"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"max_operand": 1}, "max_operand must be None or an integer >= 2"),
+    ({"max_operand": 19, "digits": 2}, "max_operand=19 replaces the digits range; leave digits at 1"),
+    ({"wording": "chat"}, r"wording must be one of \('compact', 'sentence'\)"),
+    ({"num_operands": 2, "digits": 1, "max_operand": 9, "n_train": 40}, r"only 81 exist .* operands in \[1, 10\)"),
+])
+def test_config_rejects_bad_task_knobs_naming_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        small(**kwargs)
