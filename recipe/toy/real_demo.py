@@ -116,7 +116,7 @@ def build_real_student(smollm2: str | Path, config: RealStudent = RealStudent(),
     times = {}
     if not (root / "student" / "config.json").is_file():
         log(f"[real] the format SFT of SmolLM2, once (cached in {root}): {config.steps} steps x {config.batch_size} "
-            f"sums of two numbers with verl's SFT trainer on the CPU; log {root / 'sft.log'}")
+            f"solved sums of {config.task.num_operands} numbers with verl's SFT trainer on the CPU; log {root / 'sft.log'}")
         times = sft_and_merge(init=Path(smollm2), sft_file=sft_file, root=root, overrides=config.overrides(),
                               label="SmolLM2 format SFT", steps=config.steps, cache=cache)
     (root / "BUILD.json").write_text(json.dumps({"config": dataclasses.asdict(config), "hash": config.digest(),

