@@ -139,7 +139,7 @@ def extract_boxed(text: str) -> str | None:
 def has_boxed_answer(boxed: str | None) -> bool:
     """Whether ``extract_boxed``'s result is a boxed answer: present and not empty. A model that
     echoes the prompt's "put your final answer within \\boxed{}" writes an empty box, which the
-    boxed-answer rate must not count (SmolLM2 does: docs/real_model.md §5)."""
+    boxed-answer rate must not count (SmolLM2 does: docs/real_model.md §5b)."""
     return bool(boxed)
 
 

@@ -123,6 +123,8 @@ def build_real_student(smollm2: str | Path, config: RealStudent = RealStudent(),
                                                  "smollm2": str(smollm2), "times": times}, indent=2) + "\n")
     log(f"[real] student built in {root / 'student'} ({times})")
     return root / "student"
+
+
 # Evaluation cap = the presets' data.max_response_length.
 EVAL_MAX_NEW_TOKENS = 128
 
@@ -183,7 +185,8 @@ def smollm2_path(settings: Settings, *, build: bool) -> Path:
 
 
 def real(recipe: str, settings: Settings, *, build: bool = True, task: TaskConfig = REAL_TASK) -> DemoBuild:
-    """The real demo: SmolLM2 and the task's data (cached), a fresh run directory, the held-out evaluation."""
+    """The real demo: the format-SFT SmolLM2 student and the task's data (cached), a fresh run directory, the held-out
+    evaluation."""
     if recipe == "sft":
         raise ValueError("CPU_DEMO=real is an OPSD / GRPO demo (run_opsd.sh, run_grpo.sh); SFT has none")
     if settings.model_path:

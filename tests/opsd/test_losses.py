@@ -45,7 +45,7 @@ def test_the_clip_turns_the_gradient_of_a_clipped_entry_away_from_the_teacher_by
     # Forward KL: d loss / d z_S = pS - pT = (1/4, -1/4, 0): a descent step raises entry 1 (the teacher's favourite).
     # Clipped at 0.05, entry 1's term (ln2 / 2 = 0.35) is the constant 0.05; the kept entries U = {0, 2} give
     # d / d z_j = pS_j * sum_U pT - pT_j [j in U] = (1/2 * 1/2 - 1/4, 1/4 * 1/2, 1/4 * 1/2 - 1/4) = (0, 1/8, -1/8):
-    # a descent step LOWERS entry 1, the one the teacher prefers most (docs/real_model.md §4 measures this on SmolLM2).
+    # a descent step LOWERS entry 1, the one the teacher prefers most (docs/real_model.md §5a measures this on SmolLM2).
     for clip_tau, expected in ((None, (0.25, -0.25, 0.0)), (0.05, (0.0, 0.125, -0.125))):
         student = _logits(PS).requires_grad_(True)
         token_divergence(student, _logits(PT), beta=0.0, clip_tau=clip_tau, chunk_size=chunk_size).sum().backward()
