@@ -54,6 +54,9 @@ def test_real_demo_plans_smollm2_with_native_modes_and_the_same_problems(recipe,
     if recipe == "opsd":
         assert (cfg.opsd.student_mode, cfg.opsd.teacher_mode) == (None, None)
         assert cfg.opsd.loss.clip_tau == 0.05 and cfg.opsd.teacher_context == "full_solution"
+        # the monitor's windows fit a 16-step run (the paper's 1-10 vs the last 10 would never check it)
+        monitor = cfg.opsd.monitor
+        assert (monitor.enabled, monitor.early_start, monitor.early_end, monitor.recent_window) == (True, 1, 3, 3)
     else:
         assert cfg.actor_rollout_ref.rollout.n == 4 and not cfg.data.apply_chat_template_kwargs
     assert build.evaluate is not None and build.before_dir == task_dir(tmp_path) / "eval_before" / student.parent.name
