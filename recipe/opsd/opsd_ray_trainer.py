@@ -628,12 +628,17 @@ class RayOPSDTrainer(RayPPOTrainer):
         ``raise_on_stop`` the checkpoint of the step is saved before the error propagates."""
         if self.monitor is None:
             return False
+        seen = len(self.monitor.events)
         try:
             metrics.update(self.monitor.update(metrics, step=self.global_steps))
         except TrainingCollapseError:
             if self.config.trainer.save_freq > 0:
                 self._save_checkpoint()
             raise
+        finally:
+            # The warnings also go to the console as "[opsd]" lines (the launcher's condensed output shows them).
+            for event in self.monitor.events[seen:]:
+                print(f"[opsd] collapse monitor ({event.signature}): {event.message}", flush=True)
         return self.monitor.should_stop
 
     def _log_rollouts(self, batch: DataProto, timing_raw: dict, rollout_data_dir: str) -> None:

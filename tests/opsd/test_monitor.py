@@ -171,3 +171,21 @@ def test_config_from_hydra_yaml_containers():
     config = MonitorConfig(**cfg)
     assert config.stop_on == ("collapse", "boxed")
     assert config.key("entropy") == "actor/entropy" and config.key("grad_norm") == "actor/grad_norm"
+
+
+def test_the_trainer_prints_each_new_warning_as_an_opsd_console_line(capsys):
+    """``RayOPSDTrainer._update_monitor`` (the glue): every warning the step adds is printed once as an
+    ``[opsd]`` line, the prefix the launcher's condensed console output shows (a demo run shows it live)."""
+    from types import SimpleNamespace
+
+    from recipe.opsd.opsd_ray_trainer import RayOPSDTrainer
+
+    trainer = SimpleNamespace(monitor=TrainingDynamicsMonitor(MonitorConfig(early_end=3, recent_window=3)),
+                              config=SimpleNamespace(trainer=SimpleNamespace(save_freq=0)), global_steps=0)
+    printed = []
+    for row in trace(16, length=lambda s: 40.0 if s <= 3 else 90.0):
+        trainer.global_steps = row.pop("step")
+        assert RayOPSDTrainer._update_monitor(trainer, dict(row)) is False
+        printed += [line for line in capsys.readouterr().out.splitlines() if line.startswith("[opsd] collapse monitor")]
+    assert printed[0].startswith("[opsd] collapse monitor (length): rollout length blow-up at step 6:")
+    assert len(printed) == len(trainer.monitor.events) >= 1
