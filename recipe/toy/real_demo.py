@@ -72,28 +72,13 @@ class RealStudent:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
     def overrides(self) -> list[str]:
-        """verl SFT overrides (on top of sft_trainer.yaml and the CPU platform)."""
-        return [
-            f"data.train_batch_size={self.batch_size}",
-            f"data.micro_batch_size_per_gpu={self.batch_size}",
-            # Student prompt (~60 tokens) + solution (<= 40 tokens).
-            "data.max_length=256",
-            f"data.max_token_len_per_gpu={256 * self.batch_size}",
-            # SmolLM2's template has no reasoning-mode switch: render it natively.
-            "data.enable_thinking_default=null",
-            f"optim.lr={self.lr}",
-            # fp32 compute on CPU (verl's FSDP default is bf16 mixed precision, slow without AMX).
-            "engine.dtype=float32",
-            "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
-            "model.enable_gradient_checkpointing=False",
-            f"trainer.total_training_steps={self.steps}",
-            # The step count stops the run.
-            "trainer.total_epochs=100000",
-            f"trainer.save_freq={self.steps}",
-            "trainer.experiment_name=real_student_sft",
-            f"trainer.seed={self.seed}",
-            f"engine.seed={self.seed}",
-        ]
+        """verl SFT overrides: rows of student prompt (~60 tokens) + solution (<= 40 tokens) in 256 tokens, and
+        SmolLM2's template rendered natively (it has no reasoning-mode switch)."""
+        from recipe.toy.student import cpu_sft_overrides
+
+        return cpu_sft_overrides(batch_size=self.batch_size, max_length=256, lr=self.lr, steps=self.steps,
+                                 seed=self.seed, experiment_name="real_student_sft") + [
+            "data.enable_thinking_default=null"]
 
 
 def real_student_dir(smollm2: str | Path, config: RealStudent, *, cache: str | Path) -> Path:

@@ -139,27 +139,35 @@ def write_data(config: StudentConfig, data_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def sft_overrides(config: StudentConfig) -> list[str]:
-    """verl SFT overrides of the toy student's SFT run (on top of sft_trainer.yaml and the CPU platform)."""
+def cpu_sft_overrides(*, batch_size: int, max_length: int, lr: float, steps: int, seed: int,
+                      experiment_name: str) -> list[str]:
+    """verl SFT overrides of a short fp32 SFT run on the CPU (on top of sft_trainer.yaml and the CPU platform):
+    batches of ``batch_size`` rows of at most ``max_length`` tokens, ``steps`` steps, one checkpoint at the end."""
     return [
-        f"data.train_batch_size={config.sft_batch_size}",
-        f"data.micro_batch_size_per_gpu={config.sft_batch_size}",
-        # Longest toy row (full-solution prompt + answer) is ~750 character tokens.
-        "data.max_length=1024",
-        f"data.max_token_len_per_gpu={1024 * config.sft_batch_size}",
-        f"optim.lr={config.sft_lr}",
+        f"data.train_batch_size={batch_size}",
+        f"data.micro_batch_size_per_gpu={batch_size}",
+        f"data.max_length={max_length}",
+        f"data.max_token_len_per_gpu={max_length * batch_size}",
+        f"optim.lr={lr}",
         # fp32 compute on CPU (verl's FSDP default is bf16 mixed precision, slow without AMX).
         "engine.dtype=float32",
         "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         "model.enable_gradient_checkpointing=False",
-        f"trainer.total_training_steps={config.sft_steps}",
+        f"trainer.total_training_steps={steps}",
         # The step count stops the run (verl's default of 4 epochs would cut small data sets short).
         "trainer.total_epochs=100000",
-        f"trainer.save_freq={config.sft_steps}",
-        "trainer.experiment_name=toy_student_sft",
-        f"trainer.seed={config.model_seed}",
-        f"engine.seed={config.model_seed}",
+        f"trainer.save_freq={steps}",
+        f"trainer.experiment_name={experiment_name}",
+        f"trainer.seed={seed}",
+        f"engine.seed={seed}",
     ]
+
+
+def sft_overrides(config: StudentConfig) -> list[str]:
+    """verl SFT overrides of the toy student's SFT run. Longest toy row (full-solution prompt + answer): ~750
+    character tokens, so 1,024-token rows."""
+    return cpu_sft_overrides(batch_size=config.sft_batch_size, max_length=1024, lr=config.sft_lr,
+                             steps=config.sft_steps, seed=config.model_seed, experiment_name="toy_student_sft")
 
 
 def sft_and_merge(*, init: Path, sft_file: Path, root: Path, overrides: list[str], label: str, steps: int,
