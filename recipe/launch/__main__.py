@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         if settings.demo is not None:
             return run_demo(recipe, settings, args, dry_run=dry_run)
         launch = plan(recipe, settings, args)
-    except config_errors() as err:
-        print(f"[launch] error: {err}", file=sys.stderr)
+    except config_errors() as err:  # a start-up check's error carries its own line
+        print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
         return 2
     except RuntimeError as err:  # a demo stage failed: the message carries the end of its log
         print(f"[launch] {err}", file=sys.stderr)

@@ -26,6 +26,9 @@ class Recipe:
     (verl's SFT trainer). reward: the project's grader is the verl reward (RL recipes).
     vllm_platform: the CPU option with verl's vLLM rollout (CPU_ROLLOUT=vllm); None for a recipe
     without a rollout (SFT), which has no use for the guarded weight push either (recipe.launch.verl_env).
+    startup_checks: ``"module:function"`` the recipe's entry point runs before Ray starts; the launcher
+    runs it too, on the resolved final config of every launch and ``--dry-run`` (named by string: the
+    launcher imports no recipe). It raises an error whose ``line`` attribute (else its text) is shown.
     """
 
     name: str
@@ -39,6 +42,7 @@ class Recipe:
     torchrun: bool = False
     reward: bool = True
     vllm_platform: str | None = None
+    startup_checks: str | None = None
 
     def command(self, python: str, overrides: Sequence[str], *, nproc: int = 1) -> list[str]:
         """The argv that starts the trainer with ``overrides`` (each key once)."""
@@ -47,6 +51,18 @@ class Recipe:
             return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                     "-m", self.module, *config, *overrides]
         return [python, "-m", self.module, *config, *overrides]
+
+    def run_startup_checks(self, cfg) -> None:
+        """The recipe's start-up checks on a resolved copy of ``cfg`` (nothing when it has none)."""
+        if self.startup_checks is None:
+            return
+        import importlib
+
+        from omegaconf import OmegaConf
+
+        module, function = self.startup_checks.split(":")
+        resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        getattr(importlib.import_module(module), function)(resolved)
 
     def reward_overrides(self) -> list[str]:
         if not self.reward:
@@ -62,7 +78,8 @@ RECIPES = {
     recipe.name: recipe
     for recipe in (
         Recipe("opsd", REPO_ROOT / "recipe" / "opsd" / "config", "opsd_trainer", "recipe.opsd.main_opsd", "cpu",
-               "actor_rollout_ref.model.path", "data.train_files", "data.val_files", vllm_platform="cpu_vllm"),
+               "actor_rollout_ref.model.path", "data.train_files", "data.val_files", vllm_platform="cpu_vllm",
+               startup_checks="recipe.opsd.startup:startup_checks"),
         Recipe("grpo", REPO_ROOT / "recipe" / "grpo_baseline" / "config", "grpo_trainer", "verl.trainer.main_ppo",
                "cpu", "actor_rollout_ref.model.path", "data.train_files", "data.val_files", vllm_platform="cpu_vllm"),
         Recipe("sft", REPO_ROOT / "recipe" / "sft" / "config", "sft_trainer", "verl.trainer.sft_trainer", "cpu_sft",

@@ -159,6 +159,7 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     overrides.add([f"trainer.default_local_dir={ckpt}"], source="CKPT_DIR")
     cfg = composer.compose(recipe, overrides.as_list())
     _validate(recipe, settings, cfg, base)
+    recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)
 

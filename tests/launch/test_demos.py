@@ -100,8 +100,10 @@ def test_no_argument_dry_run_prints_the_config_once_and_builds_nothing(tmp_path)
 
 
 def test_dry_run_says_when_model_path_replaces_the_demo_model(tmp_path):
+    from recipe.models.tiny import build_tiny_model
+
     model = tmp_path / "my_model"
-    model.mkdir()
+    build_tiny_model(model)  # a real model directory: the dry run runs the launch's start-up checks
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "cpu",
            "OPSD_CACHE": str(tmp_path / "cache"), "MODEL_PATH": str(model)}
     proc = subprocess.run(["bash", "recipe/opsd/run_opsd.sh", "--dry-run"], cwd=REPO_ROOT, env=env,

@@ -30,7 +30,8 @@ OPSD, GRPO, SFT = get_recipe("opsd"), get_recipe("grpo"), get_recipe("sft")
 PAPER_MODELS = [m for m in OPSD.presets("model")
                 if OmegaConf.select(OmegaConf.load(OPSD.config_dir / "model" / f"{m}.yaml"), "model_preset.hf_id")]
 # one factor each: caps (with micro-batch rebalancing), teacher cap, global batch + steps, schedule, temperatures
-EXPERIMENTS = ["default", "rollout_4096", "context_cot_solution", "opsd_vs_grpo_matched", "steps_300", "temp_s06_t06",
+# (steps_300 continues another run's checkpoint, which the launch's start-up checks require: its own test)
+EXPERIMENTS = ["default", "rollout_4096", "context_cot_solution", "opsd_vs_grpo_matched", "temp_s06_t06",
                "rollout_256", "lora_r64", "omr_cot_sol_4k"]
 
 
@@ -74,7 +75,7 @@ def expected_opsd(model: str, experiment: str) -> dict:
     ("objective_sft", "full_vocabulary", 0.0, 1, 0.1),
 ])
 def test_objective_presets_reach_the_final_config_and_validate(experiment, kind, task_weight, n, sft_weight):
-    from recipe.opsd.main_opsd import prepare_config
+    from recipe.opsd.startup import prepare_config
 
     launch = gpu_plan(OPSD, ["+model=qwen3_1p7b", f"+experiment={experiment}"])
     assert_reaches(launch.config, {"opsd.objective.kind": kind, "opsd.objective.task_weight": task_weight,
@@ -246,7 +247,7 @@ def test_teacher_presets_compose_through_the_launcher_and_the_sweep(tmp_path):
     (teacher = the pre-SFT model) reach the final config and pass the start-up checks; the SFT-10
     preset launched directly from an SFT checkpoint without a teacher path is refused (zero loss)."""
     from recipe.experiments.sweep import EvalSettings, plan_sweep
-    from recipe.opsd.main_opsd import prepare_config
+    from recipe.opsd.startup import prepare_config
 
     cross = gpu_plan(OPSD, ["+model=qwen3_4b_instruct_teacher_qwen3_4b"])
     assert_reaches(cross.config, {
@@ -264,9 +265,8 @@ def test_teacher_presets_compose_through_the_launcher_and_the_sweep(tmp_path):
     assert (cfg.opsd.teacher.kind, cfg.opsd.teacher.path, cfg.opsd.teacher_context) == ("checkpoint", "Qwen/Qwen3-1.7B", "none")
     assert prepare_config(cfg).teacher.path == "Qwen/Qwen3-1.7B"
 
-    direct = gpu_plan(OPSD, ["+model=qwen3_1p7b", "+experiment=sft10_then_no_privilege"])
     with pytest.raises(ValueError, match="the student's own checkpoint .*opsd.teacher.allow_zero_loss=true"):
-        prepare_config(direct.config)
+        gpu_plan(OPSD, ["+model=qwen3_1p7b", "+experiment=sft10_then_no_privilege"])  # the launch's start-up checks
     fixed = gpu_plan(OPSD, ["+model=qwen3_1p7b", "+experiment=sft10_then_no_privilege", "opsd.teacher.path=/models/pre_sft"])
     assert prepare_config(fixed.config).teacher.path == "/models/pre_sft"
 
@@ -282,3 +282,12 @@ def test_a_rollout_cap_missing_from_the_model_presets_table_is_said():
     listed = gpu_plan(OPSD, ["+model=qwen3_1p7b", "data.max_response_length=8192"])
     assert listed.config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 1
     assert "micro-batch table" not in listed.describe()
+
+
+def test_dry_run_runs_the_launchs_start_up_checks():
+    """A value only the typed OPSD config rejects stops a dry run with the line the launch would print."""
+    with pytest.raises(ValueError, match=r"^\[opsd\] invalid config: opsd.student_mode must be one of"):
+        gpu_plan(OPSD, ["+model=qwen3_1p7b", "opsd.student_mode=bogus"])
+    bad = _script("recipe/opsd/run_opsd.sh", "+model=qwen3_1p7b", "opsd.loss.beta=2", DEVICE="gpu",
+                  TRAIN_FILES="/data/t.parquet")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("[opsd] invalid config: opsd.loss.beta")

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from hydra import compose, initialize_config_dir
 
 from recipe.opsd.config import OPSDConfig, OPSDLossConfig
-from recipe.opsd.main_opsd import prepare_config
+from recipe.opsd.startup import prepare_config
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipe" / "opsd" / "config")
 
@@ -193,7 +193,7 @@ def test_fused_kernels_are_refused():
 
 
 def test_another_verl_version_is_refused_naming_the_private_apis(monkeypatch):
-    from recipe.opsd.main_opsd import ALLOW_OTHER_VERL_ENV, check_verl_version
+    from recipe.opsd.startup import ALLOW_OTHER_VERL_ENV, check_verl_version
 
     check_verl_version()  # the installed one (pyproject pins 0.9.1)
     monkeypatch.delenv(ALLOW_OTHER_VERL_ENV, raising=False)

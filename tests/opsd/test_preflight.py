@@ -154,7 +154,7 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipe" / "opsd" / "conf
 def _gate(tmp_path, template=None, overrides=()):
     from hydra import compose, initialize_config_dir
 
-    from recipe.opsd.main_opsd import preflight_gate, prepare_config
+    from recipe.opsd.startup import preflight_gate, prepare_config
     from recipe.toy.demo import write_tiny_data
 
     model_dir = tmp_path / "model"
@@ -176,7 +176,7 @@ def test_the_driver_gate_reads_the_first_rows_and_the_tokenizer(tmp_path):
 def test_the_driver_gate_skips_what_it_cannot_read_and_says_so(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from recipe.opsd.main_opsd import preflight_gate, prepare_config
+    from recipe.opsd.startup import preflight_gate, prepare_config
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="opsd_trainer", overrides=[

@@ -120,7 +120,7 @@ def test_a_train_file_with_a_row_without_a_solution_is_refused_before_ray(tmp_pa
     import pyarrow.parquet as pq
 
     from recipe.common.cli import InputError
-    from recipe.opsd.main_opsd import check_sft_solutions
+    from recipe.opsd.startup import check_sft_solutions
 
     good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
     pq.write_table(pa.Table.from_pylist([{"extra_info": row} for row in ROWS]), good)

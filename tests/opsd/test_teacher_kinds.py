@@ -119,7 +119,7 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipe" / "opsd" / "conf
 def _prepare(overrides):
     from hydra import compose, initialize_config_dir
 
-    from recipe.opsd.main_opsd import prepare_config
+    from recipe.opsd.startup import prepare_config
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="opsd_trainer", overrides=["actor_rollout_ref.model.path=/m/student", *overrides])
@@ -144,7 +144,7 @@ def test_prepare_config_refuses_kinds_that_cannot_work():
     with pytest.raises(ValueError, match="actor_rollout_ref.ref.fsdp_config.model_dtype must be fp32"):
         _prepare(["opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.99", "actor_rollout_ref.ref.fsdp_config.model_dtype=bf16"])
     # live needs no reference slot, with or without LoRA
-    from recipe.opsd.main_opsd import uses_reference_slot
+    from recipe.opsd.startup import uses_reference_slot
 
     live = _prepare(["opsd.teacher.kind=live"])
     assert not uses_reference_slot(live, lora=False) and not uses_reference_slot(live, lora=True)
@@ -155,7 +155,7 @@ def test_prepare_config_refuses_kinds_that_cannot_work():
 def test_teacher_checkpoint_needs_the_students_tokenizer(tmp_path):
     from recipe.common.cli import InputError
     from recipe.models.tiny import build_tiny_model
-    from recipe.opsd.main_opsd import check_teacher_checkpoint
+    from recipe.opsd.startup import check_teacher_checkpoint
 
     student = build_tiny_model(tmp_path / "student", seed=0)
     larger = build_tiny_model(tmp_path / "larger", seed=1, hidden_size=128, num_heads=4, num_kv_heads=2)
@@ -179,7 +179,7 @@ def test_teacher_checkpoint_needs_the_students_tokenizer(tmp_path):
 
 def test_an_ema_run_resumes_only_from_a_checkpoint_with_the_ema_teacher(tmp_path):
     from recipe.common.cli import InputError
-    from recipe.opsd.main_opsd import check_ema_resume
+    from recipe.opsd.startup import check_ema_resume
 
     ema = OPSDConfig.from_hydra({"teacher": {"kind": "ema", "ema_decay": 0.99}})
     step = tmp_path / "global_step_4"
