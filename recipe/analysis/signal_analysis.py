@@ -20,7 +20,7 @@ Protocol implemented here (``run_signal_analysis``):
    that mode, and splice the SAME response ids after it at the token level (no decode /
    re-encode). One forward pass of the model on [student prompt || response] and one on
    [teacher prompt || response] give the final hidden states at the response positions;
-   ``recipe.opsd.signals.token_signals_from_hidden`` projects them through the lm_head in
+   ``recipe.opsd.core.signals.token_signals_from_hidden`` projects them through the lm_head in
    chunks (nothing of size [N, V] beyond a chunk) with the sampling temperature (1.1), as
    in training.
 3. Summaries per condition with the shared signal functions: Fwd KL, D>.05 (%), |adv|,
@@ -57,7 +57,7 @@ import torch
 
 from recipe.analysis import generation_features
 from recipe.common import chat, heads, prompts
-from recipe.opsd import signals
+from recipe.opsd.core import signals
 
 logger = logging.getLogger(__name__)
 
@@ -655,7 +655,7 @@ def entropy_strata(fwd_kl_N: torch.Tensor, entropy_N: torch.Tensor, *, fraction:
 def condition_report(
     token_signals: Mapping[str, torch.Tensor], tokenizer, *, config: SignalAnalysisConfig, num_rollouts: int
 ) -> dict[str, Any]:
-    """Tables of one condition, from the shared signal functions (``recipe.opsd.signals``)."""
+    """Tables of one condition, from the shared signal functions (``recipe.opsd.core.signals``)."""
     sig = {k: token_signals[k] for k in signals.SIGNAL_KEYS}
     summary = signals.summarize_signals(sig)
     tails = signals.entropy_tail_shares(

@@ -253,11 +253,13 @@ def _validate(recipe: Recipe, settings: Settings, cfg, base) -> None:
         raise ValueError(f"mandatory config values are not set: {missing} (pass them as hydra overrides)")
     model_preset = composer.select(cfg, "model_preset.name")
     for key, variable in ((recipe.model_key, "MODEL_PATH"), (recipe.train_key, "TRAIN_FILES")):
-        if composer.select(cfg, key) == composer.select(base, key):
+        value = composer.select(cfg, key)
+        if value is None or value == composer.select(base, key):  # unset (a model preset without a Hub id) or verl's
             hint = " or a +model=<preset>" if variable == "MODEL_PATH" and recipe.presets("model") else ""
             if variable == "MODEL_PATH" and model_preset is not None:  # a preset of a locally built model
                 hint = f" (+model={model_preset} names no Hub id: the model is built locally, see its preset file)"
-            raise ValueError(f"{key} is verl's placeholder {composer.select(cfg, key)!r}: set {variable}{hint}")
+            what = "unset" if value is None else f"verl's placeholder {value!r}"
+            raise ValueError(f"{key} is {what}: set {variable}{hint}")
     engine = composer.select(cfg, "actor_rollout_ref.rollout.name")
     if settings.device == "gpu" and engine in CPU_ONLY_ENGINES:
         source = f"+model={model_preset}" if model_preset is not None else "the config"

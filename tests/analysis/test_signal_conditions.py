@@ -12,7 +12,7 @@ import yaml
 
 from recipe.analysis import signal_analysis as sa
 from recipe.common import chat, prompts
-from recipe.opsd import signals
+from recipe.opsd.core import signals
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # A ChatML template without an enable_thinking switch (SmolLM2's shape).

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from recipe.common.checkpoints import check_resumable
 from recipe.launch.processes import kill_marked
-from recipe.opsd.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC, TEST_NAN_TEACHER_ENV
+from recipe.opsd.core.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC, TEST_NAN_TEACHER_ENV
 from recipe.opsd.opsd_ray_trainer import TEST_PAUSE_IN_SAVE_ENV, TEST_PAUSE_MARKER
 
 pytestmark = pytest.mark.e2e
@@ -134,7 +134,7 @@ def killed_and_resumed(run_cpu_verl, tiny_run_env, tmp_path_factory):
 
 def test_kill_during_save_resumes_from_the_last_whole_save(killed_and_resumed, fsdp_state_dict, tiny_model_dir):
     from recipe.analysis.replay import rescore_step
-    from recipe.opsd.step_dump import dump_path, read_step_dump
+    from recipe.opsd.core.step_dump import dump_path, read_step_dump
 
     ckpt, first, first_log, second = killed_and_resumed
     # exit 3: the non-finite guard's stop at step 5 (test_nonfinite_teacher_skips_updates_and_stops)

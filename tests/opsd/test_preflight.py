@@ -11,7 +11,7 @@ import pytest
 
 import recipe.common.chat as chat
 from recipe.models.tiny import build_char_tokenizer
-from recipe.opsd.preflight import PreflightError, rendering_diff, run_preflight
+from recipe.opsd.core.preflight import PreflightError, rendering_diff, run_preflight
 
 ROWS = [
     {"id": "r0", "index": 0, "problem": "Compute 2+3.", "solution": "2+3=5\n\\boxed{5}", "answer": "5"},
@@ -187,8 +187,9 @@ def test_the_driver_gate_skips_what_it_cannot_read_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("value", ["maybe", "1"])
 def test_preflight_must_be_a_bool(value):
-    from recipe.opsd.config import OPSDConfig
+    from recipe.opsd.core.config import OPSDConfig
 
-    assert OPSDConfig().preflight is True and OPSDConfig(preflight=False).preflight is False
-    with pytest.raises(ValueError, match="opsd.preflight must be true or false"):
-        OPSDConfig(preflight=value)
+    assert OPSDConfig().diagnostics.preflight is True
+    assert OPSDConfig(diagnostics={"preflight": False}).diagnostics.preflight is False
+    with pytest.raises(ValueError, match="opsd.diagnostics.preflight must be true or false"):
+        OPSDConfig(diagnostics={"preflight": value})
