@@ -1,4 +1,4 @@
-"""Re-score a dumped OPSD step on a CPU (``opsd.dump_steps=true``; ``recipe.opsd.core.step_dump``).
+"""Re-score a dumped OPSD step on a CPU (``opsd.diagnostics.dump_steps=true``; ``recipe.opsd.core.step_dump``).
 
     python -m recipe.analysis.replay CKPT_DIR/step_dumps/step_3.pt --student STUDENT_DIR --teacher MODEL_DIR
 

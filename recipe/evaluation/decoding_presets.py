@@ -34,8 +34,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from recipe.common.chat import MODES
+
 ENGINES = ("vllm", "sglang", "hf")
-MODES = ("think", "no_think", None)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class DecodingPreset:
 
     name: str
     engine: str
-    mode: str | None
+    mode: str
     temperature: float
     top_p: float
     top_k: int | None
@@ -124,16 +125,16 @@ PRESETS: dict[str, DecodingPreset] = {
     for p in (
         _preset("qwen3_think", "vllm", "think", 38_912, 40_960, 0.6, 0.95, 20, 0.0),
         _preset("qwen3_no_think", "vllm", "no_think", 32_768, 40_960, 0.7, 0.80, 20, 0.0),
-        _preset("qwen3_4b_instruct", "vllm", None, 32_768, 40_960, 0.7, 0.80, 20, 0.0),
-        _preset("qwen3_4b_thinking", "vllm", None, 81_920, 90_112, 0.6, 0.95, 20, 0.0),
+        _preset("qwen3_4b_instruct", "vllm", "native", 32_768, 40_960, 0.7, 0.80, 20, 0.0),
+        _preset("qwen3_4b_thinking", "vllm", "native", 81_920, 90_112, 0.6, 0.95, 20, 0.0),
         _preset("qwen35_4b", "sglang", "think", 81_920, 131_072, 1.0, 0.95, 20, 1.5),
-        _preset("deepseek_r1_distill", "vllm", None, 32_768, 40_960, 0.6, 0.95, None, 0.0),
-        _preset("olmo3_think", "sglang", None, 32_768, 40_960, 0.6, 0.95, None, 0.0),
-        _preset("olmo3_instruct", "sglang", None, 32_768, 40_960, 0.6, 0.95, None, 0.0),
-        _preset("falcon_h1r", "sglang", None, 65_536, 73_728, 0.6, 0.95, None, 0.0),
-        _preset("mimo_7b_rl", "sglang", None, 32_768, 32_768, 0.6, 0.95, None, 0.0, system=""),
+        _preset("deepseek_r1_distill", "vllm", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),
+        _preset("olmo3_think", "sglang", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),
+        _preset("olmo3_instruct", "sglang", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),
+        _preset("falcon_h1r", "sglang", "native", 65_536, 73_728, 0.6, 0.95, None, 0.0),
+        _preset("mimo_7b_rl", "sglang", "native", 32_768, 32_768, 0.6, 0.95, None, 0.0, system=""),
         _preset("tiny_cpu", "hf", "think", 48, 4_096, 1.0, 1.0, None, 0.0),
-        _preset("smollm2_cpu", "hf", None, 1_024, 8_192, 0.6, 0.95, None, 0.0),
+        _preset("smollm2_cpu", "hf", "native", 1_024, 8_192, 0.6, 0.95, None, 0.0),
     )
 }
 

@@ -52,7 +52,6 @@ def test_condition_syntax_native_and_caps():
     capped = sa.Condition.parse("full_solution:think@1024")
     assert (capped.context, capped.mode, capped.prompt_cap, capped.name) == ("full_solution", "think", 1024,
                                                                             "full_solution:think@1024")
-    assert sa.chat_mode("native") is None and sa.chat_mode("think") == "think"
     with pytest.raises(ValueError, match="context:mode"):
         sa.Condition.parse("full_solution")
     with pytest.raises(ValueError, match="answer_only.*has none to truncate"):

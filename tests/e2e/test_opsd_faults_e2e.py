@@ -1,8 +1,8 @@
 """OPSD under faults, end to end on the CPU (``bash recipe/opsd/run_opsd.sh``, tiny model, 1 rank).
 
 One launch pair (the CI budget: each launch costs ~1 min of start-up), both faults in it, the same
-command twice: 6 steps, a checkpoint every 2, ``opsd.dump_steps=true``, fingerprints logged,
-``opsd.max_consecutive_nonfinite=2`` and NaN teacher hidden states at steps 4 and 5 (the test-only
+command twice: 6 steps, a checkpoint every 2, ``opsd.diagnostics.dump_steps=true``, fingerprints logged,
+``opsd.diagnostics.max_consecutive_nonfinite=2`` and NaN teacher hidden states at steps 4 and 5 (the test-only
 ``OPSD_TEST_NAN_TEACHER_STEPS``).
 
 - kill -9 during a checkpoint save (issue 21 item 3) and step dumps (issue 22 item 5): every
@@ -64,8 +64,8 @@ def _finite(value):
     return value is not None and math.isfinite(value)
 
 
-KILL_ARGS = ["trainer.save_freq=2", "opsd.dump_steps=true", "trainer.log_fingerprints=true",
-             "opsd.max_consecutive_nonfinite=2"]
+KILL_ARGS = ["trainer.save_freq=2", "opsd.diagnostics.dump_steps=true", "trainer.log_fingerprints=true",
+             "opsd.diagnostics.max_consecutive_nonfinite=2"]
 STEPS = 6  # never reached: the guard stops the second launch at step 5
 NAN_TEACHER_STEPS = "4,5"
 

@@ -71,21 +71,21 @@ def expected_opsd(model: str, experiment: str) -> dict:
 @pytest.mark.parametrize("experiment, kind, task_weight, n, sft_weight", [
     ("objective_sampled_token", "sampled_token", 0.0, 1, 0.0),
     ("objective_sampled_token_task", "sampled_token", 0.1, 4, 0.0),
-    ("objective_divergence_task", "full_vocabulary", 0.1, 4, 0.0),
-    ("objective_sft", "full_vocabulary", 0.0, 1, 0.1),
+    ("objective_divergence_task", "divergence", 0.1, 4, 0.0),
+    ("objective_sft", "divergence", 0.0, 1, 0.1),
 ])
 def test_objective_presets_reach_the_final_config_and_validate(experiment, kind, task_weight, n, sft_weight):
     from recipe.opsd.startup import prepare_config
 
     launch = gpu_plan(OPSD, ["+model=qwen3_1p7b", f"+experiment={experiment}"])
-    assert_reaches(launch.config, {"opsd.objective.kind": kind, "opsd.objective.task_weight": task_weight,
-                                   "actor_rollout_ref.rollout.n": n, "opsd.objective.sft_weight": sft_weight})
+    assert_reaches(launch.config, {"opsd.loss.objective": kind, "opsd.loss.task_weight": task_weight,
+                                   "actor_rollout_ref.rollout.n": n, "opsd.loss.sft_weight": sft_weight})
     opsd = prepare_config(launch.config.copy())
-    assert (opsd.objective.kind, opsd.objective.task_weight, opsd.objective.sft_weight) == (kind, task_weight, sft_weight)
+    assert (opsd.loss.objective, opsd.loss.task_weight, opsd.loss.sft_weight) == (kind, task_weight, sft_weight)
     if task_weight:  # the task reward refuses a single rollout per prompt
         single = launch.config.copy()
         single.actor_rollout_ref.rollout.n = 1
-        with pytest.raises(ValueError, match=r"opsd.objective.task_weight=0.1 needs actor_rollout_ref.rollout.n > 1"):
+        with pytest.raises(ValueError, match=r"opsd.loss.task_weight=0.1 needs actor_rollout_ref.rollout.n > 1"):
             prepare_config(single)
 
 

@@ -14,16 +14,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from recipe.common.chat import MODES, NATIVE
 from recipe.opsd.core.monitor import MonitorConfig
-
-# reasoning modes of a chat template: ``native`` = the template's own (only) mode, rendered without
-# the enable_thinking switch (single-mode models: OLMo-3, DeepSeek-R1-Distill, SmolLM2, ...)
-MODES = ("think", "no_think", "native")
-NATIVE = "native"
 
 
 def enable_thinking(mode: str) -> bool | None:
-    """The ``enable_thinking`` switch a mode renders with; None = do not pass it (``native``)."""
+    """The ``enable_thinking`` switch a mode renders with (``recipe.common.chat.MODES``); None = do not pass
+    it (``native``: the template's own mode, single-mode models)."""
     if mode not in MODES:
         raise ValueError(f"a reasoning mode must be one of {list(MODES)}, got {mode!r}")
     return None if mode == NATIVE else mode == "think"

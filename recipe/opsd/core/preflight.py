@@ -85,7 +85,9 @@ def rendering_diff(student_text: str, teacher_text: str, *, student_label: str =
 
 
 def _render_text(messages, tokenizer, mode, *, add_generation_prompt: bool = True) -> str:
-    kwargs = {} if mode is None else {"enable_thinking": mode == "think"}
+    from recipe.common.chat import template_kwargs
+
+    kwargs = template_kwargs(mode)
     return tokenizer.apply_chat_template(list(messages), tokenize=False,
                                          add_generation_prompt=add_generation_prompt, **kwargs)
 
@@ -137,7 +139,7 @@ class PreflightReport:
     notes: list = field(default_factory=list)
 
     def summary(self) -> str:
-        modes = "/".join("native" if mode is None else mode for mode in (self.student_mode, self.teacher_mode))
+        modes = f"{self.student_mode}/{self.teacher_mode}"
         line = (f"[opsd] preflight: ok ({self.rows} rows, context {self.teacher_context}, modes {modes}): rollout "
                 f"prompts are the context's student message; none control gives identical inputs (divergence 0); "
                 f"generation prompts student {self.student_suffix!r} teacher {self.teacher_suffix!r}; turn end "
