@@ -27,13 +27,13 @@ LEAK_PATTERNS = [
     ("a path of the machine", re.compile("/" + "root/")),
     ("a random temporary directory", re.compile(r"/tmp/tmp\.")),
     ("the CPU-slot lock of the machine", re.compile("HEAVY_" + "EXCLUSIVE")),
-    ("work organisation (the lead)", re.compile(r"\bthe\s+lead\b|\blead's\b", re.IGNORECASE)),
+    ("work organisation (lead)", re.compile(r"\bthe\s+lead\b|\blead(?:'|’)s\b", re.IGNORECASE)),
     ("work organisation (a session)", re.compile(
         r"\b(?:this|an\s+earlier|a\s+previous|the\s+previous)\s+session\b|\bthe\s+session\s+that\b", re.IGNORECASE)),
     ("work organisation (helpers)", re.compile(r"\b(?:other|another|~?\d+)\s+helpers?\b|\bhelpers'", re.IGNORECASE)),
     ("an issue number", re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)),
     ("work organisation (a stop)", re.compile(r"\bthis\s+stop\b", re.IGNORECASE)),
-    ("work organisation (the brief)", re.compile(r"\bthe\s+brief\b", re.IGNORECASE)),
+    ("work organisation (brief)", re.compile(r"\bthe\s+brief\b", re.IGNORECASE)),
     ("work organisation (shared notes)", re.compile(r"\bnotes\s+§")),
 ]
 
@@ -79,9 +79,9 @@ def doc_pages() -> list[Path]:
 @pytest.mark.parametrize("line, expected", [
     ("see " + "/" + "work/cache/model", True),
     ("ran under HEAVY_" + "EXCLUSIVE=1", True),
-    ("the " + "lead's probe", True),
+    ("the " + "lea" + "d's probe", True),
     ("measured in this " + "session", True),
-    ("other " + "helpers' jobs", True),
+    ("other " + "helper" + "s' jobs", True),
     ("Issue " + "19 item 1", True),
     ("the loss helpers allocate", False),
     ("starts the trainer in its own session", False),
