@@ -28,7 +28,7 @@ from data_prep.sft import sft_messages
 from recipe.common.prompts import build_prompt_pair, eval_messages, student_messages, teacher_messages
 from recipe.toy.task import DATA_SOURCE
 
-# User-turn kinds of the SFT mix and the prototype's shares (issue 6: 50% problem-only, 35% full
+# User-turn kinds of the SFT mix and their shares (50% problem-only, 35% full
 # solution, 15% answer only); the problem-only half is split between the training and the
 # evaluation wording of the student prompt.
 SFT_KINDS = ("problem", "eval", "full_solution", "answer_only")

@@ -148,7 +148,7 @@ def _hub_cache(model_dir, hf_home):
 def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_run_env, tiny_initial_state, tiny_model_dir,
                              tiny_data, tmp_path):
     """Also: the model is given by a Hub id (``MODEL_PATH=org/name``, as on GPU clusters) that
-    resolves offline from a local Hugging Face cache, sharded (issue 17a)."""
+    resolves offline from a local Hugging Face cache, sharded."""
     ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
     env = tiny_run_env(ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
     env |= {"MODEL_PATH": HUB_ID, "HF_HOME": str(_hub_cache(tiny_model_dir, tmp_path / "hf_home")),

@@ -5,7 +5,7 @@ command twice: 6 steps, a checkpoint every 2, ``opsd.diagnostics.dump_steps=true
 ``opsd.diagnostics.max_consecutive_nonfinite=2`` and NaN teacher hidden states at steps 4 and 5 (the test-only
 ``OPSD_TEST_NAN_TEACHER_STEPS``).
 
-- kill -9 during a checkpoint save (issue 21 item 3) and step dumps (issue 22 item 5): every
+- kill -9 during a checkpoint save and step dumps: every
   process of the first launch (launcher, trainer, Ray daemons and workers) is SIGKILLed at once
   inside the step-4 save, after the model shards and before data.pt and the tracker (the test-only
   ``OPSD_TEST_PAUSE_IN_SAVE_STEP``). The same command again resumes from the step-2 save,
@@ -14,7 +14,7 @@ command twice: 6 steps, a checkpoint every 2, ``opsd.diagnostics.dump_steps=true
   steps 1 (first launch) and 3 (second launch) re-scored on the CPU by ``recipe.analysis.replay``
   give the logged ``opsd/*`` diagnostics of those steps. The frozen teacher has the same
   fingerprint at every step of both launches.
-- non-finite teacher (issue 21 item 2), in the second launch: the updates of steps 4 and 5 are
+- non-finite teacher, in the second launch: the updates of steps 4 and 5 are
   skipped and counted, the run stops at step 5 (not a save step) with exit code 3 and one line
   naming the step, and the checkpoints of steps 4 and 5 hold exactly the step-3 weights.
 """
