@@ -21,7 +21,7 @@ context - prompt_tokens - 1)``, is applied to every preset; for all the others t
 leaves room for any evaluation prompt, so it never binds there.
 
 ``mode`` is the chat-template reasoning switch the preset evaluates in: ``think`` /
-``no_think`` set ``enable_thinking``; ``None`` renders the model's native template without
+``no_think`` set ``enable_thinking``; ``native`` renders the model's own template without
 the switch (models whose template has none). ``tiny_cpu`` is for CPU tests with the tiny
 local model. ``smollm2_cpu`` (not a paper model: SmolLM2-135M-Instruct from
 ``recipe.models.smollm2``, HF generate on CPU) takes the paper's setting for every model without a
@@ -47,7 +47,7 @@ class DecodingPreset:
         name: preset name.
         engine: inference engine the paper used (``vllm`` | ``sglang`` | ``hf``); the
             ``--backend`` flag of the evaluation can override it.
-        mode: reasoning mode of the chat template (``think`` | ``no_think`` | None = native).
+        mode: reasoning mode of the chat template (``think`` | ``no_think`` | ``native``).
         temperature: sampling temperature (> 0).
         top_p: nucleus mass in (0, 1].
         top_k: top-k cutoff; None = off.

@@ -68,9 +68,9 @@ def test_native_mode_renders_the_template_default(tiny, native_tokenizer):
     items, _ = sa.build_prompt_items(rows, native_tokenizer, config=config)
     for item in items:
         record = rows[item.row]
-        assert item.student_ids == chat.render_ids(record["prompt"], native_tokenizer, None)
+        assert item.student_ids == chat.render_ids(record["prompt"], native_tokenizer, "native")
         _, teacher = prompts.build_prompt_pair("full_solution", record["extra_info"])
-        assert item.teacher_ids["full_solution:native"] == chat.render_ids(teacher, native_tokenizer, None)
+        assert item.teacher_ids["full_solution:native"] == chat.render_ids(teacher, native_tokenizer, "native")
         assert item.teacher_ids["none:native"] == item.student_ids
 
 
@@ -83,11 +83,11 @@ def test_a_mode_the_template_cannot_render_is_refused(tiny, native_tokenizer, st
 
 
 def test_native_mode_on_a_switch_template_is_the_template_default(tiny):
-    """native on Qwen3's template = its default (thinking): the same ids as chat mode None."""
+    """native on Qwen3's template = its default (thinking): nothing passed to the template."""
     _, tokenizer, rows, _, _ = tiny
     config = sa.SignalAnalysisConfig(num_prompts=1, student_mode="native", conditions=("answer_only:native",))
     (item,), _ = sa.build_prompt_items(rows, tokenizer, config=config)
-    assert item.student_ids == chat.render_ids(rows[item.row]["prompt"], tokenizer, None)
+    assert item.student_ids == chat.render_ids(rows[item.row]["prompt"], tokenizer, "native")
 
 
 # ---------------------------------------------------------------------------- prompt caps

@@ -226,7 +226,7 @@ def test_shell_scripts_dry_run_print_the_final_config(tmp_path):
     opsd = _script("recipe/opsd/run_opsd.sh", "+model=falcon_h1r_7b", DEVICE="gpu", TRAIN_FILES="/data/t.parquet",
                    OPSD_CACHE=str(tmp_path))
     assert opsd.returncode == 0, opsd.stderr
-    final = OmegaConf.create(opsd.stdout[opsd.stdout.index("\n", opsd.stdout.index("opsd.monitor")) + 1:])
+    final = OmegaConf.create(opsd.stdout[opsd.stdout.index("\n", opsd.stdout.index("opsd.diagnostics.monitor")) + 1:])
     assert final.actor_rollout_ref.rollout.name == "sglang" and final.trainer.n_gpus_per_node == 4
     assert "python -m recipe.opsd.main_opsd" in opsd.stdout.replace(sys.executable, "python")
     grpo = _script("recipe/grpo_baseline/run_grpo.sh", "+experiment=released_grpo", DEVICE="gpu", MODEL_PATH="/m",
@@ -252,7 +252,7 @@ def test_teacher_presets_compose_through_the_launcher_and_the_sweep(tmp_path):
     cross = gpu_plan(OPSD, ["+model=qwen3_4b_instruct_teacher_qwen3_4b"])
     assert_reaches(cross.config, {
         "actor_rollout_ref.model.path": "Qwen/Qwen3-4B-Instruct-2507", "opsd.teacher.kind": "checkpoint",
-        "opsd.teacher.path": "Qwen/Qwen3-4B", "opsd.student_mode": None, "opsd.teacher_mode": "no_think",
+        "opsd.teacher.path": "Qwen/Qwen3-4B", "opsd.student_mode": "native", "opsd.teacher_mode": "no_think",
         "data.train_batch_size": 32, "trainer.n_gpus_per_node": 2,
     })
     assert prepare_config(cross.config).teacher.path == "Qwen/Qwen3-4B"

@@ -119,7 +119,7 @@ def test_a_row_without_the_contexts_field_or_a_mode_the_template_lacks_names_the
     with pytest.raises(PreflightError, match=r"row 0 \(id='r0'\): mode='think' was asked for, but .* no enable_thinking"):
         _run(build_char_tokenizer(chat_template=plain))
     # the same template in its native mode passes
-    assert _run(build_char_tokenizer(chat_template=plain), student_mode=None, teacher_mode=None).rows == 2
+    assert _run(build_char_tokenizer(chat_template=plain), student_mode="native", teacher_mode="native").rows == 2
 
 
 def test_a_template_that_rewrites_the_content_still_gets_its_generation_prompt_checked():
