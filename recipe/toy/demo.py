@@ -10,6 +10,11 @@
 
 What MODEL_PATH / TRAIN_FILES give is used instead and not built.
 
+CLI, the tiny demo's files for any command that needs a model or data (a dry run's TRAIN_FILES, the
+evaluation, the signal analysis, the data_prep filters)::
+
+    python -m recipe.toy.demo --out-dir tiny    # tiny/model (random tiny Qwen3), tiny/{train,val,sft}.parquet
+
 Every launch of a demo first checks that each row of the demo's data fits the caps of every recipe
 that reads it, composed with that recipe's demo preset (``check_demo_rows``): an SFT conversation
 within ``data.max_length``, a student prompt within ``data.max_prompt_length``, an OPSD teacher
@@ -184,3 +189,33 @@ def toy(recipe: str, settings: Settings, *, build: bool = True, config: StudentC
                      evaluate=partial(evaluate_toy, benchmark=data / "heldout.jsonl", eval_n=eval_n, eval_limit=eval_limit),
                      display=partial(display_toy, eval_n=eval_n),
                      before_dir=root / "student_eval" / "none" if settings.model_path is None else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from recipe.common import cli
+    from recipe.models.tiny import build_char_tokenizer, build_tiny_model
+
+    parser = argparse.ArgumentParser(prog="python -m recipe.toy.demo", description="The tiny demo's model and data: "
+                                     "OUT/model (random tiny Qwen3 + character tokenizer, seed 0) and OUT/train.parquet, "
+                                     "OUT/val.parquet (verl RL rows), OUT/sft.parquet (messages): 64 / 16 toy problems.")
+    parser.add_argument("--out-dir", required=True, type=Path, help="directory to write (its model/ must not exist)")
+    parser.add_argument("--no-model", action="store_true", help="the parquet files only")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT/model")
+    cli.add_debug_argument(parser)
+    args = parser.parse_args(argv)
+    paths = write_tiny_data(args.out_dir)
+    check_demo_rows("tiny", paths, build_char_tokenizer())
+    print("tiny data: " + " ".join(str(path) for path in paths.values()))
+    if not args.no_model:
+        print(f"tiny model: {build_tiny_model(args.out_dir / 'model', seed=0, overwrite=args.overwrite)}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from recipe.common import cli
+
+    sys.exit(cli.run(main))
