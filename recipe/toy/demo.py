@@ -125,8 +125,11 @@ def tiny(recipe: str, settings: Settings, *, build: bool = True) -> DemoBuild:
 
         check_demo_rows("tiny", paths, build_char_tokenizer())  # the tiny model's tokenizer, built without the model
     train = data / ("sft.parquet" if recipe == "sft" else "train.parquet")
+    # verl's FSDP checkpoints are per world size: a run on N > 1 ranks resumes only from its own directory
+    ranks = settings.cpu_num_ranks or 1
+    ckpt = None if ranks == 1 else str(cache / "checkpoints" / recipe / f"tiny_{ranks}_ranks")
     return DemoBuild(DemoInputs("tiny", model_path=str(model), train_files=str(train),
-                                val_files=None if recipe == "sft" else str(data / "val.parquet")))
+                                val_files=None if recipe == "sft" else str(data / "val.parquet"), ckpt_dir=ckpt))
 
 
 def evaluate_toy(model: Path, out_dir: Path, *, benchmark: Path, eval_n: int, eval_limit: int | None) -> dict:
