@@ -127,3 +127,11 @@ def test_sft_runs_the_tiny_demo_by_default_and_an_absent_demo_stops_before_build
     assert proc.returncode == 2 and proc.stderr.strip() == \
         "[launch] error: the sft recipe has no CPU demo 'toy' (CPU_DEMO: one of ['tiny'])", proc.stderr
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_tiny_run_on_two_ranks_keeps_its_own_checkpoints(tmp_path):
+    """verl's FSDP checkpoints are per world size: the 2-rank run must not resume the 1-rank run's checkpoint."""
+    one, _ = cpu_plan("grpo", "tiny", tmp_path)
+    two, _ = cpu_plan("grpo", "tiny", tmp_path, cpu_num_ranks=2)
+    assert two.ckpt_dir == tmp_path / "checkpoints" / "grpo" / "tiny_2_ranks" != one.ckpt_dir
+    assert two.config.trainer.n_gpus_per_node == 2
