@@ -166,7 +166,7 @@ class Skip:
 
 def workspace(root: Path) -> Path:
     """A working directory whose relative paths reach the repository (recipe/, scripts/, data/eval, ...) while
-    whatever a command writes (data/parquet/, runs/, tmp/) lands in ``root``; ``python`` on PATH is this interpreter."""
+    whatever a command writes (data/parquet/, runs/, tmp/) lands in ``root``."""
     root.mkdir(parents=True, exist_ok=True)
     for entry in REPO_ROOT.iterdir():
         if entry.name.startswith(".") or entry.name in ("outputs", "runs") or entry.name.endswith(".egg-info"):
@@ -179,17 +179,13 @@ def workspace(root: Path) -> Path:
                     (target / child.name).symlink_to(child)
         elif not target.exists():
             target.symlink_to(entry)
-    bin_dir = root / ".bin"
-    bin_dir.mkdir(exist_ok=True)
-    if not (bin_dir / "python").exists():
-        (bin_dir / "python").symlink_to(sys.executable)
     return root
 
 
 def block_environment(cwd: Path, cache: Path) -> dict[str, str]:
-    """A user's shell: this environment without the launcher's variables, OPSD_CACHE=``cache``, this python first."""
-    env = {**os.environ, "OPSD_CACHE": str(cache), "PYTHON": sys.executable,
-           "PATH": f"{cwd / '.bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    """A user's shell with this venv active: this environment without the launcher's variables, OPSD_CACHE=``cache``."""
+    env = {**os.environ, "OPSD_CACHE": str(cache), "PYTHON": sys.executable, "VIRTUAL_ENV": sys.prefix,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     for name in ("PYTHONPATH", "VERL_FILE_LOGGER_PATH", "CKPT_DIR", "MODEL_PATH", "TRAIN_FILES", "VAL_FILES", "DEVICE",
                  "STEPS", "CPU_DEMO", "CPU_NUM_RANKS", "CPU_ROLLOUT"):
         env.pop(name, None)
