@@ -30,6 +30,7 @@ from pathlib import Path
 from recipe.cpu import vllm_cpu
 from recipe.launch import compose as composer
 from recipe.launch.overrides import Override, OverrideList
+from recipe.launch.ranks import check_rank_division
 from recipe.launch.recipes import REPO_ROOT, Recipe
 from recipe.launch.settings import Settings, gpus_on_this_node
 from recipe.launch.processes import LAUNCH_ID_ENV, kill_launch, kill_marked, new_launch_id, pids_with
@@ -159,6 +160,7 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     overrides.add([f"trainer.default_local_dir={ckpt}"], source="CKPT_DIR")
     cfg = composer.compose(recipe, overrides.as_list())
     _validate(recipe, settings, cfg, base)
+    check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
     recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)
