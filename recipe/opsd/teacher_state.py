@@ -34,7 +34,7 @@ def ema_teacher_file(folder, *, rank: int) -> Path:
 
 
 def local(param):
-    return param.tolocal() if isinstance(param, DTensor) else param
+    return param.to_local() if isinstance(param, DTensor) else param
 
 
 def sharded_param_sums(params, *, block: int = 1 << 22) -> list[float]:
@@ -50,7 +50,7 @@ def sharded_param_sums(params, *, block: int = 1 << 22) -> list[float]:
         for param in params:
             local, groups = param, ()
             if isinstance(param, DTensor):
-                local = param.tolocal()
+                local = param.to_local()
                 mesh = param.device_mesh
                 groups = tuple(mesh.get_group(dim) for dim, p in enumerate(param.placements) if p.is_shard())
             acc = totals.setdefault(groups, torch.zeros(2, dtype=torch.float64, device=local.device))
