@@ -288,7 +288,7 @@ def _record(launch: Launch, *, start: float, returncode: int) -> dict:
               * int(composer.select(launch.config, "trainer.nnodes")),
               "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
               "wall_time_s": round(time.time() - start), "exit_code": returncode,
-              "metrics": launch.env["VERL_FILE_LOGGER_PATH"]}
+              "metrics": launch.env["VERL_FILE_LOGGER_PATH"], "config": str(launch.config_path)}
     with open(launch.ckpt_dir / "run_times.jsonl", "a") as out:
         out.write(json.dumps(record) + "\n")
     return record

@@ -45,6 +45,17 @@ def verl_environment(recipe: Recipe, *, device: str, cpu_rollout: str = "hf",
     return env
 
 
+def weight_push_path(rollout: str | None, modules: str | None) -> str:
+    """How a launch with rollout engine ``rollout`` and external modules ``modules`` pushes the trainer's weights."""
+    if rollout == "vllm":
+        if ROLLOUT_EXTENSION in _modules(modules):
+            return f"guarded vLLM push ({ROLLOUT_EXTENSION})"
+        return "verl's vLLM push (unguarded)"
+    if rollout == "hf":
+        return "the CPU hf rollout's push (recipe.cpu.rollout)"
+    return f"verl's {rollout} push"
+
+
 def runtime_env_overrides(recipe: Recipe, env: Mapping[str, str]) -> list[str]:
     """The hydra override that gives every Ray worker of the job the launch's module list (Ray recipes)."""
     if recipe.torchrun or not env.get(MODULES_ENV):

@@ -21,7 +21,7 @@ allocated. Error = max |x - ref| / max |ref| against a float64 computation on th
 
 Example (the table in docs/core_math.md)::
 
-    python scripts/bench_loss.py --n 1024 2048 4096 --hidden 1024 --repeats 3 --chunk-size 256
+    python scripts/bench.py loss --n 1024 2048 4096 --hidden 1024 --repeats 3 --chunk-size 256
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
     import torch
     import torch.nn.functional as F
 
+    # the chunked and the fused per-position implementations are bench-only (their autograd Functions:
+    # _ChunkedDivergence, _FusedLinearDivergence); the trainer's is fused_linear_weighted_divergence
     from recipe.opsd.losses import fused_linear_token_divergence, fused_linear_weighted_divergence, token_divergence
 
     if threads:
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.n:
         naive = None
         for impl in args.impls:
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--impls", impl, "--n", str(n),
+            cmd = [sys.executable, "-m", "recipe.bench.loss", "--worker", "--impls", impl, "--n", str(n),
                    "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk-size", str(args.chunk_size),
                    "--repeats", str(args.repeats), "--ref-rows", str(args.ref_rows), "--threads", str(args.threads)]
             try:
