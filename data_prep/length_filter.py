@@ -149,11 +149,6 @@ def load_tokenizer(path: str, chat_template: Path | None):
 MODE_CHOICES = ("think", "no_think", "native")
 
 
-def _mode(value: str) -> str | None:
-    """CLI mode -> chat mode: ``native`` = the template's own default (no enable_thinking passed)."""
-    return None if value == "native" else value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data_prep.length_filter", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -181,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = Counts(notes={"input": str(args.input)})
     counts.stages["input_rows"] = len(rows)
     kept = filter_rows(
-        rows, tokenizer, student_mode=_mode(args.student_mode), teacher_mode=_mode(args.teacher_mode),
+        rows, tokenizer, student_mode=args.student_mode, teacher_mode=args.teacher_mode,
         teacher_contexts=contexts, max_prompt_length=args.max_prompt_length, counts=counts, strict=args.strict,
         source=str(args.input),
     )

@@ -2,8 +2,9 @@
 
 - ``render(messages, tokenizer, mode)``: the prompt string with the generation prompt, the
   mode passed to the template as ``enable_thinking`` (``"think"`` -> True, ``"no_think"``
-  -> False, ``None`` -> the template's own default, nothing passed). Student and teacher are
-  rendered independently, each in its own mode (paper, appendix "Training Prompts").
+  -> False, ``"native"`` -> the template's own default, nothing passed; ``None`` is read as
+  ``"native"``, the spelling of configs written before it). Student and teacher are rendered
+  independently, each in its own mode (paper, appendix "Training Prompts").
 - ``render_ids(messages, tokenizer, mode)``: the token ids verl's agent loop feeds the rollout
   for the same prompt with ``data.apply_chat_template_kwargs={enable_thinking: ...}``
   (``apply_chat_template(tokenize=True, add_generation_prompt=True)``, i.e. the rendered string
@@ -23,19 +24,21 @@ from collections.abc import Sequence
 
 import torch
 
-MODES = ("think", "no_think", None)
+# the project's reasoning modes: native = the template's own default (no enable_thinking passed)
+MODES = ("think", "no_think", "native")
+NATIVE = "native"
 
 # chat template source -> whether it reacts to enable_thinking
 _SWITCH_CACHE: dict[str, bool] = {}
 
 
 def _check_mode(mode: str | None) -> None:
-    if mode not in MODES:
+    if mode is not None and mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {list(MODES)}")
 
 
 def _template_kwargs(mode: str | None) -> dict[str, bool]:
-    return {} if mode is None else {"enable_thinking": mode == "think"}
+    return {} if mode in (None, NATIVE) else {"enable_thinking": mode == "think"}
 
 
 def has_thinking_switch(tokenizer) -> bool:
@@ -56,12 +59,12 @@ def has_thinking_switch(tokenizer) -> bool:
 
 
 def _check_switch(tokenizer, mode: str | None) -> None:
-    if mode is not None and not has_thinking_switch(tokenizer):
+    if mode not in (None, NATIVE) and not has_thinking_switch(tokenizer):
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise ValueError(
             f"mode={mode!r} was asked for, but the chat template of tokenizer {name!r} has no "
             "enable_thinking switch (it renders the same prompt for enable_thinking=True and False); "
-            "use mode=None to render the template's default, or use a template with the switch"
+            "use mode='native' to render the template's default, or use a template with the switch"
         )
 
 

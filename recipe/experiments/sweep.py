@@ -116,16 +116,16 @@ def compose(overrides: Sequence[str]):
 def eval_choice(cfg) -> tuple[str, str, str | None]:
     """(mode key, decoding preset name, mode) of a composed config's evaluation.
 
-    The mode is ``sweep.eval_mode`` if a preset sets it, else the student's mode; ``native``
-    (mode None) for single-mode models. The decoding preset is the model preset's for that mode.
+    The mode is ``sweep.eval_mode`` if a preset sets it, else the student's mode (think | no_think |
+    native; a null mode is read as ``native``). The decoding preset is the model preset's for that mode.
     """
     from omegaconf import OmegaConf
 
     if cfg.get("model_preset") is None:
         raise ValueError("the config has no model_preset block: add +model=<name> (recipe/opsd/config/model)")
     sweep = cfg.get("sweep") or {}
-    mode = sweep.get("eval_mode") or cfg.opsd.get("student_mode")
-    key = mode or "native"
+    mode = sweep.get("eval_mode") or cfg.opsd.get("student_mode") or "native"
+    key = mode
     presets = OmegaConf.to_container(cfg.model_preset.eval_presets, resolve=True)
     if key not in presets:
         raise ValueError(
@@ -135,11 +135,12 @@ def eval_choice(cfg) -> tuple[str, str, str | None]:
     return key, presets[key], mode
 
 
-def decoding_for(preset_name: str, mode: str | None):
+def decoding_for(preset_name: str, mode: str):
     """The named decoding preset evaluated in ``mode`` (the preset's own mode is replaced when they differ)."""
     from recipe.evaluation.decoding_presets import get_preset
 
     preset = get_preset(preset_name)
+    mode = mode or "native"
     return preset if preset.mode == mode else preset.with_overrides(mode=mode)
 
 
@@ -364,7 +365,8 @@ def _run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log: Path, timeou
 
 
 def evaluate_model(model: str, *, out_dir: Path, preset: str, mode: str | None, settings: Mapping, progress=False) -> dict:
-    """Evaluate ``model`` (HF dir or FSDP ``.../actor`` checkpoint) with ``recipe.evaluation.harness``."""
+    """Evaluate ``model`` (HF dir or FSDP ``.../actor`` checkpoint) with ``recipe.evaluation.harness``
+    (``mode`` None: a plan written before the native mode had a name)."""
     from recipe.evaluation.harness import EvalConfig, evaluate
 
     config = EvalConfig(model=model, out_dir=str(out_dir), preset=decoding_for(preset, mode),
