@@ -25,7 +25,7 @@ from pathlib import Path
 
 from recipe.analysis import plots
 from recipe.analysis.run_logs import read_run_metrics
-from recipe.analysis.signal_analysis import joint_pca
+from recipe.analysis.signal_pca import joint_pca
 from recipe.common import cli
 
 

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 from recipe.analysis.compute_cost import cost_table, run_cost

@@ -18,7 +18,10 @@ import argparse
 import os
 from pathlib import Path
 
-from recipe.analysis import signal_analysis as sa
+from recipe.analysis.signal_analysis import run_signal_analysis
+from recipe.analysis.signal_conditions import SignalAnalysisConfig
+from recipe.analysis.signal_report import OUTPUT_FILES, markdown_report, write_outputs
+from recipe.analysis.signal_rollouts import load_model, load_rows, load_tokenizer
 from recipe.common import cli
 
 CONTEXTS = ("full_solution", "answer_only", "unrelated", "none")
@@ -27,8 +30,8 @@ TOY_WINDOWS = ((0, 4), (4, 8), (8, 12), (12, 16), (16, 24), (24, 48))
 
 
 def signal_config(*, num_prompts: int = 128, rollouts_per_prompt: int = 2, temperature: float = 1.0,
-                  max_new_tokens: int = 48, seed: int = 42, contexts=CONTEXTS) -> sa.SignalAnalysisConfig:
-    return sa.SignalAnalysisConfig(
+                  max_new_tokens: int = 48, seed: int = 42, contexts=CONTEXTS) -> SignalAnalysisConfig:
+    return SignalAnalysisConfig(
         num_prompts=num_prompts, rollouts_per_prompt=rollouts_per_prompt, temperature=temperature,
         # untruncated sampling, as the toy measurements of docs/toy_world.md were taken
         top_p=1.0, top_k=-1,
@@ -38,13 +41,13 @@ def signal_config(*, num_prompts: int = 128, rollouts_per_prompt: int = 2, tempe
     )
 
 
-def initial_signals(model_dir: str | Path, train_parquet: str | Path, *, config: sa.SignalAnalysisConfig,
+def initial_signals(model_dir: str | Path, train_parquet: str | Path, *, config: SignalAnalysisConfig,
                     model_name: str = "toy student") -> dict:
-    """Signal-analysis result (``sa.run_signal_analysis``) of ``model_dir`` on the toy training prompts."""
-    model = sa.load_model(model_dir)
-    tokenizer = sa.load_tokenizer(model_dir)
-    rows = sa.load_rows(train_parquet)
-    return sa.run_signal_analysis(model, tokenizer, rows, config=config, model_name=model_name)
+    """Signal-analysis result (``run_signal_analysis``) of ``model_dir`` on the toy training prompts."""
+    model = load_model(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    rows = load_rows(train_parquet)
+    return run_signal_analysis(model, tokenizer, rows, config=config, model_name=model_name)
 
 
 def context_table(result: dict) -> str:
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_debug_argument(parser)
     args = parser.parse_args(argv)
     if args.out_dir:
-        cli.refuse_overwrite([Path(args.out_dir) / name for name in sa.OUTPUT_FILES], overwrite=args.overwrite,
+        cli.refuse_overwrite([Path(args.out_dir) / name for name in OUTPUT_FILES], overwrite=args.overwrite,
                              other="another --out-dir")
     if args.model is not None:
         check_model_dir(args.model)
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         args.data = args.data or str(root / "data" / "train.parquet")
     result = initial_signals(args.model, args.data, config=config, model_name=Path(args.model).name)
     print(context_table(result))
-    print(sa.markdown_report(result))
+    print(markdown_report(result))
     if args.out_dir:
-        sa.write_outputs(result, args.out_dir, overwrite=args.overwrite)
+        write_outputs(result, args.out_dir, overwrite=args.overwrite)
     return 0
