@@ -101,8 +101,13 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInputs | None = None,
-         environ: dict[str, str] | None = None, detect_gpus=gpus_on_this_node, python: str = sys.executable) -> Launch:
-    """Assemble, compose and validate one launch (nothing is started or written)."""
+         environ: dict[str, str] | None = None, detect_gpus=gpus_on_this_node, python: str = sys.executable,
+         startup_checks: bool = True) -> Launch:
+    """Assemble, compose and validate one launch (nothing is started or written).
+
+    ``startup_checks=False`` leaves out the recipe's start-up checks, for a launch planned before the
+    inputs it names exist (a sweep run that starts from an earlier stage's model or checkpoint: its
+    entry point runs the checks when it starts)."""
     environ = dict(os.environ if environ is None else environ)
     groups, values = _split(list(argv))
     _check_presets(recipe, groups)
@@ -159,7 +164,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     overrides.add([f"trainer.default_local_dir={ckpt}"], source="CKPT_DIR")
     cfg = composer.compose(recipe, overrides.as_list())
     _validate(recipe, settings, cfg, base)
-    recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
+    if startup_checks:
+        recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)
 
