@@ -9,6 +9,12 @@
   no evaluation (the machinery, not learning). Preset: ``config/demo/tiny.yaml``.
 
 What MODEL_PATH / TRAIN_FILES give is used instead and not built.
+
+CLI: the tiny demo's model (``recipe.models.tiny.build_tiny_model``; no download) and optionally its
+train / val / sft parquet (``write_tiny_data``), anywhere::
+
+    python -m recipe.toy.demo --out-dir tiny
+    python -m recipe.toy.demo --out-dir tiny --data-dir tiny_data
 """
 
 from __future__ import annotations
@@ -117,3 +123,39 @@ def toy(recipe: str, settings: Settings, *, build: bool = True, config: StudentC
                      evaluate=partial(evaluate_toy, benchmark=data / "heldout.jsonl", eval_n=eval_n, eval_limit=eval_limit),
                      display=partial(display_toy, eval_n=eval_n),
                      before_dir=root / "student_eval" / "none" if settings.model_path is None else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from recipe.common import cli
+    from recipe.models.tiny import build_tiny_model
+
+    parser = argparse.ArgumentParser(description="Build the tiny Qwen3-architecture model + character tokenizer "
+                                                 "(and optionally the tiny toy data). No download.")
+    parser.add_argument("--out-dir", required=True, help="directory for the HF model + tokenizer")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--num-heads", type=int, default=2, help="head_dim = hidden / heads must be >= 32")
+    parser.add_argument("--num-kv-heads", type=int, default=1)
+    parser.add_argument("--intermediate-size", type=int, default=128)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing model in --out-dir")
+    parser.add_argument("--data-dir", default=None, help="also write the tiny demo's train/val/sft parquet here")
+    cli.add_debug_argument(parser)
+    args = parser.parse_args(argv)
+    path = build_tiny_model(args.out_dir, seed=args.seed, num_layers=args.num_layers, hidden_size=args.hidden_size,
+                            num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                            intermediate_size=args.intermediate_size, overwrite=args.overwrite)
+    print(f"tiny model: {path}")
+    if args.data_dir:
+        print("tiny data: " + " ".join(str(p) for p in write_tiny_data(args.data_dir).values()))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from recipe.common import cli
+
+    sys.exit(cli.run(main))

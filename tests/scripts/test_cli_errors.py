@@ -193,7 +193,7 @@ def test_option_and_output_errors_before_any_work(inputs, tmp_path, case):
         "sweep": (["scripts/sweep.py", "plan", "--model", "nosuch", "--presets", "default", "--out", str(tmp_path)],
                   "error: unknown model preset 'nosuch'; known: ["),
         "bench": (["scripts/bench.py", "loss", "--n", "0"], "error: --n must be >= 1, got 0"),
-        "tiny_model": (["-m", "recipe.models.tiny", "--out-dir", str(inputs / "tiny")],
+        "tiny_model": (["-m", "recipe.toy.demo", "--out-dir", str(inputs / "tiny")],
                        f"error: {inputs / 'tiny'}: is not empty (pass --overwrite"),
         "toy_experiments": (["scripts/toy_studies.py", "signals", "--model", str(tmp_path / "none")],
                             f"error: {tmp_path / 'none'}: no such model directory (check the path)"),
