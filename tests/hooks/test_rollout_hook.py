@@ -50,3 +50,19 @@ def test_on_the_cpu_path_the_hf_rollout_is_hooked():
     out = subprocess.run([sys.executable, "-c", REGISTRY], capture_output=True, text=True, check=True,
                          env={**env, "PATH": "/usr/bin:/bin", "VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"})
     assert json.loads(out.stdout.strip().splitlines()[-1])["hf"] == HF_ADAPTER
+
+
+def test_when_imported_patches_a_module_after_its_import(tmp_path):
+    """A hook that changes a project module waits until that module is fully imported (it may be imported
+    by verl while the module itself is being imported)."""
+    (tmp_path / "target_mod.py").write_text("VALUE = 1\n")
+    (tmp_path / "hook_mod.py").write_text(
+        "from opsd_test_hooks import when_imported\n"
+        "def patch(module):\n    module.VALUE += 10\n"
+        "when_imported('target_mod', patch)\n")
+    code = "import hook_mod, target_mod\nprint(target_mod.VALUE)\nimport opsd_test_hooks\n" \
+           "opsd_test_hooks.when_imported('target_mod', hook_mod.patch)\nprint(target_mod.VALUE)"
+    env = launch_env(environ={"PYTHONPATH": str(tmp_path)})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**env, "PATH": "/usr/bin:/bin"})
+    assert out.stdout.split() == ["11", "21"]  # after its import, then at once (already imported)

@@ -27,7 +27,12 @@ environment:
 Tests that import a hook's helpers in-process find the package because ``tests/conftest.py`` puts
 ``tests/hooks`` on ``sys.path``. Adding a hook: a module here that installs itself at import (and
 does nothing unless its settings ask for it, so that loading it is harmless), with its settings in its
-docstring. Hooks:
+docstring. verl imports it from ``verl/__init__.py``, i.e. possibly while the project module it wants
+to change is itself being imported (a Ray worker's first import of a worker class imports verl): a
+hook therefore imports no project module at import time. It either names its classes in a registry
+that is resolved later (verl's rollout registries: ``rollout``) or patches a module once it is fully
+imported: ``when_imported("recipe.opsd.opsd_ray_trainer", patch)`` calls ``patch(module)`` now if the
+module is already imported, else right after its import finishes. Hooks:
 
 - ``rollout``: the rollout servers' probes and negative controls (``OPSD_TEST_ROLLOUT_WEIGHTS_LOG``,
   ``OPSD_TEST_SYNC_PROBE_LOG``, ``OPSD_TEST_SKIP_WEIGHT_SYNC``);
@@ -36,8 +41,10 @@ docstring. Hooks:
 
 from __future__ import annotations
 
+import importlib.abc
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 HOOKS_DIR = str(Path(__file__).resolve().parent.parent)
@@ -54,3 +61,40 @@ def launch_env(*modules: str, environ: Mapping[str, str] | None = None, **settin
         MODULES_ENV: ",".join(listed + [m for m in modules if m not in listed]),
         **{name: str(value) for name, value in settings.items()},
     }
+
+
+def when_imported(name: str, patch: Callable[[object], None]) -> None:
+    """Call ``patch(module)`` once the module ``name`` is fully imported (now, if it already is)."""
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    if module is not None and not getattr(spec, "_initializing", False):
+        patch(module)
+        return
+    sys.meta_path.insert(0, _AfterImport(name, patch))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds ``name`` with the other finders and runs ``patch`` right after the module's code (once)."""
+
+    def __init__(self, name: str, patch: Callable[[object], None]):
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            exec_module, patch = spec.loader.exec_module, self.patch
+
+            def run(module):
+                exec_module(module)
+                patch(module)
+
+            spec.loader.exec_module = run
+        return spec
