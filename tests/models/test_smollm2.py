@@ -164,7 +164,7 @@ def test_evaluation_runs_smollm2_in_native_mode(smollm2_dir, tmp_path):
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads((out / "run_config.json").read_text())["decoding"]["mode"] is None
+    assert json.loads((out / "run_config.json").read_text())["decoding"]["mode"] == "native"
     (record,) = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
     problem = json.loads((REPO_ROOT / "data" / "eval" / "aime2024.jsonl").read_text().splitlines()[0])["problem"]
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
