@@ -90,7 +90,7 @@ def test_data_are_the_task_s_rows_written_once(tmp_path):
 
 def test_evaluation_is_greedy_native_at_the_training_cap_and_displayed_in_percent():
     preset = greedy_preset()
-    assert (preset.mode, preset.top_k, preset.max_new_tokens, preset.engine) == (None, 1, 128, "hf")
+    assert (preset.mode, preset.top_k, preset.max_new_tokens, preset.engine) == ("native", 1, 128, "hf")
     rows = display_real({"greedy": 0.25, "boxed_rate": 0.5, "mean_length": 40.25, "n_problems": 64, "eval_s": 3.0})
     assert rows == {"greedy accuracy (%), 64 problems": "25.0", "boxed rate (%)": "50.0",
                     "mean length (tokens)": "40.2"}
