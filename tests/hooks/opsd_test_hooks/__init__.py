@@ -22,7 +22,8 @@ environment:
   ``runtime_env`` (``ray_kwargs.ray_init.runtime_env.env_vars``); a verl entry point started by hand
   (``python -m verl.trainer.main_ppo``) reads the variable directly (``recipe.cpu.env.cpu_environment``
   keeps the CPU plugin first);
-- the hook's ``settings`` (its ``OPSD_TEST_*`` variables), read by the hook at call time.
+- the hook's ``settings`` (its ``OPSD_TEST_*`` variables), read by the hook at call time; like
+  ``PYTHONPATH`` they reach the workers by inheritance (the launcher forwards only the module list).
 
 Tests that import a hook's helpers in-process find the package because ``tests/conftest.py`` puts
 ``tests/hooks`` on ``sys.path``. Adding a hook: a module here that installs itself at import (and
