@@ -14,7 +14,7 @@ Example (CPU, tiny model)::
 
 GPU: add ``--device cuda --dtype bfloat16 --backend vllm``. The paper's S/T grid or multi-model
 tables: ``python scripts/analyze_signals.py --combine run_a/signals.json run_b/signals.json``.
-Logic: recipe/analysis/signal_analysis.py.
+Logic: recipe/analysis/signal_analysis.py (and the signal_* modules it names).
 """
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ import argparse
 import logging
 import os
 import sys
-import time
-from pathlib import Path
 
 from recipe.analysis import signal_analysis as sa
+from recipe.analysis.signal_conditions import BACKENDS, MODES, SignalAnalysisConfig
+from recipe.analysis.signal_report import combined_table
 from recipe.common import cli
-from recipe.common.checkpoints import check_model_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    defaults = sa.SignalAnalysisConfig()
+    defaults = SignalAnalysisConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="Hugging Face model directory (student = frozen teacher)")
     p.add_argument("--data", help="verl training parquet (prompt + extra_info)")
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conditions", nargs="+", default=list(defaults.conditions),
                    help="teacher conditions context:mode or context:mode@CAP (mode think | no_think | native = the "
                         "template's default; @CAP cuts the privileged text so the teacher prompt fits CAP tokens)")
-    p.add_argument("--student-mode", default=defaults.student_mode, choices=sa.MODES,
+    p.add_argument("--student-mode", default=defaults.student_mode, choices=MODES,
                    help="student prompt mode (native = the template's default, for templates without a thinking switch)")
     p.add_argument("--num-prompts", type=int, default=defaults.num_prompts)
     p.add_argument("--rollouts-per-prompt", type=int, default=defaults.rollouts_per_prompt)
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-size", type=int, default=defaults.chunk_size, help="lm_head rows per chunk")
     p.add_argument("--sample-batch-size", type=int, default=defaults.sample_batch_size)
     p.add_argument("--score-batch-size", type=int, default=defaults.score_batch_size)
-    p.add_argument("--backend", default=defaults.backend, choices=sa.BACKENDS)
+    p.add_argument("--backend", default=defaults.backend, choices=BACKENDS)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--rollouts", default=None, help="rollouts.json of an earlier run to rescore instead of sampling")
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.combine:
         with cli.reraise_as_input(ValueError, KeyError, hint="pass signals.json files of scripts/analyze_signals.py"):
-            print(sa.combined_table([cli.read_json(path, what="signals.json") for path in args.combine]))
+            print(combined_table([cli.read_json(path, what="signals.json") for path in args.combine]))
         return 0
     missing = [flag for flag, value in (("--model", args.model), ("--data", args.data), ("--out-dir", args.out_dir)) if not value]
     if missing:
@@ -83,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     with cli.reraise_as_input(ValueError):  # the options' validation (SignalAnalysisConfig.__post_init__)
-        config = sa.SignalAnalysisConfig(
+        config = SignalAnalysisConfig(
             num_prompts=args.num_prompts, rollouts_per_prompt=args.rollouts_per_prompt, temperature=args.temperature,
             top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
             student_mode=args.student_mode, conditions=tuple(args.conditions), signal_temperature=args.signal_temperature,
@@ -92,48 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             sample_batch_size=args.sample_batch_size, score_batch_size=args.score_batch_size, backend=args.backend,
             windows=_windows(args.windows) if args.windows else defaults.windows,
         )
-    out_dir = Path(args.out_dir)
-    rollouts_out = out_dir / "rollouts.json"
-    if rollouts_out.exists() and not args.overwrite and args.rollouts != str(rollouts_out):
-        raise cli.OutputExistsError("exists", file=rollouts_out,
-                                    hint=f"pass --overwrite, --rollouts {rollouts_out}, or another --out-dir")
-    cli.refuse_overwrite([out_dir / name for name in sa.OUTPUT_FILES], overwrite=args.overwrite, other="another --out-dir")
-    model_name = args.model_name or Path(args.model).resolve().name
-    check_model_dir(args.model)
-    with cli.reraise_as_input(ValueError, file=args.data):  # the parquet's schema checks
-        rows = sa.load_rows(cli.require_file(args.data, what="training parquet"))
-    tokenizer = sa.load_tokenizer(args.model)
-    model = None
-    timing = {"sample": 0.0}
-    if args.rollouts:
-        with cli.reraise_as_input(ValueError, KeyError, file=args.rollouts, hint="pass a rollouts.json of the same data and model"):
-            items, rollouts, meta = sa.load_rollouts(cli.require_file(args.rollouts, what="rollouts file"), rows,
-                                                     tokenizer, config=config)
-        print(f"rescoring {len(rollouts)} saved rollouts from {args.rollouts} (sampled with {meta.get('sampling')})")
-    else:
-        with cli.reraise_as_input(ValueError, file=args.data):  # no row can be scored under the conditions
-            items, skipped = sa.build_prompt_items(rows, tokenizer, config=config)
-        print(f"sampling {len(items)} prompts x {config.rollouts_per_prompt} rollouts (skipped rows: {skipped or 'none'})")
-        if config.backend == "hf":
-            model = sa.load_model(args.model, device=args.device, dtype=args.dtype)
-        # vLLM samples first and frees the GPU before the HF model is loaded for scoring.
-        start = time.time()
-        rollouts = sa.sample_rollouts(model if model is not None else args.model, tokenizer, items, config=config)
-        timing["sample"] = round(time.time() - start, 1)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        meta = {"model": str(args.model), "data": str(args.data), "sampling": sa.sampling_settings(config)}
-        sa.save_rollouts(rollouts_out, items, rollouts, meta=meta)
-    if model is None:
-        model = sa.load_model(args.model, device=args.device, dtype=args.dtype)
-    data_label = args.data_label or Path(args.data).stem
-    start = time.time()
-    result = sa.run_signal_analysis(model, tokenizer, rows, config=config, model_name=model_name, data_label=data_label,
-                                    rollouts=rollouts, items=items)
-    result["timing_s"] = {**timing, "score": round(time.time() - start, 1)}
-    print(f"sampling {timing['sample']} s, scoring {result['timing_s']['score']} s")
-    paths = sa.write_outputs(result, out_dir, overwrite=args.overwrite)
-    print(sa.markdown_report(result))
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    sa.analyze(model=args.model, data=args.data, out_dir=args.out_dir, config=config, model_name=args.model_name,
+               data_label=args.data_label, rollouts=args.rollouts, device=args.device, dtype=args.dtype,
+               overwrite=args.overwrite)
     return 0
 
 

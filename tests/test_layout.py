@@ -24,6 +24,9 @@ ALLOWED = {
     "recipe.toy": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models", "data_prep"},
     "recipe.experiments": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models",
                            "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "data_prep"},
+    # bench-only code (scripts/bench.py): nothing imports it
+    "recipe.bench": {"recipe.common", "recipe.analysis", "recipe.launch", "recipe.models", "recipe.opsd", "recipe.toy",
+                     "recipe.evaluation"},
     "recipe.grpo_baseline": set(),
     "recipe.sft": set(),
     # bench-only code (the loss benchmark's reference kernels): nothing above imports it

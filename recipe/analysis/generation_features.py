@@ -19,6 +19,13 @@ The paper does not spell the matching rules out; ours (docs/analysis.md):
   cap). Both are parameters.
 
 Rates are pooled over all generations given (the paper pools the four benchmarks: N = 960).
+
+CLI: one row per run (N, mean tokens, >= 32k / >= 38k tokens, boxed, accuracy, "wait", self-correction,
+``<think>``: % of generations, pooled over the benchmarks); each argument is NAME=PATH (or a PATH, named
+by its directory) to a ``generations.jsonl`` of ``scripts/evaluate.py run``::
+
+    python -m recipe.analysis.generation_features "no-think base=evals/base/generations.jsonl" \\
+        "nth/th OPSD=evals/nth_th/generations.jsonl"
 """
 
 from __future__ import annotations
@@ -83,3 +90,50 @@ def rates_table(named: Mapping[str, Mapping[str, float]], *, thresholds: Sequenc
         cells = [f"{rates[key]:.{digits}f}" if key in rates else "-" for _, key, digits in cols]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _read(spec: str) -> tuple[str, list[dict]]:
+    """``NAME=PATH`` (or ``PATH``: named by its directory) -> (name, records of its generations.jsonl)."""
+    import json
+    from pathlib import Path
+
+    name, sep, path = spec.partition("=")
+    path = Path(path if sep else spec)
+    if path.is_dir():
+        path = path / "generations.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no generations.jsonl (write one with scripts/evaluate.py run)")
+    records = []
+    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: not JSON ({err.msg})") from None
+    return (name if sep else path.parent.name), records
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Stylistic and length feature rates of evaluation generations "
+                                            "(paper Table 1(b), tab:sft_output_degen).")
+    p.add_argument("runs", nargs="+", metavar="NAME=PATH")
+    p.add_argument("--thresholds", nargs="+", type=int, default=list(LENGTH_THRESHOLDS),
+                   help="length thresholds in tokens (default: 32,768 and 38,912)")
+    args = p.parse_args(argv)
+    named = {}
+    for spec in args.runs:
+        name, records = _read(spec)
+        named[name] = feature_rates(records, thresholds=args.thresholds)
+    print(rates_table(named, thresholds=args.thresholds), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        sys.exit(main())
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None

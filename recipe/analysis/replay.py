@@ -9,7 +9,7 @@ step's token-level ``opsd/*`` diagnostics as JSON, computed as the trainer logs 
 means over the step's response tokens (``recipe.opsd.actor_loss.SIGNAL_METRICS``) and the shares
 of loss positions with a positive / negative sampled-token advantage (``opsd/enc_frac``,
 ``opsd/disc_frac``), from ``recipe.opsd.core.signals.token_signals_from_hidden`` over
-``signal_analysis.response_hidden_states`` (float32 here; the trainer's FSDP forward packs the
+``signal_scoring.response_hidden_states`` (float32 here; the trainer's FSDP forward packs the
 sequences, so agreement is to float32 rounding, not bit-exact).
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from recipe.analysis.signal_analysis import output_head, response_hidden_states
+from recipe.analysis.signal_scoring import output_head, response_hidden_states
 from recipe.common import cli
 from recipe.opsd.actor_loss import SIGNAL_METRICS
 from recipe.opsd.core.signals import token_signals_from_hidden

@@ -122,6 +122,29 @@ def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = No
         return EXIT_INPUT_ERROR
 
 
+def dispatch(commands: dict[str, tuple[str, str]], argv: Sequence[str], *, description: str) -> int:
+    """``<script> <command> [args]``: run the command's ``main(args)``.
+
+    ``commands``: ``{name: ("module:function", one-line help)}``; the module is imported only when
+    its command runs. ``--help`` (or nothing) lists the commands; an unknown one is an input error.
+    """
+    argv = list(argv)
+    script = Path(sys.argv[0]).name
+    if not argv or argv[0] in ("-h", "--help"):
+        width = max(len(name) for name in commands)
+        print(f"usage: {script} <command> [options]   ({script} <command> --help: its options)\n\n{description}\n")
+        print("\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in commands.items()))
+        return 0 if argv else EXIT_INPUT_ERROR
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        raise InputError(f"unknown command {name!r}", hint=f"one of {', '.join(commands)}")
+    module, _, function = commands[name][0].partition(":")
+    import importlib
+
+    sys.argv[0] = f"{sys.argv[0]} {name}"  # argparse's prog: "<script> <command>"
+    return getattr(importlib.import_module(module), function)(rest) or 0
+
+
 @contextmanager
 def reraise_as_input(*types: type[BaseException], file: str | os.PathLike | None = None, hint: str | None = None):
     """Inside the block, an exception of ``types`` is an input error about ``file``.

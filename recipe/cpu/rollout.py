@@ -13,22 +13,14 @@ verl expects of a backend (same roles as ``verl/workers/rollout/vllm_rollout/``)
 - ``HFServerAdapter``: the ``BaseRollout`` living in each trainer (FSDP) worker; its
   ``update_weights`` collects the trainer's full tensors and loads them into the server.
 
-Registered by ``recipe.cpu.plugin`` (CPU path only). Two environment switches:
-
-- ``OPSD_HF_ROLLOUT_SKIP_WEIGHT_SYNC=1`` turns the weight push off (negative control for the
-  on-policy test: the rollout then keeps the initial weights and drifts off-policy);
-- ``OPSD_HF_ROLLOUT_WEIGHTS_LOG=<path.jsonl>``: after every weight load the server appends
-  ``{"replica", "global_steps", "num_weight_updates", "sha256": {name: digest}}`` (digest of
-  each served float32 tensor's bytes), so a test can check that the rollout serves exactly
-  the trainer's weights (``weights_fingerprint`` on the checkpoint gives the same digests).
+Registered by ``recipe.cpu.plugin`` (CPU path only). ``HFReplica.server_class`` names the server
+class a replica starts (a subclass can extend the server; the tests' rollout hooks do:
+``tests/hooks/opsd_test_hooks``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Generator, Optional
@@ -41,10 +33,6 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-logger = logging.getLogger(__name__)
-
-SKIP_WEIGHT_SYNC_ENV = "OPSD_HF_ROLLOUT_SKIP_WEIGHT_SYNC"
-WEIGHTS_LOG_ENV = "OPSD_HF_ROLLOUT_WEIGHTS_LOG"
 # Concurrent requests arriving within this window join the same generate() batch.
 BATCH_WINDOW_S = 0.02
 
@@ -52,15 +40,6 @@ BATCH_WINDOW_S = 0.02
 def server_actor_name(rollout_name: str, replica_rank: int, node_rank: int, suffix: str = "") -> str:
     """Ray actor name of a server; the adapter in the trainer worker looks it up by this name."""
     return f"{rollout_name}_server_{replica_rank}_{node_rank}{suffix}"
-
-
-def weights_fingerprint(state_dict: dict[str, torch.Tensor]) -> dict[str, str]:
-    """``{name: sha256 of the tensor's float32 bytes}`` (16 hex digits): equal iff bit-identical."""
-    digests = {}
-    for name, tensor in sorted(state_dict.items()):
-        data = tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-        digests[name] = hashlib.sha256(data).hexdigest()[:16]
-    return digests
 
 
 @dataclass
@@ -214,24 +193,6 @@ class HFRolloutServer:
             self.num_weight_updates += 1
         if global_steps is not None:
             self.global_steps = global_steps
-        log_path = os.environ.get(WEIGHTS_LOG_ENV)
-        if log_path:
-            record = {
-                "replica": self.replica_rank,
-                "global_steps": global_steps,
-                "num_weight_updates": self.num_weight_updates,
-                "sha256": weights_fingerprint(self.model.state_dict()),
-            }
-            with open(log_path, "a") as log_file:
-                log_file.write(json.dumps(record) + "\n")
-
-    def weights_snapshot(self) -> dict[str, torch.Tensor]:
-        """Debug/test hook: a copy of the served weights."""
-        return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
-
-    def stats(self) -> dict[str, int]:
-        """Debug/test hook: number of generate batches and weight updates served."""
-        return {"num_batches": self.num_batches, "num_weight_updates": self.num_weight_updates}
 
     # Life-cycle calls verl makes on every server; nothing to free on CPU.
     async def wake_up(self, tags: Optional[list[str]] = None):
@@ -266,7 +227,9 @@ class HFRolloutServer:
 
 
 class HFReplica(RolloutReplica):
-    """One ``HFRolloutServer`` per replica (tensor/pipeline parallel size must be 1)."""
+    """One ``server_class`` server per replica (tensor/pipeline parallel size must be 1)."""
+
+    server_class = HFRolloutServer
 
     async def launch_servers(self):
         if self.world_size != 1:
@@ -278,7 +241,7 @@ class HFReplica(RolloutReplica):
         name = server_actor_name(self.config.name, self.replica_rank, 0, self.name_suffix)
         max_batch = self.config.max_num_seqs
         server = (
-            ray.remote(HFRolloutServer)
+            ray.remote(self.server_class)
             .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency)
             .remote(self.config, self.model_config, self.replica_rank, max_batch)
         )
@@ -330,9 +293,5 @@ class HFServerAdapter(BaseRollout):
         # Every rank must drain the generator: FSDP full_tensor() is a collective.
         state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
         if not self.is_sender:
-            return
-        if os.environ.get(SKIP_WEIGHT_SYNC_ENV, "0") == "1":
-            logger.warning("%s=1: rollout weights NOT updated (negative control)", SKIP_WEIGHT_SYNC_ENV)
-            await self._server_handle().set_global_steps.remote(global_steps)
             return
         await self._server_handle().load_weights.remote(state_dict, global_steps)

@@ -73,6 +73,8 @@ class DecodingPreset:
     def __post_init__(self):
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.mode is None:  # the spelling of configs written before "native"
+            object.__setattr__(self, "mode", "native")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if not self.temperature > 0:

@@ -222,6 +222,8 @@ def check_resume_config(saved: dict, current: dict, *, where: Path) -> None:
     """Raise ValueError naming the first field where ``current`` differs from the saved run."""
     for key in _RESUME_FIELDS:
         old, new = saved.get(key), current.get(key)
+        if key == "decoding" and isinstance(old, dict) and "mode" in old and old["mode"] is None:
+            old = {**old, "mode": "native"}  # a run written before the native mode had a name
         if isinstance(old, dict) and isinstance(new, dict):
             for sub in sorted(set(old) | set(new)):
                 if old.get(sub) != new.get(sub):

@@ -8,8 +8,11 @@ Library behind ``scripts/sweep.py`` (docs/presets.md). A sweep is one model pres
 outputs and trains from exactly that file (``python -m recipe.opsd.main_opsd --config-path <run_dir>
 --config-name config``), then evaluates the checkpoints with ``recipe.evaluation.harness`` under the
 model preset's decoding preset for the run's evaluation mode (``sweep.eval_mode``, default: the
-student's mode). Composition is the launcher's (``recipe.launch``): on the CPU the platform group
-``+platform=cpu`` after the presets, dynamic-batching token budgets derived from the caps. The base model is evaluated once per evaluation setting. ``collect`` writes the
+student's mode). Every run is planned by the launcher (``recipe.launch.run.plan``, as ``run_opsd.sh``
+would launch it): on the CPU the platform group ``+platform=cpu`` after the presets, the grader, the
+verl environment, dynamic-batching token budgets derived from the caps, and the recipe's start-up
+checks (for a run whose model or checkpoint an earlier step of the sweep makes, the entry point runs
+them when it starts). The base model is evaluated once per evaluation setting. ``collect`` writes the
 paper-style comparison table (Avg@n / Pass@n / Length, deltas vs Base: points for accuracy,
 relative % for length) and figures (``recipe.analysis.plots``).
 
@@ -124,8 +127,8 @@ def eval_choice(cfg) -> tuple[str, str, str | None]:
     if cfg.get("model_preset") is None:
         raise ValueError("the config has no model_preset block: add +model=<name> (recipe/opsd/config/model)")
     sweep = cfg.get("sweep") or {}
-    mode = sweep.get("eval_mode") or cfg.opsd.get("student_mode")
-    key = mode or "native"
+    mode = sweep.get("eval_mode") or cfg.opsd.get("student_mode") or "native"
+    key = mode
     presets = OmegaConf.to_container(cfg.model_preset.eval_presets, resolve=True)
     if key not in presets:
         raise ValueError(
@@ -140,6 +143,7 @@ def decoding_for(preset_name: str, mode: str):
     from recipe.evaluation.decoding_presets import get_preset
 
     preset = get_preset(preset_name)
+    mode = mode or "native"
     return preset if preset.mode == mode else preset.with_overrides(mode=mode)
 
 
@@ -195,28 +199,33 @@ def plan_run(
     from omegaconf import OmegaConf
 
     from recipe.experiments import sweep_data
-    from recipe.launch.verl_env import runtime_env_overrides, verl_environment
+    from recipe.launch.run import plan as plan_launch
+    from recipe.launch.settings import Settings
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
     run_dir = (sweep_dir / "runs" / _slug(spec.name)).resolve()
     if not dry_run:
         run_dir.mkdir(parents=True, exist_ok=True)
-    launch_env = verl_environment(RECIPE, device=device, environ=os.environ)
-    env = {k: v for k, v in launch_env.items() if os.environ.get(k) != v}
-    env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics.jsonl")
-    # the CPU platform after the presets (it replaces their engine), as recipe.launch orders it
-    platform = [f"+platform={RECIPE.platform}"] if device == "cpu" else []
-    head = [f"+model={spec.model}", f"+experiment=[{','.join(spec.experiments)}]", *platform,
-            *RECIPE.reward_overrides(), *runtime_env_overrides(RECIPE, launch_env), *spec.overrides]
-    forced = [
-        f"trainer.default_local_dir={run_dir / 'checkpoints'}",
-        f"trainer.experiment_name={_slug(spec.name)}",
-    ]
-    cfg = compose(head + forced)
+    # the launcher's plan, as run_opsd.sh would launch the run: presets, platform, grader, the verl
+    # environment and its forwarding to every Ray worker, derived token budgets, start-up checks
+    settings = Settings(device=device, ckpt_dir=str(run_dir / "checkpoints"))
+    argv = [f"+model={spec.model}", f"+experiment=[{','.join(spec.experiments)}]", *spec.overrides,
+            f"trainer.experiment_name={_slug(spec.name)}"]
+
+    def launch(extra: list[str], *, checks: bool):
+        try:
+            return plan_launch(RECIPE, settings, argv + extra, environ=dict(os.environ), detect_gpus=lambda: 0,
+                               startup_checks=checks)
+        except ValueError as err:  # the launch's own line (a start-up check's), named by the run
+            raise ValueError(f"run {spec.name!r}: {getattr(err, 'line', err)}") from err
+
+    cfg = launch([], checks=False).config
     sweep = OmegaConf.to_container(cfg.get("sweep") or {}, resolve=True)
     base_model = str(cfg.actor_rollout_ref.model.path)
-    stages = []
+    stages, forced = [], []
+    # inputs an earlier step of the sweep makes: the run's entry point checks them when it starts
+    deferred = bool(sweep.get("continue_from") or sweep.get("init_stage") or (sweep.get("data_prep") and dry_run))
     if sweep.get("data_prep"):
         source, prepared = str(cfg.data.train_files), run_dir / "data" / "train.parquet"
         if not dry_run:
@@ -236,12 +245,10 @@ def plan_run(
             # ${actor_rollout_ref.model.path}, the pre-SFT model), not the stage's output
             forced.append(f"opsd.teacher.path={cfg.opsd.teacher.path}")
         forced.append(f"actor_rollout_ref.model.path={init_model}")
-    # the caps the budgets derive from are those of the first composition (the steps above change paths only)
-    forced += [f"{key}={value}" for key, value, _ in composer.token_budget_fixes(cfg, RECIPE)]
-    cfg = compose(head + forced)
-    missing = composer.missing(cfg)
-    if missing:
-        raise ValueError(f"run {spec.name!r}: mandatory config values are not set: {missing} (pass them as overrides)")
+    final = launch(forced, checks=not deferred)
+    cfg = final.config
+    env = {k: v for k, v in final.verl_env.items() if os.environ.get(k) != v}
+    env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics.jsonl")
     mode_key, preset_name, mode = eval_choice(cfg)
     steps = eval_steps(cfg)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
@@ -273,7 +280,7 @@ def plan_run(
     if dry_run:
         return plan | {"config_yaml": config_yaml}
     _write_new(run_dir / "config.yaml", config_yaml)
-    _write_new(run_dir / "overrides.txt", "\n".join(head + forced) + "\n")
+    _write_new(run_dir / "overrides.txt", "\n".join(final.overrides.as_list()) + "\n")
     _write_new(run_dir / "plan.json", json.dumps(plan, indent=2) + "\n")
     return plan
 
@@ -364,7 +371,8 @@ def _run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log: Path, timeou
 
 
 def evaluate_model(model: str, *, out_dir: Path, preset: str, mode: str | None, settings: Mapping, progress=False) -> dict:
-    """Evaluate ``model`` (HF dir or FSDP ``.../actor`` checkpoint) with ``recipe.evaluation.harness``."""
+    """Evaluate ``model`` (HF dir or FSDP ``.../actor`` checkpoint) with ``recipe.evaluation.harness``
+    (``mode`` None: a plan written before the native mode had a name)."""
     from recipe.evaluation.harness import EvalConfig, evaluate
 
     config = EvalConfig(model=model, out_dir=str(out_dir), preset=decoding_for(preset, mode),

@@ -10,7 +10,11 @@ toy student, a given run directory; it returns the held-out evaluation before/af
 per-step metrics. Both presets train on the same parquet with the same ``data.seed`` and batch,
 so both methods see the same problems in the same order.
 
-CLI: ``python scripts/compare_opsd_grpo.py``.
+CLI (accuracy before/after, greedy / Avg@n / Pass@n, mean length, wall time, time per step and the
+OPSD/GRPO compute ratio)::
+
+    python scripts/toy_studies.py compare --steps 30                       # both methods
+    python scripts/toy_studies.py compare --methods opsd --steps 5 -- opsd.teacher_context=none opsd.teacher.allow_zero_loss=true
 """
 
 from __future__ import annotations

@@ -98,7 +98,10 @@ _RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*")
 
 
 class StepProgress:
-    """Condensed console progress from verl's console lines: one line per step, at most every ``every_s``."""
+    """Condensed console progress from verl's console lines: one line per step, at most every ``every_s``.
+
+    A console line of a step that holds none of ``keys`` (the validation before training, the OPSD
+    pre-flight report logged with step 1 before its values) prints nothing."""
 
     def __init__(self, label: str, keys: dict[str, str], *, total: int | None = None, every_s: float = 5.0,
                  startup_every_s: float = 20.0):
@@ -121,13 +124,15 @@ class StepProgress:
                 self._last = now
                 print(f"[{self.label}] starting up ({now - self._start:.0f} s): Ray, workers, models", flush=True)
             return
+        shown = " ".join(f"{name}={values[key]:.3g}" for key, name in self.keys.items() if key in values)
+        if not shown:  # a step's other records (validation, the pre-flight report logged with step 1)
+            return
         self._stepped = True
         step = int(values["step"])
         now = time.time()
         if now - self._last < self.every_s and step not in (1, self.total):
             return
         self._last = now
-        shown = " ".join(f"{name}={values[key]:.3g}" for key, name in self.keys.items() if key in values)
         of = f"/{self.total}" if self.total else ""
         print(f"[{self.label}] step {step}{of}: {shown}", flush=True)
 

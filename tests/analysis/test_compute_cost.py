@@ -1,4 +1,4 @@
-"""recipe.analysis.compute_cost and scripts/compare_opsd_grpo_cost.py on hand-written metrics files
+"""recipe.analysis.compute_cost and scripts/compare_opsd_grpo.py on hand-written metrics files
 (no run is launched: the table arithmetic only)."""
 
 import json
@@ -84,20 +84,36 @@ def _write_run(directory: Path, rows, n_devices: int) -> Path:
     return directory
 
 
+def _write_launch_config(directory: Path, rollout: str, modules: str) -> None:
+    (directory / "launch_config.yaml").write_text(
+        f"actor_rollout_ref:\n  rollout:\n    name: {rollout}\n"
+        f"ray_kwargs:\n  ray_init:\n    runtime_env:\n      env_vars:\n        VERL_USE_EXTERNAL_MODULES: {modules}\n")
+
+
 def test_script_reads_existing_runs(tmp_path):
     opsd = _write_run(tmp_path / "opsd", OPSD_ROWS, 2)
     grpo = _write_run(tmp_path / "grpo", GRPO_ROWS, 4)
-    proc = subprocess.run([sys.executable, "scripts/compare_opsd_grpo_cost.py", "--opsd-run", str(opsd),
+    for run in (opsd, grpo):
+        _write_launch_config(run, "vllm", "recipe.rollout.extension")
+    proc = subprocess.run([sys.executable, "scripts/compare_opsd_grpo.py", "--opsd-run", str(opsd),
                            "--grpo-run", str(grpo)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "| tokens per second | 50.0 | 100.0 | 0.500 |" in proc.stdout.splitlines()
     assert "perf/max_memory_allocated_gb" in proc.stdout  # the GRPO run logged it
+    # both runs used the guarded vLLM weight push (every RL launch lists recipe.rollout.extension)
+    assert ("weight push: opsd guarded vLLM push (recipe.rollout.extension); grpo guarded vLLM push "
+            "(recipe.rollout.extension) (the same path)") in proc.stdout.splitlines()
+    _write_launch_config(grpo, "vllm", "my.ext")
+    proc = subprocess.run([sys.executable, "scripts/compare_opsd_grpo.py", "--opsd-run", str(opsd),
+                           "--grpo-run", str(grpo)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert ("grpo verl's vLLM push (unguarded) (DIFFERENT paths: the step times are not comparable)"
+            in proc.stdout), proc.stdout
 
 
 def test_script_names_a_missing_launch_record(tmp_path):
     (tmp_path / "opsd").mkdir()
     grpo = _write_run(tmp_path / "grpo", GRPO_ROWS, 4)
-    proc = subprocess.run([sys.executable, "scripts/compare_opsd_grpo_cost.py", "--opsd-run", str(tmp_path / "opsd"),
+    proc = subprocess.run([sys.executable, "scripts/compare_opsd_grpo.py", "--opsd-run", str(tmp_path / "opsd"),
                            "--grpo-run", str(grpo)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error:") and "run_times.jsonl" in proc.stderr

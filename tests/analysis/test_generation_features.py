@@ -57,12 +57,12 @@ def test_cli_table(tmp_path):
     rows = [{"text": "Wait", "num_tokens": 33_000, "has_boxed": False, "acc": False},
             {"text": "ok", "num_tokens": 10, "has_boxed": True, "acc": True}]
     (run_dir / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    script = REPO_ROOT / "scripts" / "generation_features.py"
-    out = subprocess.run([sys.executable, str(script), f"OPSD={run_dir}", str(run_dir / "generations.jsonl")],
+    script = ["-m", "recipe.analysis.generation_features"]
+    out = subprocess.run([sys.executable, *script, f"OPSD={run_dir}", str(run_dir / "generations.jsonl")],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| OPSD | 2 | 16505 | 50.0 | 0.0 | 50.0 | 50.0 | 50.0 | 0.0 | 0.0 |" in out.stdout
     assert "| opsd_run | 2 |" in out.stdout
-    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "nope")], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, *script, str(tmp_path / "nope")], capture_output=True, text=True,
                          cwd=REPO_ROOT, timeout=120)
     assert bad.returncode == 1 and bad.stderr.startswith("error:") and bad.stderr.count("\n") == 1

@@ -7,6 +7,11 @@ import pytest
 import torch
 
 from recipe.analysis import signal_analysis as sa
+from recipe.analysis import signal_conditions as sc
+from recipe.analysis import signal_pca as sp
+from recipe.analysis import signal_report as srep
+from recipe.analysis import signal_rollouts as sr
+from recipe.analysis import signal_scoring as ss
 from recipe.common import chat, prompts
 from recipe.opsd.core import signals
 
@@ -17,13 +22,13 @@ CONDITIONS = ("full_solution:think", "answer_only:no_think", "none:think")
 @pytest.fixture(scope="module")
 def analysed(tiny):
     model, tokenizer, rows, _, _ = tiny
-    config = sa.SignalAnalysisConfig(
+    config = sc.SignalAnalysisConfig(
         num_prompts=3, rollouts_per_prompt=2, max_new_tokens=12, conditions=CONDITIONS, chunk_size=7,
         sample_batch_size=4, score_batch_size=4, top_tokens=5, windows=((0, 4), (4, 8), (8, 16)),
     )
-    items, skipped = sa.build_prompt_items(rows, tokenizer, config=config)
-    rollouts = sa.sample_rollouts(model, tokenizer, items, config=config)
-    scored = sa.score_rollouts(model, items, rollouts, config=config)
+    items, skipped = sr.build_prompt_items(rows, tokenizer, config=config)
+    rollouts = sr.sample_rollouts(model, tokenizer, items, config=config)
+    scored = ss.score_rollouts(model, items, rollouts, config=config)
     result = sa.run_signal_analysis(model, tokenizer, rows, config=config, model_name="tiny", items=items, rollouts=rollouts)
     return config, items, rollouts, scored, result
 
@@ -114,7 +119,7 @@ def test_report_numbers_are_the_shared_summaries(analysed):
         assert windows[0]["count"] == first.numel()
         # Per-rollout features: plain means over each rollout's tokens.
         feats = torch.tensor(rep["rollout_features"])
-        assert feats.shape == (len(rollouts), len(sa.ROLLOUT_FEATURES))
+        assert feats.shape == (len(rollouts), len(ss.ROLLOUT_FEATURES))
         mask = scored[cond]["rollout"] == 1
         assert feats[1, 0].item() == pytest.approx(float(kl[mask].mean()))
         assert feats[1, 5].item() == pytest.approx(float((adv[mask] < 0).double().mean()))
@@ -128,7 +133,7 @@ def test_report_numbers_are_the_shared_summaries(analysed):
 
 def test_outputs_written_and_not_overwritten(analysed, tmp_path):
     _, _, _, _, result = analysed
-    paths = sa.write_outputs(result, tmp_path / "out")
+    paths = srep.write_outputs(result, tmp_path / "out")
     data = json.loads(paths["signals.json"].read_text())  # strict JSON: NaN became null
     assert set(data["conditions"]) == set(CONDITIONS)
     md = paths["signals.md"].read_text()
@@ -136,75 +141,75 @@ def test_outputs_written_and_not_overwritten(analysed, tmp_path):
     for name in ("pca.png", "position_windows.png"):
         assert paths[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(FileExistsError):
-        sa.write_outputs(result, tmp_path / "out")
+        srep.write_outputs(result, tmp_path / "out")
 
 
 def test_rollouts_round_trip_and_mismatch(tiny, analysed, tmp_path):
     _, tokenizer, rows, _, _ = tiny
     config, items, rollouts, _, _ = analysed
     path = tmp_path / "rollouts.json"
-    sa.save_rollouts(path, items, rollouts, meta={"sampling": sa.sampling_settings(config)})
-    loaded_items, loaded, _ = sa.load_rollouts(path, rows, tokenizer, config=config)
+    sr.save_rollouts(path, items, rollouts, meta={"sampling": sc.sampling_settings(config)})
+    loaded_items, loaded, _ = sr.load_rollouts(path, rows, tokenizer, config=config)
     assert [r.response_ids for r in loaded] == [r.response_ids for r in rollouts]
     assert [i.teacher_ids for i in loaded_items] == [i.teacher_ids for i in items]
-    other = sa.SignalAnalysisConfig(**{**sa.sampling_settings(config), "temperature": 0.7, "conditions": CONDITIONS})
+    other = sc.SignalAnalysisConfig(**{**sc.sampling_settings(config), "temperature": 0.7, "conditions": CONDITIONS})
     with pytest.raises(ValueError, match="temperature"):
-        sa.load_rollouts(path, rows, tokenizer, config=other)
+        sr.load_rollouts(path, rows, tokenizer, config=other)
 
 
 def test_rows_missing_a_context_field_are_skipped_or_rejected(tiny):
     _, tokenizer, rows, _, _ = tiny
     no_cot = [{**r, "extra_info": {**r["extra_info"], "cot": ""}} for r in rows]
     mixed = [no_cot[i] if i % 2 else rows[i] for i in range(len(rows))]
-    config = sa.SignalAnalysisConfig(num_prompts=4, conditions=("cot_solution:think", "none:think"))
-    items, skipped = sa.build_prompt_items(mixed, tokenizer, config=config)
+    config = sc.SignalAnalysisConfig(num_prompts=4, conditions=("cot_solution:think", "none:think"))
+    items, skipped = sr.build_prompt_items(mixed, tokenizer, config=config)
     assert len(items) == 4 and all(item.row % 2 == 0 for item in items)
     assert set(skipped) == {"missing field for cot_solution"} and sum(skipped.values()) >= 1
     with pytest.raises(ValueError, match="cot_solution"):
-        sa.build_prompt_items(no_cot, tokenizer, config=config)
+        sr.build_prompt_items(no_cot, tokenizer, config=config)
     # A teacher-prompt cap drops rows under every condition alike.
-    every = sa.SignalAnalysisConfig(num_prompts=len(rows), conditions=("cot_solution:think",))
-    lengths = [len(i.teacher_ids["cot_solution:think"]) for i in sa.build_prompt_items(rows, tokenizer, config=every)[0]]
+    every = sc.SignalAnalysisConfig(num_prompts=len(rows), conditions=("cot_solution:think",))
+    lengths = [len(i.teacher_ids["cot_solution:think"]) for i in sr.build_prompt_items(rows, tokenizer, config=every)[0]]
     cap = max(lengths) - 1  # drops the longest row(s) only
-    capped = sa.SignalAnalysisConfig(num_prompts=4, conditions=("none:think", "cot_solution:think"),
+    capped = sc.SignalAnalysisConfig(num_prompts=4, conditions=("none:think", "cot_solution:think"),
                                      teacher_max_prompt_length=cap)
-    kept, skipped = sa.build_prompt_items(rows, tokenizer, config=capped)
+    kept, skipped = sr.build_prompt_items(rows, tokenizer, config=capped)
     assert all(len(ids) <= cap for item in kept for ids in item.teacher_ids.values())
     assert any("teacher prompt >" in reason for reason in skipped)
 
 
 def test_config_validation():
     with pytest.raises(ValueError, match="context"):
-        sa.SignalAnalysisConfig(conditions=("solution:think",))
+        sc.SignalAnalysisConfig(conditions=("solution:think",))
     with pytest.raises(ValueError, match="mode"):
-        sa.SignalAnalysisConfig(conditions=("full_solution:thinking",))
+        sc.SignalAnalysisConfig(conditions=("full_solution:thinking",))
     with pytest.raises(ValueError, match="student prompt"):
-        sa.SignalAnalysisConfig(conditions=("concise_to_detailed:think",))
+        sc.SignalAnalysisConfig(conditions=("concise_to_detailed:think",))
     with pytest.raises(ValueError, match="duplicates"):
-        sa.SignalAnalysisConfig(conditions=("none:think", "none:think"))
+        sc.SignalAnalysisConfig(conditions=("none:think", "none:think"))
     with pytest.raises(ValueError, match="student_mode"):
-        sa.SignalAnalysisConfig(student_mode="auto")
+        sc.SignalAnalysisConfig(student_mode="auto")
     with pytest.raises(ValueError, match="num_prompts"):
-        sa.SignalAnalysisConfig(num_prompts=0)
+        sc.SignalAnalysisConfig(num_prompts=0)
 
 
 def test_pca_on_hand_made_data():
     # Points on the line y = 2x: one component carries all the variance.
     x = torch.tensor([[-2.0, -4.0], [-1.0, -2.0], [0.0, 0.0], [1.0, 2.0], [2.0, 4.0]])
-    result = sa.pca(x, n_components=2)
+    result = sp.pca(x, n_components=2)
     torch.testing.assert_close(result.components_CF[0], torch.tensor([1.0, 2.0], dtype=torch.float64) / math.sqrt(5))
     torch.testing.assert_close(result.explained_variance_ratio_C, torch.tensor([1.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(result.coords_MC[:, 0], torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0], dtype=torch.float64) * math.sqrt(5))
     torch.testing.assert_close(result.coords_MC[:, 1], torch.zeros(5, dtype=torch.float64), atol=1e-12, rtol=0)
     # Axis-aligned data with variances 4 and 1: components are the axes, ratios 0.8 / 0.2.
     y = torch.tensor([[2.0, 0.0], [-2.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
-    r = sa.pca(y)
+    r = sp.pca(y)
     torch.testing.assert_close(r.components_CF.abs(), torch.eye(2, dtype=torch.float64))
     torch.testing.assert_close(r.explained_variance_ratio_C, torch.tensor([0.8, 0.2], dtype=torch.float64))
 
 
 def test_standardize_columns():
-    z = sa.standardize(torch.tensor([[1.0, 5.0, 3.0], [3.0, 5.0, 7.0]]))
+    z = sp.standardize(torch.tensor([[1.0, 5.0, 3.0], [3.0, 5.0, 7.0]]))
     torch.testing.assert_close(z, torch.tensor([[-1.0, 0.0, -1.0], [1.0, 0.0, 1.0]], dtype=torch.float64))
 
 
@@ -213,16 +218,16 @@ def test_joint_pca_standardises_within_each_result():
                          [0.2, 0.4, 0.1, 0.7, 0.6, 0.5, 0.9], [0.5, 0.3, 0.4, 0.6, 0.3, 0.7, 1.1]], dtype=torch.float64)
 
     def result(model, feats):
-        return {"model": model, "config": {"student_mode": "think"}, "rollout_features": list(sa.ROLLOUT_FEATURES),
+        return {"model": model, "config": {"student_mode": "think"}, "rollout_features": list(ss.ROLLOUT_FEATURES),
                 "conditions": {"full": {"rollout_features": feats[:2].tolist()},
                                "answer": {"rollout_features": feats[2:].tolist()}}}
 
     # Model B = affine rescaling of model A: identical after within-model standardisation.
-    points, explained = sa.joint_pca([result("A", base), result("B", 10 * base + 3)])
+    points, explained = sp.joint_pca([result("A", base), result("B", 10 * base + 3)])
     assert set(points) == {"full", "answer"} and len(points["full"]) == 4
     torch.testing.assert_close(torch.tensor(points["full"][:2]), torch.tensor(points["full"][2:]))
     torch.testing.assert_close(torch.tensor(points["answer"][:2]), torch.tensor(points["answer"][2:]))
-    single = sa.pca(sa.standardize(base), n_components=2)
+    single = sp.pca(sp.standardize(base), n_components=2)
     torch.testing.assert_close(torch.tensor(points["full"][:2], dtype=torch.float64), single.coords_MC[:2])
     assert explained == pytest.approx(single.explained_variance_ratio_C.tolist())
 

@@ -11,6 +11,11 @@ import torch
 import yaml
 
 from recipe.analysis import signal_analysis as sa
+from recipe.analysis import signal_conditions as sc
+from recipe.analysis import signal_pca as sp
+from recipe.analysis import signal_report as srep
+from recipe.analysis import signal_rollouts as sr
+from recipe.analysis import signal_scoring as ss
 from recipe.common import chat, prompts
 from recipe.opsd.core import signals
 
@@ -48,24 +53,25 @@ def _reference_signals(model, items, rollouts, cond, config):
 
 # ---------------------------------------------------------------------------- modes
 def test_condition_syntax_native_and_caps():
-    assert sa.Condition.parse("full_solution:native") == sa.Condition("full_solution", "native")
-    capped = sa.Condition.parse("full_solution:think@1024")
+    assert sc.Condition.parse("full_solution:native") == sc.Condition("full_solution", "native")
+    capped = sc.Condition.parse("full_solution:think@1024")
     assert (capped.context, capped.mode, capped.prompt_cap, capped.name) == ("full_solution", "think", 1024,
                                                                             "full_solution:think@1024")
+    assert sc.MODES == chat.MODES == ("think", "no_think", "native")  # the renderer's own modes, native included
     with pytest.raises(ValueError, match="context:mode"):
-        sa.Condition.parse("full_solution")
+        sc.Condition.parse("full_solution")
     with pytest.raises(ValueError, match="answer_only.*has none to truncate"):
-        sa.Condition.parse("answer_only:think@64")
+        sc.Condition.parse("answer_only:think@64")
     for bad in ("full_solution:think@0", "full_solution:think@x", "full_solution:think@"):
         with pytest.raises(ValueError, match="positive integer"):
-            sa.Condition.parse(bad)
-    sa.SignalAnalysisConfig(student_mode="native", conditions=("full_solution:native", "full_solution:native@64"))
+            sc.Condition.parse(bad)
+    sc.SignalAnalysisConfig(student_mode="native", conditions=("full_solution:native", "full_solution:native@64"))
 
 
 def test_native_mode_renders_the_template_default(tiny, native_tokenizer):
     _, _, rows, _, _ = tiny
-    config = sa.SignalAnalysisConfig(num_prompts=2, student_mode="native", conditions=("full_solution:native", "none:native"))
-    items, _ = sa.build_prompt_items(rows, native_tokenizer, config=config)
+    config = sc.SignalAnalysisConfig(num_prompts=2, student_mode="native", conditions=("full_solution:native", "none:native"))
+    items, _ = sr.build_prompt_items(rows, native_tokenizer, config=config)
     for item in items:
         record = rows[item.row]
         assert item.student_ids == chat.render_ids(record["prompt"], native_tokenizer, "native")
@@ -77,16 +83,16 @@ def test_native_mode_renders_the_template_default(tiny, native_tokenizer):
 @pytest.mark.parametrize("student,conditions", [("think", ("full_solution:native",)), ("native", ("full_solution:no_think",))])
 def test_a_mode_the_template_cannot_render_is_refused(tiny, native_tokenizer, student, conditions):
     _, _, rows, _, _ = tiny
-    config = sa.SignalAnalysisConfig(num_prompts=2, student_mode=student, conditions=conditions)
+    config = sc.SignalAnalysisConfig(num_prompts=2, student_mode=student, conditions=conditions)
     with pytest.raises(ValueError, match="no enable_thinking switch.*--student-mode native"):
-        sa.build_prompt_items(rows, native_tokenizer, config=config)
+        sr.build_prompt_items(rows, native_tokenizer, config=config)
 
 
 def test_native_mode_on_a_switch_template_is_the_template_default(tiny):
     """native on Qwen3's template = its default (thinking): nothing passed to the template."""
     _, tokenizer, rows, _, _ = tiny
-    config = sa.SignalAnalysisConfig(num_prompts=1, student_mode="native", conditions=("answer_only:native",))
-    (item,), _ = sa.build_prompt_items(rows, tokenizer, config=config)
+    config = sc.SignalAnalysisConfig(num_prompts=1, student_mode="native", conditions=("answer_only:native",))
+    (item,), _ = sr.build_prompt_items(rows, tokenizer, config=config)
     assert item.student_ids == chat.render_ids(rows[item.row]["prompt"], tokenizer, "native")
 
 
@@ -95,10 +101,10 @@ def test_prompt_cap_cuts_the_solution_to_the_longest_fitting_prefix(tiny):
     _, tokenizer, rows, _, _ = tiny
     extra = dict(rows[0]["extra_info"])
     extra["solution"] = " ".join(f"step {i}: add the tens then the ones." for i in range(8))
-    full, cut = sa.teacher_prompt_ids(extra, sa.Condition("full_solution", "think"), tokenizer)
+    full, cut = sr.teacher_prompt_ids(extra, sc.Condition("full_solution", "think"), tokenizer)
     assert not cut
     cap = len(full) - 25
-    ids, cut = sa.teacher_prompt_ids(extra, sa.Condition("full_solution", "think", cap), tokenizer)
+    ids, cut = sr.teacher_prompt_ids(extra, sc.Condition("full_solution", "think", cap), tokenizer)
     assert cut and len(ids) <= cap
     text = tokenizer.decode(ids)
     solution_ids = tokenizer(extra["solution"], add_special_tokens=False)["input_ids"]
@@ -111,24 +117,24 @@ def test_prompt_cap_cuts_the_solution_to_the_longest_fitting_prefix(tiny):
     assert ids == chat.render_ids(prompts.build_prompt_pair(
         "full_solution", {**extra, "solution": tokenizer.decode(solution_ids[:k])})[1], tokenizer, "think")
     # A cap the full prompt fits: the uncapped prompt, not cut.
-    same, cut = sa.teacher_prompt_ids(extra, sa.Condition("full_solution", "think", len(full)), tokenizer)
+    same, cut = sr.teacher_prompt_ids(extra, sc.Condition("full_solution", "think", len(full)), tokenizer)
     assert same == full and not cut
     # A cap the problem alone does not fit: the row is unusable, with the reason.
     with pytest.raises(ValueError, match="with solution cut"):
-        sa.teacher_prompt_ids(extra, sa.Condition("full_solution", "think", 10), tokenizer)
+        sr.teacher_prompt_ids(extra, sc.Condition("full_solution", "think", 10), tokenizer)
 
 
 def test_sol_and_sol_long_share_rows_and_rollouts(tiny, tmp_path):
     """The paper's length control: Sol (prompt cap, C truncated) and Sol-long (no cap) on the same rows;
     the global teacher-prompt filter does not apply to capped conditions; rescoring rebuilds the cut."""
     model, tokenizer, rows, _, _ = tiny
-    lengths = sorted(len(sa.teacher_prompt_ids(r["extra_info"], sa.Condition("full_solution", "think"), tokenizer)[0])
+    lengths = sorted(len(sr.teacher_prompt_ids(r["extra_info"], sc.Condition("full_solution", "think"), tokenizer)[0])
                      for r in rows)
     assert lengths[0] < lengths[-1]
     cap = lengths[0]  # the shortest teacher prompt: every longer row needs a cut
     conds = ("full_solution:think", f"full_solution:think@{cap}")
-    config = sa.SignalAnalysisConfig(num_prompts=len(rows), rollouts_per_prompt=1, max_new_tokens=6, conditions=conds)
-    items, skipped = sa.build_prompt_items(rows, tokenizer, config=config)
+    config = sc.SignalAnalysisConfig(num_prompts=len(rows), rollouts_per_prompt=1, max_new_tokens=6, conditions=conds)
+    items, skipped = sr.build_prompt_items(rows, tokenizer, config=config)
     assert len(items) == len(rows) and not skipped
     cut = [item for item in items if item.truncated]
     assert 0 < len(cut) < len(items) and all(item.truncated == [conds[1]] for item in cut)
@@ -136,15 +142,15 @@ def test_sol_and_sol_long_share_rows_and_rollouts(tiny, tmp_path):
         assert len(item.teacher_ids[conds[1]]) <= cap
         assert (item.teacher_ids[conds[1]] == item.teacher_ids[conds[0]]) == (not item.truncated)
     # A global filter below the cap drops rows for the uncapped condition only.
-    only_capped = sa.SignalAnalysisConfig(num_prompts=len(rows), conditions=(conds[1],), teacher_max_prompt_length=5)
-    assert len(sa.build_prompt_items(rows, tokenizer, config=only_capped)[0]) == len(rows)
-    rollouts = sa.sample_rollouts(model, tokenizer, items, config=config)
+    only_capped = sc.SignalAnalysisConfig(num_prompts=len(rows), conditions=(conds[1],), teacher_max_prompt_length=5)
+    assert len(sr.build_prompt_items(rows, tokenizer, config=only_capped)[0]) == len(rows)
+    rollouts = sr.sample_rollouts(model, tokenizer, items, config=config)
     result = sa.run_signal_analysis(model, tokenizer, rows, config=config, items=items, rollouts=rollouts)
     assert result["prompt_truncated_rows"] == {conds[1]: len(cut)}
-    assert "cut to the prompt cap" in sa.markdown_report(result)
+    assert "cut to the prompt cap" in srep.markdown_report(result)
     path = tmp_path / "rollouts.json"
-    sa.save_rollouts(path, items, rollouts, meta={"sampling": sa.sampling_settings(config)})
-    loaded, _, _ = sa.load_rollouts(path, rows, tokenizer, config=config)
+    sr.save_rollouts(path, items, rollouts, meta={"sampling": sc.sampling_settings(config)})
+    loaded, _, _ = sr.load_rollouts(path, rows, tokenizer, config=config)
     assert [i.teacher_ids for i in loaded] == [i.teacher_ids for i in items]
     assert [i.truncated for i in loaded] == [i.truncated for i in items]
 
@@ -167,35 +173,35 @@ def test_scaled_head_model_is_scored_like_its_logits(tiny):
     """Falcon-H1 (logits = lm_head(h) x 0.37): the folded head reproduces token_signals on model(...).logits."""
     _, tokenizer, rows, _, _ = tiny
     model = _falcon_h1(len(tokenizer), tokenizer.pad_token_id, 0.37)
-    config = sa.SignalAnalysisConfig(num_prompts=2, rollouts_per_prompt=1, max_new_tokens=5, chunk_size=4,
+    config = sc.SignalAnalysisConfig(num_prompts=2, rollouts_per_prompt=1, max_new_tokens=5, chunk_size=4,
                                      conditions=("full_solution:think", "none:think"), top_p=1.0, top_k=-1)
-    items, _ = sa.build_prompt_items(rows, tokenizer, config=config)
-    rollouts = [sa.Rollout(prompt=p, response_ids=[40 + p, 41, 42, 43], finish_reason="length") for p in range(2)]
-    scored = sa.score_rollouts(model, items, rollouts, config=config)
+    items, _ = sr.build_prompt_items(rows, tokenizer, config=config)
+    rollouts = [sr.Rollout(prompt=p, response_ids=[40 + p, 41, 42, 43], finish_reason="length") for p in range(2)]
+    scored = ss.score_rollouts(model, items, rollouts, config=config)
     ref = _reference_signals(model, items, rollouts, "full_solution:think", config)
     for key in ("fwd_kl", "adv", "student_entropy", "teacher_entropy", "student_logp", "teacher_logp"):
         torch.testing.assert_close(scored["full_solution:think"][key].double(), ref[key], atol=2e-5, rtol=1e-4, msg=key)
     # Without the fold the entropies would be those of 1/0.37-times sharper logits.
-    weight, _ = sa.output_head(model)
+    weight, _ = ss.output_head(model)
     torch.testing.assert_close(weight, model.lm_head.weight * 0.37)
 
 
 def test_soft_capped_and_unknown_heads_are_refused(tiny):
     model, tokenizer, rows, _, _ = tiny
-    config = sa.SignalAnalysisConfig(num_prompts=2, rollouts_per_prompt=1, conditions=("none:think",))
-    items, _ = sa.build_prompt_items(rows, tokenizer, config=config)
-    rollouts = [sa.Rollout(prompt=0, response_ids=[40, 41], finish_reason="length")]
+    config = sc.SignalAnalysisConfig(num_prompts=2, rollouts_per_prompt=1, conditions=("none:think",))
+    items, _ = sr.build_prompt_items(rows, tokenizer, config=config)
+    rollouts = [sr.Rollout(prompt=0, response_ids=[40, 41], finish_reason="length")]
     model.config.final_logit_softcapping = 30.0
     try:
         with pytest.raises(ValueError, match="soft-capped heads are not supported"):
-            sa.score_rollouts(model, items, rollouts, config=config)
+            ss.score_rollouts(model, items, rollouts, config=config)
     finally:
         model.config.final_logit_softcapping = None
     # A scale attribute the model's forward ignores: the folded head no longer gives its logits.
     model.config.lm_head_multiplier = 0.5
     try:
         with pytest.raises(ValueError, match="output head is not supported"):
-            sa.score_rollouts(model, items, rollouts, config=config)
+            ss.score_rollouts(model, items, rollouts, config=config)
     finally:
         del model.config.lm_head_multiplier
 
@@ -204,7 +210,7 @@ def test_soft_capped_and_unknown_heads_are_refused(tiny):
 def test_rollout_sampling_defaults_are_the_trainers():
     trainer = yaml.safe_load((REPO_ROOT / "recipe" / "opsd" / "config" / "opsd_trainer.yaml").read_text())
     rollout = trainer["actor_rollout_ref"]["rollout"]
-    config = sa.SignalAnalysisConfig()
+    config = sc.SignalAnalysisConfig()
     assert (config.temperature, config.top_p, config.top_k) == (rollout["temperature"], rollout["top_p"], rollout["top_k"])
     assert config.max_new_tokens == 1024 and config.num_prompts == 2048 and config.rollouts_per_prompt == 2
 
@@ -212,14 +218,14 @@ def test_rollout_sampling_defaults_are_the_trainers():
 @pytest.mark.parametrize("top_p,top_k", [(0.95, 20), (0.9, -1), (1.0, 3), (1.0, -1)])
 def test_rescoring_check_sees_the_filtered_sampling_distribution(tiny, top_p, top_k):
     model, tokenizer, rows, _, _ = tiny
-    config = sa.SignalAnalysisConfig(num_prompts=2, rollouts_per_prompt=2, max_new_tokens=8, top_p=top_p, top_k=top_k,
+    config = sc.SignalAnalysisConfig(num_prompts=2, rollouts_per_prompt=2, max_new_tokens=8, top_p=top_p, top_k=top_k,
                                      conditions=("none:think",), chunk_size=5)
-    items, _ = sa.build_prompt_items(rows, tokenizer, config=config)
-    rollouts = sa.sample_rollouts(model, tokenizer, items, config=config)
-    scored = sa.score_rollouts(model, items, rollouts, config=config)["none:think"]
+    items, _ = sr.build_prompt_items(rows, tokenizer, config=config)
+    rollouts = sr.sample_rollouts(model, tokenizer, items, config=config)
+    scored = ss.score_rollouts(model, items, rollouts, config=config)["none:think"]
     sampled = torch.tensor([lp for r in rollouts for lp in r.logprobs], dtype=torch.float64)
     torch.testing.assert_close(scored["sampler_view_logp"].double(), sampled, atol=1e-4, rtol=0)
-    assert sa.sampler_logp_gap(rollouts, scored) < 1e-4
+    assert ss.sampler_logp_gap(rollouts, scored) < 1e-4
     # The scored student distribution is the untruncated one: renormalising over a kept subset raises log p.
     if top_p < 1 or top_k > 0:
         assert bool((scored["sampler_view_logp"] >= scored["student_logp"] - 1e-5).all())
@@ -232,18 +238,18 @@ def test_rescoring_check_sees_the_filtered_sampling_distribution(tiny, top_p, to
 def test_entropy_strata_by_hand():
     kl = torch.tensor([0.01, 0.2, 0.0, 0.07, 0.5, 0.03, 0.06, 0.0, 0.1, 0.02])
     ent = torch.tensor([0.1, 2.0, 0.0, 1.5, 3.0, 0.2, 1.0, 0.05, 2.5, 0.3])
-    got = sa.entropy_strata(kl, ent, fraction=0.2)  # 2 of 10 positions
+    got = ss.entropy_strata(kl, ent, fraction=0.2)  # 2 of 10 positions
     # highest entropy: 3.0 (kl .5), 2.5 (kl .1); lowest: 0.0 (kl 0), 0.05 (kl 0)
     assert got["highest_kl"] == pytest.approx(0.3) and got["highest_d_gt_005"] == 100.0
     assert got["lowest_kl"] == 0.0 and got["lowest_d_gt_005"] == 0.0
-    got = sa.entropy_strata(kl, ent, fraction=0.3)  # ceil(3) positions: + 2.0 (kl .2) / + 0.1 (kl .01)
+    got = ss.entropy_strata(kl, ent, fraction=0.3)  # ceil(3) positions: + 2.0 (kl .2) / + 0.1 (kl .01)
     assert got["highest_kl"] == pytest.approx(0.8 / 3) and got["lowest_kl"] == pytest.approx(0.01 / 3)
     # Ties keep the lower index (stable), as signals.entropy_tail_shares does.
-    tied = sa.entropy_strata(torch.tensor([1.0, 0.0, 0.0]), torch.ones(3), fraction=0.3)
+    tied = ss.entropy_strata(torch.tensor([1.0, 0.0, 0.0]), torch.ones(3), fraction=0.3)
     assert tied["highest_kl"] == 1.0 and tied["lowest_kl"] == 1.0
     # The same positions as the shared HE share: 2 x highest mean / total = the HE20 KL share.
     shares = signals.entropy_tail_shares(kl, kl, ent, fraction=0.2)
-    high = sa.entropy_strata(kl, ent, fraction=0.2)["highest_kl"]
+    high = ss.entropy_strata(kl, ent, fraction=0.2)["highest_kl"]
     assert 100 * 2 * high / float(kl.sum()) == pytest.approx(shares["kl_share"])
 
 
@@ -255,7 +261,7 @@ def _result(model, student, data, conds):
 
 
 def test_combined_table_keys_rows_by_run():
-    table = sa.combined_table([
+    table = srep.combined_table([
         _result("A", "think", "OT", {"full_solution:think": (0.1, 20, 0.15, 93, 30, 60), "answer_only:think": (0.02, 3, 0.04, 98, 40, 50)}),
         _result("A", "think", "OMR", {"answer_only:think": (0.04, 5, 0.06, 97, 41, 52)}),
         _result("A", "think", "OMR", {"answer_only:think": (0.06, 7, 0.08, 95, 43, 54)}),  # a second run: no error
@@ -275,11 +281,11 @@ def test_combined_table_keys_rows_by_run():
 
 
 def _features(seed, n):
-    return torch.rand(n, len(sa.ROLLOUT_FEATURES), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return torch.rand(n, len(ss.ROLLOUT_FEATURES), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def _pca_result(model, student, data, conds):
-    return {"model": model, "data_label": data, "config": {"student_mode": student}, "rollout_features": list(sa.ROLLOUT_FEATURES),
+    return {"model": model, "data_label": data, "config": {"student_mode": student}, "rollout_features": list(ss.ROLLOUT_FEATURES),
             "conditions": {name: {"rollout_features": feats.tolist()} for name, feats in conds.items()}}
 
 
@@ -294,18 +300,18 @@ def test_joint_pca_keeps_datasets_apart_and_standardises_per_model_mode():
         _pca_result("B", "think", "OMR", {"answer_only:think": 5 * omr + 2}),
         _pca_result("B", "think", "DAPO", {"answer_only:think": 5 * dapo + 2}),
     ]
-    points, explained = sa.joint_pca(results)
+    points, explained = sp.joint_pca(results)
     assert set(points) == {"OT/answer_only:think", "OT/full_solution:think", "OMR/answer_only:think", "DAPO/answer_only:think"}
     assert [len(points[k]) for k in ("OT/answer_only:think", "OMR/answer_only:think", "DAPO/answer_only:think")] == [6, 8, 8]
     # The setting is standardised as one block (all three datasets together), not per run.
-    block = sa.standardize(torch.cat([ot, omr, dapo]))
-    single = sa.pca(torch.cat([block, block]), n_components=2)
+    block = sp.standardize(torch.cat([ot, omr, dapo]))
+    single = sp.pca(torch.cat([block, block]), n_components=2)
     torch.testing.assert_close(torch.tensor(points["OMR/answer_only:think"][:4], dtype=torch.float64), single.coords_MC[6:10])
     torch.testing.assert_close(torch.tensor(points["OMR/answer_only:think"][:4]), torch.tensor(points["OMR/answer_only:think"][4:]))
     assert explained == pytest.approx(single.explained_variance_ratio_C.tolist())
-    assert not math.isclose(float(sa.standardize(omr)[0, 0]), float(block[6, 0]))  # per-run would differ
+    assert not math.isclose(float(sp.standardize(omr)[0, 0]), float(block[6, 0]))  # per-run would differ
     # One dataset: plain condition labels.
-    assert set(sa.joint_pca(results[:1])[0]) == {"answer_only:think", "full_solution:think"}
+    assert set(sp.joint_pca(results[:1])[0]) == {"answer_only:think", "full_solution:think"}
 
 
 # ---------------------------------------------------------------------------- a real model

@@ -1,4 +1,5 @@
-"""recipe.cpu.plugin / recipe.cpu.rollout without Ray.
+"""recipe.cpu.plugin / recipe.cpu.rollout without Ray (the server's weights log: the test hook
+``opsd_test_hooks.rollout``).
 
 The plugin patches process-global state (torch.distributed.init_process_group, FSDP2's
 CPUOffloadPolicy, verl's registries), so every check that loads it runs in a fresh
@@ -13,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from opsd_test_hooks import launch_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,9 +172,11 @@ def test_hf_rollout_server_batches_concurrent_requests_and_loads_weights(tmp_pat
         import torch
         import verl
         from verl.workers.config import HFModelConfig, RolloutConfig
-        from recipe.cpu.rollout import HFRolloutServer, weights_fingerprint
+        from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+        from verl.workers.rollout.replica import RolloutReplicaRegistry
+        from opsd_test_hooks.hf_rollout import LoggedHFRolloutServer, weights_fingerprint
 
-        server = HFRolloutServer(
+        server = LoggedHFRolloutServer(
             RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=16, response_length=8),
             HFModelConfig(path="{model_dir}"), 0, 64,
         )
@@ -200,9 +204,11 @@ def test_hf_rollout_server_batches_concurrent_requests_and_loads_weights(tmp_pat
             "weights_equal": all(torch.equal(snapshot[k], new[k]) for k in new),
             "updates": server.stats()["num_weight_updates"],
             "global_steps": after.extra_fields["global_steps"],
+            "hooked": [_ROLLOUT_REGISTRY[("hf", "async")], RolloutReplicaRegistry.get("hf").__name__],
         }}))
         """,
-        env={**CPU_ENV, "OPSD_HF_ROLLOUT_WEIGHTS_LOG": str(tmp_path / "weights.jsonl")},
+        env={**CPU_ENV, **launch_env("opsd_test_hooks.rollout", environ=CPU_ENV,
+                                     OPSD_TEST_ROLLOUT_WEIGHTS_LOG=str(tmp_path / "weights.jsonl"))},
     )
     assert result == {
         "logged_steps": [3],
@@ -213,4 +219,5 @@ def test_hf_rollout_server_batches_concurrent_requests_and_loads_weights(tmp_pat
         "weights_equal": True,
         "updates": 1,
         "global_steps": 3,
+        "hooked": ["opsd_test_hooks.hf_rollout.HookedHFServerAdapter", "HookedHFReplica"],
     }

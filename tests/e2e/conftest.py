@@ -4,9 +4,10 @@
   (``recipe.models.tiny.build_tiny_model``, seed 0).
 - ``tiny_data``: ``{"train", "val", "sft"}`` parquet files of the CPU demo ``tiny``
   (``recipe.toy.demo.write_tiny_data``: 64 train / 16 held-out toy problems, verl schema).
-- ``tiny_run_env``: ``env(ckpt_dir, weights_log=None, **extra) -> dict``, the environment of a
+- ``tiny_run_env``: ``env(ckpt_dir, weights_log=None, hooks=(), **extra) -> dict``, the environment of a
   launch of a run script on the tiny model and data (``DEVICE=cpu``, ``MODEL_PATH``, ``TRAIN_FILES``,
-  ``VAL_FILES``, ``CKPT_DIR``, the rollout's weights log; ``extra`` adds or overrides variables).
+  ``VAL_FILES``, ``CKPT_DIR``; the test hook ``opsd_test_hooks.rollout`` with the rollout's weights log,
+  plus the hook modules ``hooks``: ``opsd_test_hooks.launch_env``; ``extra`` adds or overrides variables).
 - ``tiny_initial_state``: the tiny model's initial float32 state dict (HF names), loaded once.
 - ``run_cpu_verl``: runs a run script (``bash recipe/<...>/run_*.sh``, i.e. the launcher) or a
   verl entry point (``python -m <module> +platform=cpu`` with the CPU environment) in a subprocess
@@ -20,7 +21,7 @@
   FSDP2 checkpoint of any world size (shards concatenated along dim 0).
 - ``check_rollout_weights``: ``check(weights_log, ckpt_dir, *, expected_steps, initial=None)``
   asserts that after each weight push the rollout server served exactly the trainer's
-  weights: the sha256 of every served tensor (``OPSD_HF_ROLLOUT_WEIGHTS_LOG``) against the
+  weights: the sha256 of every served tensor (``OPSD_TEST_ROLLOUT_WEIGHTS_LOG``) against the
   FSDP checkpoint of that step (and, for step 0, against ``initial``).
 
 Each launch costs ~1 min on 2 cores (Ray start, model load, the rollout server; a launch that fails
@@ -113,7 +114,7 @@ def assert_rollout_served_checkpoints(
 
     Returns ``{replica: {step: {name: sha256}}}`` (the last load of each step) for further checks.
     """
-    from recipe.cpu.rollout import weights_fingerprint
+    from opsd_test_hooks.hf_rollout import weights_fingerprint
 
     records = [json.loads(line) for line in Path(weights_log).read_text().splitlines() if line.strip()]
     steps_seen: dict[int, list[int]] = {}
@@ -170,20 +171,23 @@ def tiny_data(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_run_env(tiny_model_dir, tiny_data):
-    """``env(ckpt_dir, weights_log=None, **extra) -> dict``: a run script's environment on the tiny
-    model and data; the rollout server logs the sha256 of the weights it serves to ``weights_log``
-    (default ``rollout_weights.jsonl`` next to ``ckpt_dir``; ``recipe.cpu.rollout.WEIGHTS_LOG_ENV``)."""
-    from recipe.cpu.rollout import WEIGHTS_LOG_ENV
+    """``env(ckpt_dir, weights_log=None, hooks=(), **extra) -> dict``: a run script's environment on the
+    tiny model and data, with the test hook ``opsd_test_hooks.rollout`` (and ``hooks``) loaded: the
+    rollout server logs the sha256 of the weights it serves to ``weights_log`` (default
+    ``rollout_weights.jsonl`` next to ``ckpt_dir``; ``OPSD_TEST_ROLLOUT_WEIGHTS_LOG``)."""
+    from opsd_test_hooks import launch_env
+    from opsd_test_hooks.rollout import WEIGHTS_LOG_ENV
 
-    def env(ckpt_dir: Path, weights_log: Path | None = None, **extra: str) -> dict[str, str]:
+    def env(ckpt_dir: Path, weights_log: Path | None = None, hooks=(), **extra: str) -> dict[str, str]:
         ckpt_dir = Path(ckpt_dir)
+        log = weights_log if weights_log is not None else ckpt_dir.parent / "rollout_weights.jsonl"
         return {
             "DEVICE": "cpu",
             "MODEL_PATH": str(tiny_model_dir),
             "TRAIN_FILES": str(tiny_data["train"]),
             "VAL_FILES": str(tiny_data["val"]),
             "CKPT_DIR": str(ckpt_dir),
-            WEIGHTS_LOG_ENV: str(weights_log if weights_log is not None else ckpt_dir.parent / "rollout_weights.jsonl"),
+            **launch_env("opsd_test_hooks.rollout", *hooks, **{WEIGHTS_LOG_ENV: str(log)}),
             **extra,
         }
 

@@ -425,7 +425,7 @@ def test_lora_teacher_is_the_base_model(one_rank_run, independent_runs, fsdp_sta
 
     # verl sends the merged LoRA weights in the mixed-precision param dtype (bf16): the rollout serves
     # exactly bf16(W + (alpha / r) B A) of the trainer, at start-up (B = 0: the base) and after step 2.
-    from recipe.cpu.rollout import weights_fingerprint
+    from opsd_test_hooks.hf_rollout import weights_fingerprint
 
     records = [json.loads(line) for line in weights_log.read_text().splitlines()]
     assert [r["global_steps"] for r in records] == [0, 1, 2]

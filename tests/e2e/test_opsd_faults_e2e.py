@@ -2,12 +2,12 @@
 
 One launch pair (the CI budget: each launch costs ~1 min of start-up), both faults in it, the same
 command twice: 6 steps, a checkpoint every 2, ``opsd.diagnostics.dump_steps=true``, fingerprints logged,
-``opsd.diagnostics.max_consecutive_nonfinite=2`` and NaN teacher hidden states at steps 4 and 5 (the test-only
-``OPSD_TEST_NAN_TEACHER_STEPS``).
+``opsd.diagnostics.max_consecutive_nonfinite=2`` and NaN teacher hidden states at steps 4 and 5 (the test hook
+``opsd_test_hooks.opsd_faults``).
 
 - kill -9 during a checkpoint save and step dumps: every
   process of the first launch (launcher, trainer, Ray daemons and workers) is SIGKILLed at once
-  inside the step-4 save, after the model shards and before data.pt and the tracker (the test-only
+  inside the step-4 save, after the model shards and before data.pt and the tracker (the same hook's
   ``OPSD_TEST_PAUSE_IN_SAVE_STEP``). The same command again resumes from the step-2 save,
   replays step 3 on the same batch (marked: ``training/resumed_from_step`` = 2) and finishes step 4
   into the partial directory; the two metrics files together hold steps 1-5, each once. Dumped
@@ -35,8 +35,8 @@ from pathlib import Path
 
 from recipe.common.checkpoints import check_resumable
 from recipe.launch.processes import kill_marked
-from recipe.opsd.core.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC, TEST_NAN_TEACHER_ENV
-from recipe.opsd.opsd_ray_trainer import TEST_PAUSE_IN_SAVE_ENV, TEST_PAUSE_MARKER
+from opsd_test_hooks.opsd_faults import NAN_TEACHER_ENV, PAUSE_IN_SAVE_ENV, PAUSE_MARKER
+from recipe.opsd.core.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC
 
 pytestmark = pytest.mark.e2e
 
@@ -87,14 +87,14 @@ def _launch_and_kill_in_save(env, workdir, *, timeout=300):
     workdir.mkdir(parents=True)
     log_path = workdir / "run.log"
     full_env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(workdir / "metrics.jsonl"), "RAY_DEDUP_LOGS": "0",
-                "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1", **env, TEST_PAUSE_IN_SAVE_ENV: "4",
+                "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1", **env, PAUSE_IN_SAVE_ENV: "4",
                 MARK: str(workdir)}
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(["bash", str(REPO_ROOT / SCRIPT), *KILL_ARGS], cwd=REPO_ROOT, env=full_env,
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         try:
-            while TEST_PAUSE_MARKER not in log_path.read_text(errors="replace"):
+            while PAUSE_MARKER not in log_path.read_text(errors="replace"):
                 assert proc.poll() is None, log_path.read_text(errors="replace")[-4000:]
                 assert time.monotonic() < deadline, "the run never reached the step-4 save"
                 time.sleep(0.2)
@@ -121,7 +121,7 @@ def killed_and_resumed(run_cpu_verl, tiny_run_env, tmp_path_factory):
     and log) and the same command again (a ``VerlRun``)."""
     root = tmp_path_factory.mktemp("opsd_faults")
     ckpt = root / "ckpt"
-    env = tiny_run_env(ckpt, STEPS=str(STEPS), **{TEST_NAN_TEACHER_ENV: NAN_TEACHER_STEPS})
+    env = tiny_run_env(ckpt, hooks=("opsd_test_hooks.opsd_faults",), STEPS=str(STEPS), **{NAN_TEACHER_ENV: NAN_TEACHER_STEPS})
     first, first_log = _launch_and_kill_in_save(env, root / "launch1")
     # killed inside the step-4 save: its shards are there, data.pt and the tracker are not
     assert sorted(first) == [1, 2, 3], first_log[-4000:]

@@ -16,7 +16,8 @@ What is checked, on the tiny Qwen3 (head_dim 32; vLLM-CPU needs >= 32) with vLLM
   tied-embedding Llama) and fails without ``keep_cpu_linear_weights`` (the crash it fixes);
 - OPSD and GRPO run 2 steps through ``run_opsd.sh`` / ``run_grpo.sh`` with ``CPU_ROLLOUT=vllm``,
   and after every weight push (start-up and each step) the rollout's log-probs of its own samples
-  equal a float32 forward of the trainer's pushed weights (``recipe.rollout.sync_probe``);
+  equal a float32 forward of the trainer's pushed weights (the weight-sync probe of the test hook
+  ``opsd_test_hooks.rollout``: ``tests/hooks/opsd_test_hooks/sync_probe.py``);
   with the push disabled the same check fails (negative control);
 - a rollout server that raises while loading the weights, or that is killed, ends the run with a
   non-zero exit and a message within a bound instead of a hang.
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 import pytest
+from opsd_test_hooks import launch_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm_cpu]
 
@@ -157,7 +159,8 @@ def test_inplace_reload_fails_without_the_shim(vllm_venv, tiny_model_dir):
 SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_grpo.sh"}
 
 
-def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, env=None, timeout=600):
+def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, hooks=(), env=None, timeout=600):
+    """A launch with the rollout hook (its weight-sync probe after every push) and ``hooks``."""
     probe_log = tmp_path / "probe.jsonl"
     args = [
         "actor_rollout_ref.rollout.dtype=float32",
@@ -171,7 +174,8 @@ def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, env=None,
         SCRIPTS[recipe],
         args,
         workdir=tmp_path,
-        env=_vllm_env(vllm_venv, tmp_path, STEPS=str(steps), OPSD_ROLLOUT_SYNC_PROBE_LOG=str(probe_log), **(env or {})),
+        env=_vllm_env(vllm_venv, tmp_path, STEPS=str(steps), **launch_env(
+            "opsd_test_hooks.rollout", *hooks, OPSD_TEST_SYNC_PROBE_LOG=str(probe_log), **(env or {}))),
         script=True,
         timeout=timeout,
     )
@@ -197,7 +201,7 @@ def test_rollout_serves_the_trainers_weights_after_every_step(run_cpu_verl, vllm
 
 
 def test_negative_control_without_the_push_fails_the_check(run_cpu_verl, vllm_venv, tmp_path):
-    run = _run_recipe(run_cpu_verl, vllm_venv, "grpo", tmp_path, steps=1, env={"OPSD_VLLM_ROLLOUT_SKIP_WEIGHT_SYNC": "1"})
+    run = _run_recipe(run_cpu_verl, vllm_venv, "grpo", tmp_path, steps=1, env={"OPSD_TEST_SKIP_WEIGHT_SYNC": "1"})
     assert run.returncode == 0, run.tail()
     assert [record["global_steps"] for record in run.probe] == [0, 1]
     assert run.probe[0]["max_abs_logprob_diff"] < SYNC_TOLERANCE  # start-up push still happens
@@ -205,8 +209,6 @@ def test_negative_control_without_the_push_fails_the_check(run_cpu_verl, vllm_ve
 
 
 # ------------------------------------------------------------------ no hang on a failed or dead server
-
-FAULTS_DIR = str(Path(__file__).parent)
 
 
 def test_receiver_error_ends_the_run_with_its_message(run_cpu_verl, vllm_venv, tmp_path):
@@ -217,12 +219,8 @@ def test_receiver_error_ends_the_run_with_its_message(run_cpu_verl, vllm_venv, t
         "grpo",
         tmp_path,
         steps=1,
-        env={
-            "PYTHONPATH": FAULTS_DIR,
-            "VERL_USE_EXTERNAL_MODULES": "vllm_cpu_faults",
-            "OPSD_TEST_UNDO_KEEP_WEIGHTS": "1",
-            "OPSD_WEIGHT_SYNC_TIMEOUT_S": "600",
-        },
+        hooks=["opsd_test_hooks.vllm_cpu_faults"],
+        env={"OPSD_TEST_UNDO_KEEP_WEIGHTS": "1", "OPSD_WEIGHT_SYNC_TIMEOUT_S": "600"},
         timeout=400,
     )
     assert run.returncode not in (0, -9), run.tail()  # -9: killed by the test's timeout (a hang)

@@ -89,6 +89,16 @@ def test_before_after_table_and_progress(capsys):
                        "[opsd] stopped: step 3: 2 consecutive steps"]
 
 
+def test_progress_skips_a_steps_lines_without_progress_values(capsys):
+    """verl prints the validation (step 0) and the OPSD pre-flight report (with step 1) before step 1's values:
+    no empty ``[opsd] step 1/N:`` line, and step 1's values are shown when they come."""
+    progress = StepProgress("opsd", {"opsd/loss": "loss"}, total=4, every_s=3600, startup_every_s=3600)
+    progress("(TaskRunner pid=1) step:0 - val-core/toy/reward/mean@1:np.float64(0.1)")
+    progress("(TaskRunner pid=1) step:1 - opsd/preflight/fwd_kl:np.float64(0.4) - opsd/preflight/rows:8")
+    progress("(TaskRunner pid=1) step:1 - opsd/loss:np.float64(0.25) - timing_s/step:np.float64(2.0)")
+    assert capsys.readouterr().out.splitlines() == ["[opsd] step 1/4: loss=0.25"]
+
+
 def test_no_argument_dry_run_prints_the_config_once_and_builds_nothing(tmp_path):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "cpu",
            "OPSD_CACHE": str(tmp_path / "cache")}

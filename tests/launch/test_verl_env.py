@@ -160,3 +160,12 @@ def test_a_venv_built_from_another_main_venv_is_noted(tmp_path):
            f"({sysconfig.get_paths()['purelib']})" in note
     (site / "zz_opsd_main_venv.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
     assert not [n for n in plan(GRPO, settings, [], environ={}).notes if n.startswith("VLLM_VENV=")]
+
+
+def test_weight_push_path_names_the_push_of_a_launch():
+    from recipe.launch.verl_env import weight_push_path
+
+    assert weight_push_path("vllm", f"recipe.cpu.plugin,{EXTENSION}") == f"guarded vLLM push ({EXTENSION})"
+    assert weight_push_path("vllm", "my.ext") == weight_push_path("vllm", None) == "verl's vLLM push (unguarded)"
+    assert weight_push_path("hf", f"recipe.cpu.plugin,{EXTENSION}") == "the CPU hf rollout's push (recipe.cpu.rollout)"
+    assert weight_push_path("sglang", EXTENSION) == "verl's sglang push"

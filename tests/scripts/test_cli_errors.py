@@ -1,4 +1,5 @@
-"""Every command-line tool (data_prep builders, scripts/*.py, merge_checkpoint.sh): a user's input error is
+"""Every command-line tool (data_prep builders, scripts/*.py and their subcommands, the ``python -m`` builders,
+merge_checkpoint.sh): a user's input error is
 ONE stderr line ``error: <file>[:<line> | :row '<id>']: <what> (<fix>)`` and exit code 2; ``--debug`` (or
 OPSD_DEBUG=1) adds the traceback; no output is replaced without ``--overwrite``. Real subprocess runs, each
 on a bad input the test writes (none of them trains, samples or builds the toy student)."""
@@ -191,16 +192,16 @@ def test_option_and_output_errors_before_any_work(inputs, tmp_path, case):
     argv, expected = {
         "sweep": (["scripts/sweep.py", "plan", "--model", "nosuch", "--presets", "default", "--out", str(tmp_path)],
                   "error: unknown model preset 'nosuch'; known: ["),
-        "bench": (["scripts/bench_loss.py", "--n", "0"], "error: --n must be >= 1, got 0"),
-        "tiny_model": (["scripts/build_tiny_model.py", "--out-dir", str(inputs / "tiny")],
+        "bench": (["scripts/bench.py", "loss", "--n", "0"], "error: --n must be >= 1, got 0"),
+        "tiny_model": (["-m", "recipe.toy.demo", "--out-dir", str(inputs / "tiny")],
                        f"error: {inputs / 'tiny'}: is not empty (pass --overwrite"),
-        "toy_experiments": (["scripts/toy_experiments.py", "--model", str(tmp_path / "none")],
+        "toy_experiments": (["scripts/toy_studies.py", "signals", "--model", str(tmp_path / "none")],
                             f"error: {tmp_path / 'none'}: no such model directory (check the path)"),
-        "compare": (["scripts/compare_opsd_grpo.py", "--out", str(inputs / "exists.md")],
+        "compare": (["scripts/toy_studies.py", "compare", "--out", str(inputs / "exists.md")],
                     f"error: {inputs / 'exists.md'}: exists (pass --overwrite to replace it, or choose another --out)"),
-        "seed_study": (["scripts/toy_seed_study.py", "--run-root", str(inputs)],
+        "seed_study": (["scripts/toy_studies.py", "seeds", "--run-root", str(inputs)],
                        f"error: {inputs}: is not empty (pass another --run-root)"),
-        "toy_student": (["scripts/build_toy_student.py", "--sft-steps", "0"],
+        "toy_student": (["-m", "recipe.toy.student", "--sft-steps", "0"],
                         "error: StudentConfig.sft_steps must be a positive integer, got 0"),
     }[case]
     assert one_error_line(run(*argv, env={"OPSD_CACHE": str(tmp_path / "cache")})).startswith(expected)

@@ -1,7 +1,8 @@
-"""scripts/bench_teacher_transport.py: the pure helpers that turn the probe's call records and verl's
-metrics lines into the table's bytes, times and the step-1 agreement (hand-written records)."""
+"""``scripts/bench.py teacher-transport`` / ``driver-bytes``: the pure helpers that turn the probe's call
+records and verl's metrics lines into the table's bytes, times and the step-1 agreement (hand-written
+records); the bench code is imported by nothing of the recipes."""
 
-import importlib.util
+import ast
 import json
 import math
 import subprocess
@@ -10,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_teacher_transport.py"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "bench.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_teacher_transport", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from recipe.bench import teacher_transport
+
+    return teacher_transport
 
 
 def test_steps_from_jsonl_merges_records_of_a_step(bench):
@@ -84,8 +85,48 @@ def test_step_one_agreement_reads_each_revisions_loss_name(bench):
 ])
 def test_input_errors_are_one_line_before_any_run(args, line, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--out-dir", str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, str(SCRIPT), "teacher-transport", *args, "--out-dir", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith(line.replace("{tmp}", str(tmp_path))) and proc.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()  # nothing built, nothing run
+
+
+def test_native_mode_is_null_in_revisions_without_it(bench, tmp_path):
+    opsd = tmp_path / "recipe" / "opsd"
+    opsd.mkdir(parents=True)
+    (opsd / "config.py").write_text('MODES = ("think", "no_think", None)\n')
+    assert [bench.mode_value(tmp_path, m) for m in ("think", "native")] == ["think", "null"]
+    (opsd / "config.py").write_text('MODES = ("think", "no_think", "native")\n')
+    assert bench.mode_value(tmp_path, "native") == "native"
+
+
+def test_driver_bytes_table_from_a_probe_log(tmp_path):
+    log = tmp_path / "bytes.jsonl"
+    log.write_text("".join(json.dumps(c) + "\n" for c in [
+        {"method": "wg_update_actor", "to_workers": 1000, "from_workers": 8},
+        {"method": "wg_generate_sequences", "to_workers": 60, "from_workers": None},
+        {"method": "wg_update_actor", "to_workers": 3000, "from_workers": 0},
+    ]))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "driver-bytes", str(log)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert f"| {log} | wg_update_actor | 2,000 | 4 |" in lines and f"| {log} | all | 2,030 | 4 |" in lines
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"method": "wg_generate_sequences", "to_workers": 1, "from_workers": 1}) + "\n")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "driver-bytes", str(empty)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {empty}: no update_actor call")
+
+
+def test_nothing_outside_recipe_bench_imports_it():
+    importers = []
+    for path in (REPO / "recipe").rglob("*.py"):
+        if "bench" in path.relative_to(REPO / "recipe").parts[:1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            importers += [f"{path}: {n}" for n in names if n == "recipe.bench" or n.startswith("recipe.bench.")]
+    assert importers == []

@@ -7,13 +7,12 @@ noise^2), 0, 1); n samples per problem give each side's Avg@n per problem. The e
 population mean of p' - p; the table prints how often the 95% interval covers it, and its mean
 width. Prints a Markdown table; the numbers in docs/evaluation.md come from this script.
 
-    python scripts/bootstrap_coverage.py --trials 1000
+    python scripts/bench.py bootstrap-coverage --trials 1000
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
 
@@ -64,7 +63,3 @@ def main(argv=None) -> int:
               f"{covered / args.trials:.3f} | {100 * np.mean(widths):.1f} |")
     print(f"({args.trials} trials each, {args.resamples} resamples, Avg@{args.n}, Base p ~ Beta(0.5, 0.5))")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

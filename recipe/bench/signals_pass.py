@@ -1,8 +1,8 @@
 """Benchmark: the OPSD actor loss with its token diagnostics from a second vocabulary pass (before)
 vs from the loss's own pass (after), forward + backward, one micro-batch.
 
-    HEAVY_EXCLUSIVE=1 /work/bin/heavy python scripts/bench_signals_pass.py
-    python scripts/bench_signals_pass.py --shape 2048 49152 576 --repeats 3
+    python scripts/bench.py signals-pass
+    python scripts/bench.py signals-pass --shape 2048 49152 576 --repeats 3
 
 before = ``signals.token_signals_from_hidden`` over the response rows (no grad: two lm_head
 projections) + ``losses.fused_linear_weighted_divergence`` over the loss rows, what the actor ran
@@ -87,7 +87,3 @@ def main(argv=None) -> None:
         for key in SIGNAL_KEYS:
             torch.testing.assert_close(sig_a[key], sig_b[key], rtol=1e-4, atol=1e-5, msg=key)
         print(f"| {n} | {v} | {h} | {t_before:.2f} | {t_after:.2f} | {t_after / t_before:.3f} |")
-
-
-if __name__ == "__main__":
-    main()

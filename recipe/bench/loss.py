@@ -7,7 +7,7 @@ honest. All three include the student and teacher lm_head matmuls (hidden [N, H]
             log_softmax of both logits / T, teacher probs, per-entry term, clamp(max=tau),
             sum over V; plain autograd.
 * chunked - the same logits, then ``recipe.opsd.core.losses.token_divergence(chunk_size=C)``.
-* fused   - ``recipe.opsd.core.losses.fused_linear_token_divergence(chunk_size=C)``: the lm_head
+* fused   - ``recipe.bench.loss_variants.fused_linear_token_divergence(chunk_size=C)``: the lm_head
             matmul runs inside the row chunk, no [N, V] tensor exists.
 * fused_sum - ``recipe.opsd.core.losses.fused_linear_weighted_divergence`` with unit row weights: the
             same sum(values) every implementation differentiates, with the gradients formed in
@@ -21,7 +21,7 @@ allocated. Error = max |x - ref| / max |ref| against a float64 computation on th
 
 Example (the table in docs/core_math.md)::
 
-    python scripts/bench_loss.py --n 1024 2048 4096 --hidden 1024 --repeats 3 --chunk-size 256
+    python scripts/bench.py loss --n 1024 2048 4096 --hidden 1024 --repeats 3 --chunk-size 256
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
     import torch
     import torch.nn.functional as F
 
-    from recipe.opsd.core.losses import fused_linear_token_divergence, fused_linear_weighted_divergence, token_divergence
+    from recipe.bench.loss_variants import fused_linear_token_divergence  # bench-only; the trainer's is below
+    from recipe.opsd.core.losses import fused_linear_weighted_divergence, token_divergence
 
     if threads:
         torch.set_num_threads(threads)
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.n:
         naive = None
         for impl in args.impls:
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--impls", impl, "--n", str(n),
+            cmd = [sys.executable, "-m", "recipe.bench.loss", "--worker", "--impls", impl, "--n", str(n),
                    "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk-size", str(args.chunk_size),
                    "--repeats", str(args.repeats), "--ref-rows", str(args.ref_rows), "--threads", str(args.threads)]
             try:

@@ -1,7 +1,7 @@
-"""Per-GPU peak memory of the OPSD actor update at the paper's scale, and its check on the CPU (issue 19 item 4).
+"""Per-GPU peak memory of the OPSD actor update at the paper's scale, and its check on the CPU.
 
-    python scripts/memory_model.py table                       # Qwen3-1.7B / 4B / 8B, caps 1,024-8,192, presets
-    /work/bin/heavy python scripts/memory_model.py check --model DIR --micro-batch 2 --response 512 [--no-gc]
+    python scripts/bench.py memory-model table          # Qwen3-1.7B / 4B / 8B, caps 1,024-8,192, presets
+    python scripts/bench.py memory-model check --model DIR --micro-batch 2 --response 512 [--no-gc]
 
 ``table``: recipe.analysis.memory_model for each Qwen3 model preset (recipe/opsd/config/model/qwen3_*.yaml:
 GPUs, micro-batch per rollout cap), prompt cap 1,024 + the rollout cap tokens per sample.
@@ -26,11 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from recipe.analysis.memory_model import GiB, QWEN3, ModelShape, UpdateSetting, memory_terms, preset_micro_batch  # noqa: E402
-from recipe.common import cli  # noqa: E402
+from recipe.analysis.memory_model import GiB, QWEN3, ModelShape, UpdateSetting, memory_terms, preset_micro_batch
+from recipe.common import cli
+from recipe.launch.recipes import REPO_ROOT as REPO
 
 PRESETS = {"Qwen3-1.7B": "qwen3_1p7b", "Qwen3-4B": "qwen3_4b", "Qwen3-8B": "qwen3_8b"}
 CAPS = (1024, 2048, 4096, 6144, 8192)
@@ -127,7 +125,7 @@ def measure(args) -> None:
 def check(args) -> None:
     config = json.loads(cli.require_file(Path(args.model) / "config.json", what="model config").read_text())
     shape = ModelShape.from_hf_config(config, name=Path(args.model).name)
-    command = [sys.executable, __file__, "measure", "--model", args.model, "--micro-batch", str(args.micro_batch),
+    command = [sys.executable, "-m", "recipe.bench.memory", "measure", "--model", args.model, "--micro-batch", str(args.micro_batch),
                "--response", str(args.response), "--chunk-size", str(args.chunk_size)] + ([] if args.gc else ["--no-gc"])
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=str(REPO))
     proc = subprocess.run(command, capture_output=True, text=True, env=env)

@@ -1,6 +1,6 @@
 """Does the rollout server serve the trainer's weights? A log-prob probe after every weight push.
 
-Enabled by ``OPSD_ROLLOUT_SYNC_PROBE_LOG=<path.jsonl>`` (a test hook of ``recipe.rollout.vllm_adapter``).
+Enabled by ``OPSD_TEST_SYNC_PROBE_LOG=<path.jsonl>`` (the ``rollout`` hook: ``opsd_test_hooks.vllm_rollout``).
 After each push the trainer-side adapter asks the rollout server to sample ``PROBE_NEW_TOKENS``
 tokens after a fixed prompt at temperature 1 with top-k / top-p off, so the returned
 (``processed_logprobs``) log-probs are the plain full-vocabulary ones, and compares them with a
@@ -26,7 +26,6 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-PROBE_LOG_ENV = "OPSD_ROLLOUT_SYNC_PROBE_LOG"
 PROBE_PROMPT_LENGTH = 16
 PROBE_NEW_TOKENS = 8
 

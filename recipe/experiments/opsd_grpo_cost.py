@@ -1,15 +1,21 @@
-"""OPSD vs GRPO compute, one run of each on the same model and data, side by side (issue 19 item 3).
-(The toy-world accuracy comparison is scripts/compare_opsd_grpo.py.)
+"""OPSD vs GRPO compute: one run of each on the same model and data, side by side.
 
-    HEAVY_EXCLUSIVE=1 /work/bin/heavy python scripts/compare_opsd_grpo_cost.py --steps 4     # tiny model, CPU
-    python scripts/compare_opsd_grpo_cost.py --model DIR --train-files a.parquet --val-files b.parquet
-    python scripts/compare_opsd_grpo_cost.py --opsd-run CKPT_DIR --grpo-run CKPT_DIR        # existing runs
+CLI: ``python scripts/compare_opsd_grpo.py`` (the toy-world accuracy comparison is
+``python scripts/toy_studies.py compare``)::
+
+    python scripts/compare_opsd_grpo.py --steps 4                                  # tiny model, CPU
+    python scripts/compare_opsd_grpo.py --model DIR --train-files a.parquet --val-files b.parquet
+    python scripts/compare_opsd_grpo.py --opsd-run CKPT_DIR --grpo-run CKPT_DIR    # existing runs
 
 Launches ``recipe/opsd/run_opsd.sh`` and then ``recipe/grpo_baseline/run_grpo.sh`` (each with its own
 recipe defaults and the CPU demo's run size on a CPU: the paper's asymmetry of samples per prompt and
 response caps is kept), then reads each run's ``metrics.jsonl`` / ``run_times.jsonl`` under its
 CKPT_DIR. Both recipes run on verl's legacy RayPPOTrainer (``trainer.use_v1=false``). The table's
 arithmetic: ``recipe.analysis.compute_cost``.
+
+Weight push: the line above the table says how each run pushed the trainer's weights to its rollout
+(from its launch config: the rollout engine and ``recipe.rollout.extension``, the guarded vLLM push
+every OPSD and GRPO launch uses); a comparison of runs with different paths says so.
 
 Peak memory: verl's ``perf/max_memory_allocated_gb`` when it is logged (accelerators). On the CPU that
 is 0, so for runs it launches the script samples the run's process tree every second (psutil) and
@@ -26,15 +32,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from recipe.analysis.compute_cost import cost_table, run_cost  # noqa: E402
-from recipe.analysis.run_logs import read_jsonl_metrics  # noqa: E402
-from recipe.common import cli  # noqa: E402
+from recipe.analysis.compute_cost import cost_table, run_cost
+from recipe.analysis.run_logs import read_jsonl_metrics
+from recipe.common import cli
+from recipe.launch.recipes import REPO_ROOT as REPO
+from recipe.launch.verl_env import weight_push_path
 
 SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_grpo.sh"}
 # the sampled peak of a run this script launched, kept in its CKPT_DIR (read again by --opsd-run / --grpo-run)
@@ -103,6 +107,28 @@ def launch(recipe: str, out: Path, args) -> tuple[Path, float | None]:
     return ckpt, sampler.peak_bytes / 2**30 or None
 
 
+def launch_config(ckpt: Path, record: dict):
+    """The final config of the run's launch (``record["config"]``, else the newest ``launch_config*.yaml``), or None."""
+    from omegaconf import OmegaConf
+
+    path = Path(record["config"]) if record.get("config") else None
+    if path is None or not path.is_file():
+        found = sorted(ckpt.glob("launch_config*.yaml"), key=lambda p: p.stat().st_mtime)
+        path = found[-1] if found else None
+    return OmegaConf.load(path) if path is not None else None
+
+
+def weight_push(ckpt: Path, record: dict) -> str:
+    """How the run pushed the trainer's weights to its rollout (``recipe.launch.verl_env.weight_push_path``)."""
+    from omegaconf import OmegaConf
+
+    config = launch_config(ckpt, record)
+    if config is None:
+        return f"unknown (no launch_config.yaml in {ckpt})"
+    return weight_push_path(OmegaConf.select(config, "actor_rollout_ref.rollout.name"),
+                            OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"))
+
+
 def read_run(ckpt: Path, measured_peak_gb: float | None, warmup: int):
     """RunCost of a run directory (its newest launch in run_times.jsonl) and its launch wall time."""
     times = cli.require_file(ckpt / "run_times.jsonl", what="launch record",
@@ -120,10 +146,11 @@ def read_run(ckpt: Path, measured_peak_gb: float | None, warmup: int):
         raise cli.InputError(str(err), file=metrics) from None
     mean_len = [r["response_length/mean"] for r in rows if "response_length/mean" in r]
     tokens = [r["perf/total_num_tokens"] for r in rows if "perf/total_num_tokens" in r]
-    return cost, record, (sum(mean_len) / len(mean_len) if mean_len else None, tokens[-1] if tokens else None)
+    return cost, record, (sum(mean_len) / len(mean_len) if mean_len else None, tokens[-1] if tokens else None,
+                          weight_push(ckpt, record))
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="HF model directory (default: the CPU demo's tiny random Qwen3)")
     parser.add_argument("--train-files", help="training parquet (default: the CPU demo's toy problems)")
@@ -162,9 +189,9 @@ def main(argv=None) -> None:
         label = "largest process RSS (CPU, sampled 1/s)"
     else:
         label = "not logged (verl logs 0 on the CPU; runs launched by this script sample the RSS)"
+    pushes = {recipe: settings[recipe][2] for recipe in runs}
+    same = "the same path" if len(set(pushes.values())) == 1 else "DIFFERENT paths: the step times are not comparable"
+    print(f"weight push: opsd {pushes['opsd']}; grpo {pushes['grpo']} ({same})")
     print()
     print(cost_table(opsd=costs["opsd"], grpo=costs["grpo"], memory_label=label))
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    return 0

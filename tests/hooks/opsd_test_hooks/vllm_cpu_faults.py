@@ -1,9 +1,10 @@
 """Fault injection for tests/e2e/test_vllm_cpu_e2e.py, loaded as a verl external module.
 
-    PYTHONPATH=tests/e2e VERL_USE_EXTERNAL_MODULES=vllm_cpu_faults CPU_ROLLOUT=vllm ... run_grpo.sh
+    launch_env("opsd_test_hooks.vllm_cpu_faults", OPSD_TEST_UNDO_KEEP_WEIGHTS="1")   # + CPU_ROLLOUT=vllm ...
 
 Imported in every verl process after ``recipe.cpu.plugin`` and ``recipe.rollout.extension`` (the
-launcher lists the user's modules after its own):
+launcher lists the user's modules after its own), and after ``opsd_test_hooks.rollout`` when a test
+lists both:
 
 - ``OPSD_TEST_UNDO_KEEP_WEIGHTS=1``: in vLLM processes, undo ``keep_cpu_linear_weights`` (vLLM-CPU
   packs the linear weights away again), so the first weight push raises on the receiving side,

@@ -2,17 +2,19 @@
 (``--before`` revision) vs the teacher forward next to the actor's update (``--after`` revisions,
 default this checkout), and whether step 1 computes the same loss in both.
 
-    /work/bin/heavy python scripts/bench_teacher_transport.py --before dc3fddf --after 0523b7a \\
+    python scripts/bench.py teacher-transport --before dc3fddf --after 0523b7a \\
         --response-length 1024 --steps 3                                  # tiny random Qwen3
-    /work/bin/heavy python scripts/bench_teacher_transport.py --before dc3fddf --after 0523b7a \\
-        --model "$(python scripts/fetch_smollm2.py --quiet)" --native-mode --response-length 256 --steps 3
+    python scripts/bench.py teacher-transport --before dc3fddf --after 0523b7a \\
+        --model "$(python scripts/fetch_smollm2.py --quiet)" --mode native --response-length 256 --steps 3
 
 Every checkout runs its own ``recipe/opsd/run_opsd.sh`` on the CPU (1 rank) with the same model,
 data, seed and overrides, one after the other. Every response is forced to the full length (the model
 copy's ``generation_config.json`` gets an end-of-sequence id outside the vocabulary, so the
-sampler never stops early): all runs move the same [B, R, H]. ``driver_bytes_probe`` (loaded into
-every verl process) records the tensor bytes of every worker-group call of the trainer; the table
-sums the teacher and update calls per step, in each direction. Times are means over steps 2..
+sampler never stops early): all runs move the same [B, R, H]. The probe ``recipe.bench.driver_bytes``
+(copied next to the runs as the top-level module ``driver_bytes_probe``, so that a checkout's own
+``recipe`` package cannot shadow it, and loaded into every verl process) records the tensor bytes of
+every worker-group call of the trainer; the table sums the teacher and update calls per step, in each
+direction. Times are means over steps 2..
 (step 1 warms up the rollout server).
 
 Exactness: step 1 of every run starts from the same weights, data and seed, so its loss and
@@ -28,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -35,10 +38,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from recipe.bench import driver_bytes
+from recipe.common import cli
 
-from recipe.common import cli  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+PROBE_MODULE = "driver_bytes_probe"
+MODES = ("think", "no_think", "native")
 
 TEACHER_METHODS = ("compute_teacher_hidden", "update_actor")
 TIMES = ("timing_s/step", "timing_s/gen", "timing_s/teacher", "timing_s/update_actor")
@@ -60,27 +65,9 @@ def steps_from_jsonl(lines) -> dict[int, dict]:
 
 
 def bytes_per_step(calls: list[dict], *, methods=TEACHER_METHODS) -> dict[str, float]:
-    """Bytes of the teacher and update calls per update step, each direction and per method.
-
-    ``calls``: the probe's records (``method``, ``to_workers``, ``from_workers``: null for a
-    non-blocking call, counted as 0). Steps are counted by the ``update_actor`` calls.
-    """
-    updates = sum(c["method"].endswith("update_actor") for c in calls)
-    if updates == 0:
-        raise ValueError("no update_actor call in the probe's log: did the run reach its first update?")
-    per_method: dict[str, list[float]] = {}
-    for call in calls:
-        name = next((m for m in methods if call["method"].endswith(m)), None)
-        if name is not None:
-            sent = per_method.setdefault(name, [0.0, 0.0])
-            sent[0] += call["to_workers"]
-            sent[1] += call["from_workers"] or 0
-    result = {"to": sum(v[0] for v in per_method.values()) / updates,
-              "from": sum(v[1] for v in per_method.values()) / updates}
-    for name, (to, back) in per_method.items():
-        result[f"{name}/to"] = to / updates
-        result[f"{name}/from"] = back / updates
-    return result
+    """Bytes of the teacher and update calls per update step, each direction and per method
+    (``recipe.bench.driver_bytes.bytes_per_step`` of those methods)."""
+    return driver_bytes.bytes_per_step(calls, methods=methods)
 
 
 def mean_times(steps: dict[int, dict], *, keys=TIMES) -> dict[str, float]:
@@ -165,6 +152,24 @@ def _checkout(rev: str, out: Path) -> Path:
     return target
 
 
+def _probe_dir(out: Path) -> Path:
+    """A directory holding only the probe (as ``driver_bytes_probe``), for the runs' PYTHONPATH."""
+    target = out / "probe"
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(driver_bytes.__file__, target / f"{PROBE_MODULE}.py")
+    return target
+
+
+def mode_value(src: Path, mode: str) -> str:
+    """The value of ``opsd.student_mode`` / ``teacher_mode`` for ``mode`` in the checkout ``src``: revisions
+    whose OPSD modes are (think, no_think, None) spell the native mode ``null``."""
+    if mode != "native":
+        return mode
+    pattern = re.compile(r"MODES\s*=\s*\([^)]*[\"']native[\"']")
+    knows = any(pattern.search(path.read_text(errors="replace")) for path in (src / "recipe").rglob("*.py"))
+    return "native" if knows else "null"
+
+
 def _run(label: str, src: Path, model: Path, data: tuple[Path, Path], out: Path, args) -> dict:
     run_dir = out / label
     shutil.rmtree(run_dir, ignore_errors=True)  # verl's file logger appends; a rerun starts clean
@@ -175,19 +180,20 @@ def _run(label: str, src: Path, model: Path, data: tuple[Path, Path], out: Path,
     launcher = (src / "recipe" / "launch").is_dir()
     env.update({
         "DEVICE" if launcher else "OPSD_DEVICE": "cpu",
-        "VERL_USE_EXTERNAL_MODULES" if launcher else "EXTRA_VERL_MODULES": "driver_bytes_probe",
+        "VERL_USE_EXTERNAL_MODULES" if launcher else "EXTRA_VERL_MODULES": PROBE_MODULE,
         "MODEL_PATH": str(model), "TRAIN_FILES": str(data[0]), "VAL_FILES": str(data[1]),
         "CKPT_DIR": str(run_dir / "ckpt"), "STEPS": str(args.steps), "PYTHON": sys.executable,
         "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl"),
-        "OPSD_DRIVER_BYTES_LOG": str(bytes_log),
-        "PYTHONPATH": os.pathsep.join([str(REPO / "scripts"), str(src), env.get("PYTHONPATH", "")]),
+        driver_bytes.LOG_ENV: str(bytes_log),
+        "PYTHONPATH": os.pathsep.join([str(_probe_dir(out)), str(src), env.get("PYTHONPATH", "")]),
     })
     overrides = [
         f"data.max_response_length={args.response_length}", f"data.train_batch_size={args.batch_size}",
         "trainer.save_freq=-1", "trainer.val_before_train=false", "trainer.test_freq=-1",
     ]
-    if args.native_mode:
-        overrides += ["opsd.student_mode=native", "opsd.teacher_mode=native"]
+    if args.mode:
+        value = mode_value(src, args.mode)
+        overrides += [f"opsd.student_mode={value}", f"opsd.teacher_mode={value}"]
     overrides += args.override
     print(f"[bench] {label}: {src} ...", file=sys.stderr, flush=True)
     with open(run_dir / "run.log", "w") as log:
@@ -250,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", action="append", default=None,
                         help="git revision to compare with (repeatable; default: this checkout)")
     parser.add_argument("--model", default=None, help="HF model directory (default: the tiny random Qwen3)")
-    parser.add_argument("--native-mode", action="store_true", help="opsd.student_mode/teacher_mode=null (SmolLM2)")
+    parser.add_argument("--mode", choices=MODES, default=None,
+                        help="opsd.student_mode and teacher_mode of every run (default: the recipe's); native for a "
+                             "template without a reasoning switch (SmolLM2)")
     parser.add_argument("--response-length", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
@@ -290,7 +298,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         shutil.rmtree(out, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main))
