@@ -37,11 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:  # a demo stage failed: the message carries the end of its log
         print(f"[launch] {err}", file=sys.stderr)
         return getattr(err, "exit_code", None) or 1  # a failed training launch: the trainer's exit code
+    if launch.finished and not dry_run:  # a relaunch of a finished run: nothing to train (recipe.launch.resume)
+        print(launch.finished, flush=True)
+        return 0
     print(launch.describe(), flush=True)
     if dry_run:
         print(launch.resolved_yaml(), end="")
         return 0
-    return execute(launch)["exit_code"]
+    try:
+        return execute(launch)["exit_code"]
+    except config_errors() as err:  # another launch holds the checkpoint directory (recipe.launch.lock)
+        print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe.launch.disk import prune_demo_runs
 from recipe.launch.recipes import Recipe
 from recipe.launch.run import DemoInputs, execute, plan
 from recipe.launch.settings import Settings
@@ -151,6 +152,10 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     from recipe.launch.merge import merge_checkpoint
 
     launch = plan(recipe, settings, argv, demo=build.inputs)
+    if launch.finished:  # a relaunch of a finished run: nothing to train (recipe.launch.resume)
+        print(launch.finished, flush=True)
+        return {"ckpt_dir": launch.ckpt_dir, "steps": int(launch.config.trainer.total_training_steps), "record": None,
+                "metrics": [], "before": None, "after": None}
     print(launch.describe(), flush=True)
     model = Path(str(launch.overrides.get(recipe.model_key)))
     before = None
@@ -185,11 +190,15 @@ def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bo
         if value:
             print(f"[launch] {name}={value} replaces what the demo would build", flush=True)
     build = demo.load()(recipe.name, settings, build=not dry_run)
-    if dry_run:
-        launch = plan(recipe, settings, argv, demo=build.inputs)
+    if dry_run:  # what the demo builds (model, data) does not exist yet: not checked (recipe.launch.checks)
+        built = (build.inputs.model_path, build.inputs.train_files, build.inputs.val_files)
+        launch = plan(recipe, settings, argv, demo=build.inputs,
+                      pending=frozenset(p for p in built if p and not Path(p).exists()))
         print(launch.describe(), flush=True)
         print(launch.resolved_yaml(), end="")
         return 0
+    if build.inputs.ckpt_dir:  # a fresh run directory per run: keep the last few (recipe.launch.disk)
+        prune_demo_runs(Path(build.inputs.ckpt_dir), recipe=recipe.name)
     result = train_demo(recipe, settings, argv, build)
     if result["before"] is not None:
         step_times = [row["timing_s/step"] for row in result["metrics"] if "timing_s/step" in row]
