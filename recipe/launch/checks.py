@@ -96,7 +96,8 @@ def _fix(source: str | None, key: str, wanted: str) -> str:
 
 
 def _error(err: cli.InputError, *, key: str, value, source: str | None, fix: str) -> LaunchInputError:
-    where = "" if err.location in ("", str(value)) else f"{err.location}: "
+    same = err.file is None or Path(str(err.file)).expanduser() == Path(str(value)).expanduser()
+    where = "" if same and err.line is None and err.row is None else f"{err.location}: "
     hint = err.hint if err.hint and err.hint != "check the path" else fix
     return LaunchInputError(key=key, value=value, source=source, what=where + err.what, fix=hint)
 
@@ -208,5 +209,5 @@ def check_launch(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mappi
     if resume.finished:  # shown by a dry run; a launch prints it alone and exits 0
         checked.notes.append(resume.finished.removeprefix("[launch] "))
     checked.disk = plan_disk(recipe, cfg, ckpt_dir=Path(ckpt_dir), resume_step=resume.step, environ=environ)
-    checked.notes += resume.notes + [checked.disk.note] + checked.disk.notes
+    checked.notes += resume.notes + checked.disk.notes  # the disk line itself: Launch.describe
     return checked

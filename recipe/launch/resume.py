@@ -44,6 +44,8 @@ MAY_CHANGE = {
 # ... whole sections: Ray's start-up options (the launcher's runtime_env), the sweep runner's labels,
 # the diagnostics (what is logged)
 MAY_CHANGE_PREFIXES = ("ray_kwargs.", "sweep.", "opsd.diagnostics.", "opsd.monitor.")
+# ... the logger's names wherever verl copies them (actor_rollout_ref.rollout.trace.experiment_name)
+MAY_CHANGE_NAMES = ("project_name", "experiment_name")
 # ... and the paths: every key naming a file or directory (a moved model, data set or repository)
 PATH_SUFFIXES = ("path", "_dir", "_files")
 # the mark of a continuation preset (recipe/opsd/config/experiment/steps_300.yaml): the keys it sets may change
@@ -122,7 +124,7 @@ def continuation_keys(recipe: Recipe, overrides: Sequence[str]) -> set[str]:
 
 def may_change(key: str, allowed: set[str]) -> bool:
     last = key.rsplit(".", 1)[-1]
-    return (key in MAY_CHANGE or key in allowed or key.startswith(MAY_CHANGE_PREFIXES)
+    return (key in MAY_CHANGE or key in allowed or key.startswith(MAY_CHANGE_PREFIXES) or last in MAY_CHANGE_NAMES
             or last.endswith(PATH_SUFFIXES))
 
 

@@ -74,6 +74,8 @@ class Launch:
         lines = [f"[launch] {self.recipe.name} on {self.settings.device}: {shlex.join(self.command)}"]
         if self.verl_env:
             lines.append("[launch] environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.verl_env.items()))
+        if self.checked is not None and self.checked.disk is not None:  # recipe.launch.disk
+            lines.append(f"[launch] {self.checked.disk.note}")
         lines += [f"[launch] note: {note}" for note in self.notes]
         for key, old, old_source, new, new_source in self.overrides.replaced:
             lines.append(f"[launch] note: {key}={new} ({new_source}) replaces {key}={old} ({old_source})")
