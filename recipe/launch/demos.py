@@ -68,6 +68,12 @@ DEMOS = {
 }
 
 
+def unbuilt(inputs: DemoInputs) -> frozenset[str]:
+    """The demo's model and data paths that do not exist yet (a dry run builds nothing): ``plan``'s ``pending``,
+    not checked (recipe.launch.checks)."""
+    return frozenset(p for p in (inputs.model_path, inputs.train_files, inputs.val_files) if p and not Path(p).exists())
+
+
 def get_demo(name: str) -> Demo:
     if name not in DEMOS:
         raise ValueError(f"CPU_DEMO={name!r} is not one of {sorted(DEMOS)}")
@@ -190,10 +196,8 @@ def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bo
         if value:
             print(f"[launch] {name}={value} replaces what the demo would build", flush=True)
     build = demo.load()(recipe.name, settings, build=not dry_run)
-    if dry_run:  # what the demo builds (model, data) does not exist yet: not checked (recipe.launch.checks)
-        built = (build.inputs.model_path, build.inputs.train_files, build.inputs.val_files)
-        launch = plan(recipe, settings, argv, demo=build.inputs,
-                      pending=frozenset(p for p in built if p and not Path(p).exists()))
+    if dry_run:
+        launch = plan(recipe, settings, argv, demo=build.inputs, pending=unbuilt(build.inputs))
         print(launch.describe(), flush=True)
         print(launch.resolved_yaml(), end="")
         return 0
