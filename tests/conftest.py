@@ -126,3 +126,56 @@ def fake_save(ckpt_dir: Path, step: int, model: Path, *, sft: bool = False, trac
 def make_save():
     """``make(ckpt_dir, step, model, sft=False, tracker=True, data=True) -> global_step_<step>`` (``fake_save``)."""
     return fake_save
+
+
+class SmallFs:
+    """A tmpfs mounted at ``path`` (``small_fs``): a real file system that fills up."""
+
+    def __init__(self, path: Path, *, size: int, nr_inodes: int | None = None):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._mount("mount", "-t", "tmpfs", "-o", self._options(size, nr_inodes), "tmpfs", str(self.path))
+
+    @staticmethod
+    def _options(size: int, nr_inodes: int | None) -> str:
+        return f"size={size}" + (f",nr_inodes={nr_inodes}" if nr_inodes else "")
+
+    @staticmethod
+    def _mount(*command: str) -> None:
+        import subprocess
+
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(command)}: {done.stderr.strip()}")
+
+    def resize(self, size: int, nr_inodes: int | None = None) -> None:
+        """Free space (or take it away) without touching what is on it."""
+        self._mount("mount", "-o", "remount," + self._options(size, nr_inodes), str(self.path))
+
+    def free(self) -> int:
+        import shutil
+
+        return shutil.disk_usage(self.path).free
+
+    def unmount(self) -> None:
+        import subprocess
+
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """``mount(path, size=bytes, nr_inodes=None) -> SmallFs``: a small real file system (tmpfs), unmounted at
+    teardown. Skips where this process may not mount one (it needs root or CAP_SYS_ADMIN)."""
+    mounted: list[SmallFs] = []
+
+    def mount(path: Path, *, size: int, nr_inodes: int | None = None) -> SmallFs:
+        try:
+            mounted.append(SmallFs(path, size=size, nr_inodes=nr_inodes))
+        except OSError as err:
+            pytest.skip(f"cannot mount a tmpfs here ({err})")
+        return mounted[-1]
+
+    yield mount
+    for fs in mounted:
+        fs.unmount()

@@ -261,12 +261,18 @@ def is_full_disk(err: BaseException) -> bool:
     return any(text in str(err) for text in FULL_DISK_TEXTS)
 
 
+def free_inodes(path: str | os.PathLike) -> int:
+    """Files that can still be created on the file system of ``path`` (a full inode table is a full disk too)."""
+    return os.statvfs(existing_ancestor(path)).f_favail
+
+
 def no_space(directory: str | os.PathLike, *, needed: int | None, what: str,
              hint: str = "free space there or choose another directory, then run the same command again") -> NoSpaceError:
     """The error of ``what`` not fitting on the file system of ``directory`` (needed: bytes, None: unknown)."""
     need = f"needs ~{human_bytes(needed)}, " if needed is not None else ""
-    return NoSpaceError(f"no space left for {what}: {need}{human_bytes(free_bytes(directory))} free", file=directory,
-                        hint=hint)
+    inodes = " and no free inodes (too many files)" if free_inodes(directory) == 0 else ""
+    return NoSpaceError(f"no space left for {what}: {need}{human_bytes(free_bytes(directory))} free{inodes}",
+                        file=directory, hint=hint)
 
 
 def require_space(directory: str | os.PathLike, needed: int, *, what: str, hint: str | None = None) -> None:

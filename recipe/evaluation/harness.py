@@ -218,7 +218,8 @@ def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> str:
     partial.parent.mkdir(parents=True, exist_ok=True)
     from recipe.common.checkpoints import tree_bytes
 
-    needed = sum(tree_bytes(f) for f in path.glob("model_world_size_*_rank_*.pt")) + tree_bytes(path / "huggingface")
+    # the merger writes bfloat16: half the fp32 shards, plus the config and tokenizer files
+    needed = sum(tree_bytes(f) for f in path.glob("model_world_size_*_rank_*.pt")) // 2 + tree_bytes(path / "huggingface")
     hint = "free space there or pass another --merge-cache, then run the same command again"
     cli.require_space(partial.parent, needed, what=f"the merged checkpoint {target.name}", hint=hint)
     try:

@@ -45,10 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         print(launch.resolved_yaml(), end="")
         return 0
     try:
-        return execute(launch)["exit_code"]
+        record = execute(launch)
     except config_errors() as err:  # another launch holds the checkpoint directory (recipe.launch.lock)
         print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
         return 2
+    if record.get("disk_full"):  # the trainer stopped on a full disk: one line (recipe.launch.disk)
+        print(record["disk_full"], file=sys.stderr)
+    return record["exit_code"]
 
 
 if __name__ == "__main__":

@@ -174,6 +174,8 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     print(f"[launch] training {steps} steps; verl's output: {log}", flush=True)
     record = execute(launch, log=log, on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps),
                      timeout_s=timeout_s)
+    if record.get("disk_full"):  # one line, not the log's end (recipe.launch.disk)
+        raise TrainingFailed(record["disk_full"].removeprefix("[launch] "), exit_code=record["exit_code"])
     if record["exit_code"] != 0:
         raise TrainingFailed(f"{recipe.name} training failed (exit {record['exit_code']}); the end of {log}:\n"
                              + log.read_text()[-3000:], exit_code=record["exit_code"])

@@ -36,6 +36,7 @@ from recipe.launch.recipes import Recipe
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 ADAM_BYTES = 8
+SMALL_FILES = 64 * 1024  # extra_state (scheduler, RNG), data.pt, fsdp_config.json: ~25 KB measured, a margin
 DEMO_RUNS_KEPT = 3
 _DEMO_RUN = re.compile(r"^\d{8}T\d{6}Z-(?P<recipe>\w+)$")  # <UTC stamp>-<recipe> (recipe.toy demos)
 
@@ -88,7 +89,9 @@ def save_bytes(recipe: Recipe, cfg, *, model_dir: Path | None) -> SaveSize | Non
              "HF copy": 4 if "hf_model" in contents else 0,
              "EMA teacher": 4 if composer.select(cfg, "opsd.teacher.kind") == "ema" else 0}
     per = sum(parts.values())
+    # + the config and tokenizer files, and the optimizer's extra state, the dataloader state, fsdp_config.json
     extra = sum(tree_bytes(p) for p in model_dir.iterdir() if p.is_file() and p.suffix not in (".safetensors", ".bin"))
+    extra += SMALL_FILES
     return SaveSize(bytes=parameters * per + extra, parameters=parameters, per_parameter=per,
                     parts=", ".join(name for name, size in parts.items() if size))
 

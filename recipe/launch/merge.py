@@ -13,8 +13,8 @@ code 2, checked before the merger loads anything (``recipe.common.checkpoints``)
 next to TARGET_DIR and the directory is renamed when complete: a killed merge never leaves a half
 model under TARGET_DIR.
 
-Disk: the merged model is about as large as the checkpoint's model shards (the merger keeps their
-dtype); a merge that cannot fit is refused before it starts, and one that fills the disk part-way
+Disk: the merged model is written in bfloat16 (verl's merger), about half the checkpoint's fp32
+model shards (``merged_bytes``); a merge that cannot fit is refused before it starts, and one that fills the disk part-way
 removes its partial directory: either way one ``error: ...`` line names the directory, the space
 needed and the space free (exit code 2).
 """
@@ -43,15 +43,19 @@ def shard_dir(ckpt: str | Path) -> Path:
 
 
 def merged_bytes(shards: Path) -> int:
-    """About the size of the merged model of the shard directory ``shards``: its model shards and HF files."""
-    return sum(tree_bytes(f) for f in shards.glob("model_world_size_*_rank_*.pt")) + tree_bytes(shards / "huggingface")
+    """About the size of the merged model of the shard directory ``shards``: its model shards in bfloat16 (verl's
+    merger writes bfloat16; the shards hold verl's fp32 weights: half their size) and the HF files."""
+    fp32 = sum(tree_bytes(f) for f in shards.glob("model_world_size_*_rank_*.pt"))
+    return fp32 // 2 + tree_bytes(shards / "huggingface")
 
 
-def _run(command: list[str], *, log: Path | None) -> tuple[int, str]:
-    """Run ``command``, its output to ``log`` (else to this console); return the exit code and the output's end."""
+def _run(command: list[str], *, log: Path | None) -> tuple[int, str, str]:
+    """Run ``command``, its output to ``log`` (else to this console, up to a traceback); return the exit code, the
+    output's end and the traceback not shown on the console (the caller shows it unless the disk was full)."""
     from recipe.launch.disk import TolerantLog
 
     tail: collections.deque[str] = collections.deque(maxlen=200)
+    held: list[str] = []
     if log is not None:
         log.unlink(missing_ok=True)
     sink = TolerantLog(log) if log is not None else sys.stdout
@@ -59,9 +63,12 @@ def _run(command: list[str], *, log: Path | None) -> tuple[int, str]:
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
             for line in process.stdout:
                 tail.append(line)
+                if log is None and (held or line.startswith("Traceback (most recent call last)")):
+                    held.append(line)
+                    continue
                 sink.write(line)
                 sink.flush()
-        return process.returncode, "".join(tail)
+        return process.returncode, "".join(tail), "".join(held)
     finally:
         if log is not None:
             sink.close()
@@ -81,15 +88,18 @@ def merge_checkpoint(ckpt: str | Path, target: str | Path, *, log: Path | None =
                "--target_dir", str(partial)]
     print(f"[merge] {shards} -> {target}" + (f" (log {log})" if log else ""), flush=True)
     start = time.time()
-    returncode, tail = _run(command, log=log)
+    returncode, tail, traceback = _run(command, log=log)
     if returncode != 0:
-        written = tree_bytes(partial)
-        shutil.rmtree(partial, ignore_errors=True)  # never a half model next to TARGET_DIR
+        full = None  # the error of a full disk, measured before the partial output is removed
         if any(text in tail for text in cli.FULL_DISK_TEXTS) or cli.free_bytes(target.parent) < needed:
-            raise cli.no_space(target.parent, needed=needed, what=f"the merged model {target.name}",
-                               hint=f"the merge stopped after {cli.human_bytes(written)}; its partial output was "
-                                    "removed; free space there or choose another TARGET_DIR, then run the same command "
-                                    "again")
+            full = cli.no_space(target.parent, needed=needed, what=f"the merged model {target.name}",
+                                hint=f"the merge stopped after {cli.human_bytes(tree_bytes(partial))}; its partial "
+                                     "output was removed; free space there or choose another TARGET_DIR, then run the "
+                                     "same command again")
+        shutil.rmtree(partial, ignore_errors=True)  # never a half model next to TARGET_DIR
+        if full is not None:
+            raise full
+        print(traceback, end="", file=sys.stderr, flush=True)
         raise RuntimeError(f"verl.model_merger failed (exit {returncode})" + (f"; log {log}:\n{tail[-3000:]}" if log else ""))
     partial.rename(target)
     print(f"[merge] done in {time.time() - start:.0f} s", flush=True)

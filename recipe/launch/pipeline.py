@@ -118,6 +118,8 @@ def run_pipeline(args: list[str], environ, *, dry_run: bool) -> int:
             print(f"[pipeline] {stage} final config:\n{launch.resolved_yaml()}", end="", flush=True)
             continue
         record = execute(launch)
+        if record.get("disk_full"):  # the stage stopped on a full disk: one line (recipe.launch.disk)
+            print(record["disk_full"].replace("[launch]", f"[pipeline] {stage}:", 1), file=sys.stderr, flush=True)
         if record["exit_code"] != 0:
             return record["exit_code"]
         if stage != "opsd":

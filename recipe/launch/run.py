@@ -328,8 +328,8 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
 
     The launch holds the checkpoint directory's lock while it runs (``recipe.launch.lock``: a second
     launch there fails with a ``LockedError``), applies checkpoint retention before and after the
-    trainer (``recipe.launch.disk.prune``) and, when the trainer failed on a full disk, prints one
-    line saying so (``disk.failure_line``).
+    trainer (``recipe.launch.disk.prune``) and, when the trainer failed on a full disk, returns the one
+    line saying so as ``record["disk_full"]`` (``disk.failure_line``; not written to run_times.jsonl).
     """
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
     with lock.hold(launch.ckpt_dir, command=f"{launch.recipe.name}: {shlex.join(sys.argv)}") as lock_fd:
@@ -373,8 +373,7 @@ def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | No
         if returncode == 0:  # the saves of earlier launches beyond the retention count
             disk.prune(launch.ckpt_dir, dataclasses.replace(plan_disk, resume_step=None), log=lambda line: print(line, flush=True))
         elif (full := disk.failure_line(launch.ckpt_dir, plan_disk, log_text=_tail(log))) is not None:
-            print(full, flush=True)
-            record["disk_full"] = full
+            record["disk_full"] = full  # the one line the caller prints
     return record
 
 
