@@ -30,7 +30,7 @@ from pathlib import Path
 
 from recipe.common import cli
 from recipe.common.checkpoints import (check_model_source, check_training_inputs, choose_resume_dir, hub_cache_dir,
-                                       hub_offline)
+                                       hub_offline, verl_resume_dir)
 from recipe.launch import compose as composer
 from recipe.launch.overrides import OverrideList
 from recipe.launch.recipes import Recipe
@@ -211,3 +211,18 @@ def check_launch(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mappi
     checked.disk = plan_disk(recipe, cfg, ckpt_dir=Path(ckpt_dir), resume_step=resume.step, environ=environ)
     checked.notes += resume.notes + checked.disk.notes  # the disk line itself: Launch.describe
     return checked
+
+
+def resume_overrides(cfg, checked: Checked) -> list[str]:
+    """When the save to resume from is not the one verl would pick (the tracker names a save that is not whole,
+    or there is no tracker: ``choose_resume_dir``'s note), the overrides that make verl resume from it."""
+    trainer = cfg.trainer
+    if checked.resume_dir is None or trainer.get("resume_mode", "auto") != "auto":
+        return []
+    try:
+        verl_choice = verl_resume_dir(resume_mode="auto", default_local_dir=trainer.default_local_dir)
+    except cli.InputError:  # an unreadable tracker: verl would fail on it
+        verl_choice = None
+    if verl_choice is not None and Path(verl_choice).absolute() == Path(checked.resume_dir).absolute():
+        return []
+    return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={checked.resume_dir}"]

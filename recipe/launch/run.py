@@ -178,6 +178,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     checked = checks.check_launch(recipe, cfg, overrides=overrides, environ={**environ, **verl_env}, ckpt_dir=ckpt,
                                   pending=pending, resume_anyway=settings.resume_with_changes)
     notes += checked.notes
+    if resume := checks.resume_overrides(cfg, checked):  # verl would pick another save (or none): name the whole one
+        cfg = composer.compose(recipe, overrides.add(resume, source="launcher (the last whole save)").as_list())
     recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)

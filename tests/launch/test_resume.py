@@ -132,3 +132,16 @@ def test_a_continuation_preset_may_change_what_it_sets():
     current = {"trainer": {"save_freq": 50, "total_training_steps": 300}, "opsd": {"loss": {"clip_tau": 0.2}}}
     assert config_changes(reference, current, allowed=keys) == [("opsd.loss.clip_tau", 0.05, 0.2)]
     assert config_changes({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}) == [("a.c", "(not set)", 2)]
+
+
+@pytest.mark.parametrize("recipe", [GRPO, SFT], ids=lambda r: r.name)
+def test_verl_is_told_the_last_whole_save_when_the_tracker_names_a_broken_one(recipe, launch_inputs, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    launched(recipe, launch_inputs, ckpt, steps=4, saved=2)
+    SAVE(ckpt, 3, launch_inputs.model, sft=recipe is SFT, data=False)  # tracker 3, the save without its data state
+    launch = relaunch(recipe, launch_inputs, ckpt, steps=4)
+    assert launch.checked.resume_dir == ckpt / "global_step_2"
+    assert any(note.startswith(f"not resuming from {ckpt / 'global_step_3'}: no data.pt") for note in launch.notes)
+    trainer = launch.config.trainer  # verl would load the tracker's save (auto): the launcher names the whole one
+    assert (trainer.resume_mode, trainer.resume_from_path) == ("resume_path", str(ckpt / "global_step_2"))
+    assert relaunch(recipe, launch_inputs, tmp_path / "fresh", steps=4).config.trainer.resume_mode == "auto"
