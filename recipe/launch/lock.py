@@ -65,8 +65,11 @@ def hold(ckpt_dir: str | os.PathLike, *, command: str):
                           "it to end (or stop it), or set CKPT_DIR to another directory") from None
     record = {"pid": os.getpid(), "host": socket.gethostname(),
               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    except OSError:  # a full disk: the lock holds, only the description of its holder is missing
+        pass
     _held[str(path)] = fd
     try:
         yield fd
