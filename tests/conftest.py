@@ -84,7 +84,7 @@ def fake_hub_cache(root: Path, repo_ids) -> Path:
         (repo / "refs" / "main").write_text(commit)
         snapshot = repo / "snapshots" / commit
         snapshot.mkdir(parents=True, exist_ok=True)
-        (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+        (snapshot / "config.json").write_text("{}")  # enough to be "in the cache"; no tokenizer loads from it
     return root
 
 
@@ -93,9 +93,14 @@ def launch_inputs(tmp_path_factory) -> LaunchInputs:
     from recipe.models.tiny import build_tiny_model
     from recipe.toy.demo import write_tiny_data
 
+    import pandas as pd
+
     root = tmp_path_factory.mktemp("launch_inputs")
     model = build_tiny_model(root / "model", seed=0)
     data = write_tiny_data(root / "data")
+    for name in ("train", "sft"):  # one batch of every preset (the paper's global batches go up to 512 prompts)
+        rows = pd.read_parquet(data[name])
+        pd.concat([rows] * (1024 // len(rows) + 1), ignore_index=True).to_parquet(data[name])
     return LaunchInputs(model=Path(model), train=Path(data["train"]), val=Path(data["val"]), sft=Path(data["sft"]),
                         hub_cache=fake_hub_cache(root / "hub", preset_hub_ids()))
 
