@@ -144,7 +144,8 @@ def test_a_full_disk_during_a_save_stops_the_run_with_one_line(relaunches):
                     r"part-way \(one save needs ~1\.\d MB, \d+(\.\d)? [KM]?B free\); ", last), a.tail()
     assert last.endswith("the last whole save global_step_2 is intact: free space and run the same command to resume "
                          "from it (or keep fewer saves: trainer.max_actor_ckpt_to_keep=1)")
-    assert sorted(a.metrics) == [1, 2, 3] and runs["A_tracker"] == "2"
+    # step 3 trained; verl logs a step after its save, which failed
+    assert sorted(a.metrics) == [1, 2] and runs["A_tracker"] == "2"
     assert runs["A_files"] == ["global_step_1", "global_step_2", "global_step_3"]
 
 
@@ -183,7 +184,7 @@ def test_another_config_is_not_resumed(relaunches):
     lines = d.stderr.strip().splitlines()[-3:]
     assert lines[0].startswith(f"[launch] error: {ckpt / 'global_step_3'} was saved by a launch with another config "
                                f"({ckpt / 'launch_config.1.yaml'}); this launch differs in 1 setting(s)")
-    assert lines[1] == "[launch]   actor_rollout_ref.actor.optim.lr: 1e-05 -> 0.001"
+    assert lines[1] == "[launch]   actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.001"  # the tiny demo's lr
     assert lines[2].endswith("to resume this save with the new values anyway set RESUME_WITH_CHANGES=1")
 
 
