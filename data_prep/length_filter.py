@@ -31,6 +31,7 @@ from pathlib import Path
 
 from data_prep.common import Counts, add_output_args, check_writable, print_summary, read_parquet_rows, sidecar_path, write_json, write_parquet
 from recipe.common import cli
+from recipe.common.chat import MODES as MODE_CHOICES  # native = the template's own default
 from recipe.common.chat import render
 from recipe.common.prompts import TEACHER_CONTEXTS, build_prompt_pair, student_style
 
@@ -146,14 +147,6 @@ def load_tokenizer(path: str, chat_template: Path | None):
     return tokenizer
 
 
-MODE_CHOICES = ("think", "no_think", "native")
-
-
-def _mode(value: str) -> str | None:
-    """CLI mode -> chat mode: ``native`` = the template's own default (no enable_thinking passed)."""
-    return None if value == "native" else value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data_prep.length_filter", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -181,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = Counts(notes={"input": str(args.input)})
     counts.stages["input_rows"] = len(rows)
     kept = filter_rows(
-        rows, tokenizer, student_mode=_mode(args.student_mode), teacher_mode=_mode(args.teacher_mode),
+        rows, tokenizer, student_mode=args.student_mode, teacher_mode=args.teacher_mode,
         teacher_contexts=contexts, max_prompt_length=args.max_prompt_length, counts=counts, strict=args.strict,
         source=str(args.input),
     )

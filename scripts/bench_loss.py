@@ -6,10 +6,10 @@ honest. All three include the student and teacher lm_head matmuls (hidden [N, H]
 * naive   - materialises [N, V] float32 tensors the way the official OPSD code does:
             log_softmax of both logits / T, teacher probs, per-entry term, clamp(max=tau),
             sum over V; plain autograd.
-* chunked - the same logits, then ``recipe.opsd.losses.token_divergence(chunk_size=C)``.
-* fused   - ``recipe.opsd.losses.fused_linear_token_divergence(chunk_size=C)``: the lm_head
+* chunked - the same logits, then ``recipe.opsd.core.losses.token_divergence(chunk_size=C)``.
+* fused   - ``recipe.opsd.core.losses.fused_linear_token_divergence(chunk_size=C)``: the lm_head
             matmul runs inside the row chunk, no [N, V] tensor exists.
-* fused_sum - ``recipe.opsd.losses.fused_linear_weighted_divergence`` with unit row weights: the
+* fused_sum - ``recipe.opsd.core.losses.fused_linear_weighted_divergence`` with unit row weights: the
             same sum(values) every implementation differentiates, with the gradients formed in
             the forward pass (one pass over the vocabulary, 4 lm_head-sized matmuls instead of
             6). This is what the OPSD actor calls (with token-mean weights).
@@ -50,7 +50,7 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
     import torch
     import torch.nn.functional as F
 
-    from recipe.opsd.losses import fused_linear_token_divergence, fused_linear_weighted_divergence, token_divergence
+    from recipe.opsd.core.losses import fused_linear_token_divergence, fused_linear_weighted_divergence, token_divergence
 
     if threads:
         torch.set_num_threads(threads)

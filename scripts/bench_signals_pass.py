@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from recipe.opsd.losses import fused_linear_weighted_divergence
-from recipe.opsd.signals import SIGNAL_KEYS, token_signals_from_hidden, weighted_divergence_and_signals
+from recipe.opsd.core.losses import fused_linear_weighted_divergence
+from recipe.opsd.core.signals import SIGNAL_KEYS, token_signals_from_hidden, weighted_divergence_and_signals
 
 OPTS = dict(beta=0.0, clip_tau=0.05, student_temperature=1.1)
 # (N response rows, V, H): SmolLM2-135M's head; a Qwen3-scale vocabulary with a reduced H

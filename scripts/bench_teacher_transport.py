@@ -187,7 +187,7 @@ def _run(label: str, src: Path, model: Path, data: tuple[Path, Path], out: Path,
         "trainer.save_freq=-1", "trainer.val_before_train=false", "trainer.test_freq=-1",
     ]
     if args.native_mode:
-        overrides += ["opsd.student_mode=null", "opsd.teacher_mode=null"]
+        overrides += ["opsd.student_mode=native", "opsd.teacher_mode=native"]
     overrides += args.override
     print(f"[bench] {label}: {src} ...", file=sys.stderr, flush=True)
     with open(run_dir / "run.log", "w") as log:

@@ -8,7 +8,7 @@ GPUs, micro-batch per rollout cap), prompt cap 1,024 + the rollout cap tokens pe
 
 ``check``: measures the peak resident memory of a direct, FSDP-free version of the update on the CPU
 (fp32 student with AdamW, fp32 frozen teacher, gradient checkpointing as asked, the trainer's own loss +
-diagnostics ``recipe.opsd.signals.weighted_divergence_and_signals``, two micro-batch updates so that
+diagnostics ``recipe.opsd.core.signals.weighted_divergence_and_signals``, two micro-batch updates so that
 AdamW's moments exist) in a fresh process, and prints it next to the model's prediction for the same
 setting (fp32 everywhere, no FSDP copies, teacher resident). Measured = the peak resident set (VmHWM, reset
 through /proc/self/clear_refs) minus the RSS before the models exist, after a 1 x 8-token warm-up update
@@ -85,7 +85,7 @@ def measure(args) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from recipe.opsd.signals import weighted_divergence_and_signals
+    from recipe.opsd.core.signals import weighted_divergence_and_signals
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(args.model)

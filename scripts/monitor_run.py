@@ -3,7 +3,7 @@
 Reads each run's step metrics (verl's JSONL file logger ``*.jsonl``, or its console
 output), prints the early / late window table of the paper (``tab:sft_grpo_opsd_train``:
 steps 1-10 vs 91-100, H_S, D_KL, grad norm, loss) and replays
-``recipe.opsd.monitor.TrainingDynamicsMonitor`` over the steps, printing every warning
+``recipe.opsd.core.monitor.TrainingDynamicsMonitor`` over the steps, printing every warning
 (joint entropy + grad-norm rise, length blow-up, boxed-rate collapse) with its step.
 
 Example::
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from recipe.analysis.run_logs import read_run_metrics
 from recipe.common import cli
-from recipe.opsd.monitor import DEFAULT_METRIC_KEYS, MonitorConfig, replay, window_table
+from recipe.opsd.core.monitor import DEFAULT_METRIC_KEYS, MonitorConfig, replay, window_table
 
 
 def _pair(text: str, sep: str, what: str) -> tuple[str, str]:
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             boxed_rate_ratio_threshold=args.boxed_ratio, metric_keys=metric_keys,
         )
     # Events are printed below; keep the monitor's own logging.warning lines out of the output.
-    logging.getLogger("recipe.opsd.monitor").setLevel(logging.ERROR)
+    logging.getLogger("recipe.opsd.core.monitor").setLevel(logging.ERROR)
     runs = {name: read_run_metrics(log) for name, log in zip(names, args.logs)}
     print(window_table(runs, windows=windows, roles=args.roles, metric_keys=metric_keys))
     print()

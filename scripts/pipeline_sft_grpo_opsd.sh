@@ -3,7 +3,7 @@
 # SFT -> merge -> GRPO -> merge -> OPSD, each stage a launch of recipe/launch starting from the
 # previous stage's merged HF checkpoint (recipe/launch/pipeline.py).
 #
-#   bash scripts/pipeline_sft_grpo_opsd.sh                  # CPU: tiny model + toy data, a few minutes
+#   bash scripts/pipeline_sft_grpo_opsd.sh                  # CPU: tiny model + toy data, ~2.5 min
 #   BASE_MODEL=/models/Qwen3-4B-Base SFT_FILES=/data/omr_sft.parquet GRPO_TRAIN_FILES=/data/dapo.parquet \
 #   OPSD_TRAIN_FILES=/data/openthoughts.parquet WORK_DIR=/ckpt/pipeline NGPUS=8 \
 #       bash scripts/pipeline_sft_grpo_opsd.sh opsd:+model=qwen3_4b

@@ -26,7 +26,11 @@ ALLOWED = {
                            "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "data_prep"},
     "recipe.grpo_baseline": set(),
     "recipe.sft": set(),
+    # bench-only code (the loss benchmark's reference kernels): nothing above imports it
+    "recipe.bench": {"recipe.opsd"},
 }
+# Frameworks the pure OPSD core never imports (its modules are math, prompts and decisions).
+FRAMEWORKS = ("verl", "ray", "vllm", "sglang", "hydra")
 
 
 def _package(module: str) -> str | None:
@@ -79,3 +83,35 @@ def test_the_allowed_layout_has_no_cycle():
     for pkg in ALLOWED:
         visit(pkg)
     assert not any("recipe.experiments" in targets for pkg, targets in ALLOWED.items() if pkg != "recipe.experiments")
+
+
+def _imports(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    return names
+
+
+def test_the_opsd_core_is_pure():
+    """recipe/opsd/core imports torch, the standard library, recipe.common and itself: no verl, Ray or
+    glue module, in any function either; importing all of it loads neither verl nor Ray."""
+    import subprocess
+    import sys
+
+    modules = sorted(REPO_ROOT.glob("recipe/opsd/core/**/*.py"))
+    assert len(modules) > 10
+    for path in modules:
+        for name in _imports(path):
+            root = name.split(".")[0]
+            assert root not in FRAMEWORKS, f"{path.relative_to(REPO_ROOT)} imports {name}"
+            if root == "recipe":
+                assert name.startswith(("recipe.common", "recipe.opsd.core")), f"{path.relative_to(REPO_ROOT)} imports {name}"
+    dotted = [".".join(p.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__") for p in modules]
+    code = "import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in dotted) + \
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in %r))" % (FRAMEWORKS,)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

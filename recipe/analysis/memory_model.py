@@ -2,7 +2,7 @@
 
 The update of the OPSD trainer (recipe/opsd): per micro-batch the frozen teacher's forward
 (no grad, its final hidden states kept), the student's forward with gradient checkpointing, the
-fused lm_head + divergence loss with its diagnostics (recipe.opsd.signals, row chunks of
+fused lm_head + divergence loss with its diagnostics (recipe.opsd.core.signals, row chunks of
 ``chunk_size`` x V), backward; an AdamW step per mini-batch. verl 0.9.1's FSDP2 engine
 (``workers/engine/fsdp/transformer_impl.py``): the actor is loaded in fp32 (master weights,
 gradients, AdamW's two moments all fp32, sharded over the n data-parallel GPUs) and computes in

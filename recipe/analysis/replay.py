@@ -1,4 +1,4 @@
-"""Re-score a dumped OPSD step on a CPU (``opsd.dump_steps=true``; ``recipe.opsd.step_dump``).
+"""Re-score a dumped OPSD step on a CPU (``opsd.diagnostics.dump_steps=true``; ``recipe.opsd.core.step_dump``).
 
     python -m recipe.analysis.replay CKPT_DIR/step_dumps/step_3.pt --student STUDENT_DIR --teacher MODEL_DIR
 
@@ -8,7 +8,7 @@ the initial model for step 1; the teacher is the initial model (``frozen_initial
 step's token-level ``opsd/*`` diagnostics as JSON, computed as the trainer logs them: exact token
 means over the step's response tokens (``recipe.opsd.actor_loss.SIGNAL_METRICS``) and the shares
 of loss positions with a positive / negative sampled-token advantage (``opsd/enc_frac``,
-``opsd/disc_frac``), from ``recipe.opsd.signals.token_signals_from_hidden`` over
+``opsd/disc_frac``), from ``recipe.opsd.core.signals.token_signals_from_hidden`` over
 ``signal_analysis.response_hidden_states`` (float32 here; the trainer's FSDP forward packs the
 sequences, so agreement is to float32 rounding, not bit-exact).
 """
@@ -25,8 +25,8 @@ import torch
 from recipe.analysis.signal_analysis import output_head, response_hidden_states
 from recipe.common import cli
 from recipe.opsd.actor_loss import SIGNAL_METRICS
-from recipe.opsd.signals import token_signals_from_hidden
-from recipe.opsd.step_dump import read_step_dump
+from recipe.opsd.core.signals import token_signals_from_hidden
+from recipe.opsd.core.step_dump import read_step_dump
 
 
 @torch.no_grad()

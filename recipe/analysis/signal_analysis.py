@@ -20,7 +20,7 @@ Protocol implemented here (``run_signal_analysis``):
    that mode, and splice the SAME response ids after it at the token level (no decode /
    re-encode). One forward pass of the model on [student prompt || response] and one on
    [teacher prompt || response] give the final hidden states at the response positions;
-   ``recipe.opsd.signals.token_signals_from_hidden`` projects them through the lm_head in
+   ``recipe.opsd.core.signals.token_signals_from_hidden`` projects them through the lm_head in
    chunks (nothing of size [N, V] beyond a chunk) with the sampling temperature (1.1), as
    in training.
 3. Summaries per condition with the shared signal functions: Fwd KL, D>.05 (%), |adv|,
@@ -57,13 +57,13 @@ import torch
 
 from recipe.analysis import generation_features
 from recipe.common import chat, heads, prompts
-from recipe.opsd import signals
+from recipe.opsd.core import signals
 
 logger = logging.getLogger(__name__)
 
 # Reasoning modes of student and teacher prompts; ``native`` renders the chat template's own default
 # (no enable_thinking passed), the only mode of a template without the switch (SmolLM2, DeepSeek-R1-Distill).
-MODES = ("think", "no_think", "native")
+MODES = chat.MODES
 # The privileged text a prompt cap ``context:mode@N`` truncates (token prefix) so the rendered teacher
 # prompt has at most N tokens (paper, appendix "Long Full-Solution Teacher Prefixes": the short
 # condition truncates C in Q + C). cot_solution: the CoT is cut, the final solution kept whole.
@@ -77,11 +77,6 @@ ROLLOUT_FEATURES = ("fwd_kl", "kl_gt_rate", "abs_adv", "top1_agree", "enc", "dis
 # Contexts whose student message differs from the default one: they cannot rescore rollouts
 # sampled under the default student prompt.
 _STUDENT_CHANGING_CONTEXTS = tuple(c for c in prompts.TEACHER_CONTEXTS if prompts.student_style(c) is not None)
-
-
-def chat_mode(mode: str) -> str | None:
-    """The ``recipe.common.chat`` mode of an analysis mode (``native`` -> None, the template's default)."""
-    return None if mode == "native" else mode
 
 
 @dataclass(frozen=True)
@@ -283,7 +278,7 @@ def teacher_prompt_ids(extra_info: Mapping[str, Any], cond: Condition, tokenizer
     (binary search over the prefix length). Raises ``_Unusable`` (a ``ValueError``) naming the reason
     when a field is missing or not even a one-token prefix fits.
     """
-    mode = chat_mode(cond.mode)
+    mode = cond.mode
 
     def render(extra: Mapping[str, Any]) -> list[int]:
         try:
@@ -361,7 +356,7 @@ def build_prompt_items(
         if reason is not None:
             skipped[reason] = skipped.get(reason, 0) + 1
             continue
-        student_ids = list(chat.render_ids(record["prompt"], tokenizer, chat_mode(config.student_mode)))
+        student_ids = list(chat.render_ids(record["prompt"], tokenizer, config.student_mode))
         items.append(PromptItem(row=row, student_ids=student_ids, teacher_ids=teacher_ids, truncated=truncated))
     if not items:
         raise ValueError(f"no parquet row can be scored under {list(config.conditions)}; skipped: {skipped}")
@@ -655,7 +650,7 @@ def entropy_strata(fwd_kl_N: torch.Tensor, entropy_N: torch.Tensor, *, fraction:
 def condition_report(
     token_signals: Mapping[str, torch.Tensor], tokenizer, *, config: SignalAnalysisConfig, num_rollouts: int
 ) -> dict[str, Any]:
-    """Tables of one condition, from the shared signal functions (``recipe.opsd.signals``)."""
+    """Tables of one condition, from the shared signal functions (``recipe.opsd.core.signals``)."""
     sig = {k: token_signals[k] for k in signals.SIGNAL_KEYS}
     summary = signals.summarize_signals(sig)
     tails = signals.entropy_tail_shares(
@@ -912,7 +907,7 @@ def load_rollouts(
         row = saved["row"]
         if not 0 <= row < len(rows):
             raise ValueError(f"{path}: item {k} refers to parquet row {row}, but the parquet has {len(rows)} rows")
-        student_ids = chat.render_ids(rows[row]["prompt"], tokenizer, chat_mode(config.student_mode))
+        student_ids = chat.render_ids(rows[row]["prompt"], tokenizer, config.student_mode)
         if list(student_ids) != saved["student_ids"]:
             raise ValueError(
                 f"{path}: item {k} (row {row}): the student prompt ids differ from the saved ones; "

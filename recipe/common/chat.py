@@ -2,7 +2,7 @@
 
 - ``render(messages, tokenizer, mode)``: the prompt string with the generation prompt, the
   mode passed to the template as ``enable_thinking`` (``"think"`` -> True, ``"no_think"``
-  -> False, ``None`` -> the template's own default, nothing passed). Student and teacher are
+  -> False, ``"native"`` -> the template's own default, nothing passed). Student and teacher are
   rendered independently, each in its own mode (paper, appendix "Training Prompts").
 - ``render_ids(messages, tokenizer, mode)``: the token ids verl's agent loop feeds the rollout
   for the same prompt with ``data.apply_chat_template_kwargs={enable_thinking: ...}``
@@ -23,19 +23,23 @@ from collections.abc import Sequence
 
 import torch
 
-MODES = ("think", "no_think", None)
+# the reasoning modes of the whole project (yaml, CLIs, presets, metrics): native = the template's own mode
+MODES = ("think", "no_think", "native")
+NATIVE = "native"
 
 # chat template source -> whether it reacts to enable_thinking
 _SWITCH_CACHE: dict[str, bool] = {}
 
 
-def _check_mode(mode: str | None) -> None:
+def _check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {list(MODES)}")
 
 
-def _template_kwargs(mode: str | None) -> dict[str, bool]:
-    return {} if mode is None else {"enable_thinking": mode == "think"}
+def template_kwargs(mode: str) -> dict[str, bool]:
+    """The chat-template kwargs of ``mode``: ``enable_thinking`` for think / no_think, nothing for native."""
+    _check_mode(mode)
+    return {} if mode == NATIVE else {"enable_thinking": mode == "think"}
 
 
 def has_thinking_switch(tokenizer) -> bool:
@@ -55,22 +59,22 @@ def has_thinking_switch(tokenizer) -> bool:
     return _SWITCH_CACHE[template]
 
 
-def _check_switch(tokenizer, mode: str | None) -> None:
-    if mode is not None and not has_thinking_switch(tokenizer):
+def _check_switch(tokenizer, mode: str) -> None:
+    if mode != NATIVE and not has_thinking_switch(tokenizer):
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise ValueError(
             f"mode={mode!r} was asked for, but the chat template of tokenizer {name!r} has no "
             "enable_thinking switch (it renders the same prompt for enable_thinking=True and False); "
-            "use mode=None to render the template's default, or use a template with the switch"
+            "use mode native to render the template's default, or use a template with the switch"
         )
 
 
-def render(messages: Sequence[dict], tokenizer, mode: str | None) -> str:
+def render(messages: Sequence[dict], tokenizer, mode: str) -> str:
     """Prompt text for ``messages`` with the generation prompt, in reasoning ``mode``."""
     _check_mode(mode)
     _check_switch(tokenizer, mode)
     return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=True, **_template_kwargs(mode)
+        list(messages), tokenize=False, add_generation_prompt=True, **template_kwargs(mode)
     )
 
 
@@ -84,12 +88,12 @@ def _as_id_list(tokenized) -> list[int]:
     return [int(token_id) for token_id in ids]
 
 
-def render_ids(messages: Sequence[dict], tokenizer, mode: str | None) -> list[int]:
+def render_ids(messages: Sequence[dict], tokenizer, mode: str) -> list[int]:
     """Prompt token ids, identical to verl's agent-loop prompt ids for the same kwargs."""
     _check_mode(mode)
     _check_switch(tokenizer, mode)
     tokenized = tokenizer.apply_chat_template(
-        list(messages), tokenize=True, add_generation_prompt=True, **_template_kwargs(mode)
+        list(messages), tokenize=True, add_generation_prompt=True, **template_kwargs(mode)
     )
     return _as_id_list(tokenized)
 

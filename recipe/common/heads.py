@@ -2,7 +2,7 @@
 
 The OPSD losses and the signal analysis work on final hidden states and the lm_head weight instead
 of logits. The facts about a model that make that exact live here, so that the trainer
-(``recipe.opsd.teacher_worker``) and the analysis (``recipe.analysis.signal_analysis``) apply one
+(``recipe.opsd.worker``) and the analysis (``recipe.analysis.signal_analysis``) apply one
 policy:
 
 - ``output_logit_scale(hf_config)``: the factor the head multiplies ``h @ W.T`` by (folded into the

@@ -21,7 +21,7 @@ context - prompt_tokens - 1)``, is applied to every preset; for all the others t
 leaves room for any evaluation prompt, so it never binds there.
 
 ``mode`` is the chat-template reasoning switch the preset evaluates in: ``think`` /
-``no_think`` set ``enable_thinking``; ``None`` renders the model's native template without
+``no_think`` set ``enable_thinking``; ``native`` renders the model's own template without
 the switch (models whose template has none). ``tiny_cpu`` is for CPU tests with the tiny
 local model. ``smollm2_cpu`` (not a paper model: SmolLM2-135M-Instruct from
 ``recipe.models.smollm2``, HF generate on CPU) takes the paper's setting for every model without a
@@ -34,8 +34,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from recipe.common.chat import MODES
+
 ENGINES = ("vllm", "sglang", "hf")
-MODES = ("think", "no_think", None)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class DecodingPreset:
         name: preset name.
         engine: inference engine the paper used (``vllm`` | ``sglang`` | ``hf``); the
             ``--backend`` flag of the evaluation can override it.
-        mode: reasoning mode of the chat template (``think`` | ``no_think`` | None = native).
+        mode: reasoning mode of the chat template (``think`` | ``no_think`` | ``native``).
         temperature: sampling temperature (> 0).
         top_p: nucleus mass in (0, 1].
         top_k: top-k cutoff; None = off.
@@ -60,7 +61,7 @@ class DecodingPreset:
 
     name: str
     engine: str
-    mode: str | None
+    mode: str
     temperature: float
     top_p: float
     top_k: int | None
@@ -124,16 +125,16 @@ PRESETS: dict[str, DecodingPreset] = {
     for p in (
         _preset("qwen3_think", "vllm", "think", 38_912, 40_960, 0.6, 0.95, 20, 0.0),
         _preset("qwen3_no_think", "vllm", "no_think", 32_768, 40_960, 0.7, 0.80, 20, 0.0),
-        _preset("qwen3_4b_instruct", "vllm", None, 32_768, 40_960, 0.7, 0.80, 20, 0.0),
-        _preset("qwen3_4b_thinking", "vllm", None, 81_920, 90_112, 0.6, 0.95, 20, 0.0),
+        _preset("qwen3_4b_instruct", "vllm", "native", 32_768, 40_960, 0.7, 0.80, 20, 0.0),
+        _preset("qwen3_4b_thinking", "vllm", "native", 81_920, 90_112, 0.6, 0.95, 20, 0.0),
         _preset("qwen35_4b", "sglang", "think", 81_920, 131_072, 1.0, 0.95, 20, 1.5),
-        _preset("deepseek_r1_distill", "vllm", None, 32_768, 40_960, 0.6, 0.95, None, 0.0),
-        _preset("olmo3_think", "sglang", None, 32_768, 40_960, 0.6, 0.95, None, 0.0),
-        _preset("olmo3_instruct", "sglang", None, 32_768, 40_960, 0.6, 0.95, None, 0.0),
-        _preset("falcon_h1r", "sglang", None, 65_536, 73_728, 0.6, 0.95, None, 0.0),
-        _preset("mimo_7b_rl", "sglang", None, 32_768, 32_768, 0.6, 0.95, None, 0.0, system=""),
+        _preset("deepseek_r1_distill", "vllm", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),
+        _preset("olmo3_think", "sglang", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),
+        _preset("olmo3_instruct", "sglang", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),
+        _preset("falcon_h1r", "sglang", "native", 65_536, 73_728, 0.6, 0.95, None, 0.0),
+        _preset("mimo_7b_rl", "sglang", "native", 32_768, 32_768, 0.6, 0.95, None, 0.0, system=""),
         _preset("tiny_cpu", "hf", "think", 48, 4_096, 1.0, 1.0, None, 0.0),
-        _preset("smollm2_cpu", "hf", None, 1_024, 8_192, 0.6, 0.95, None, 0.0),
+        _preset("smollm2_cpu", "hf", "native", 1_024, 8_192, 0.6, 0.95, None, 0.0),
     )
 }
 

@@ -116,8 +116,8 @@ def compose(overrides: Sequence[str]):
 def eval_choice(cfg) -> tuple[str, str, str | None]:
     """(mode key, decoding preset name, mode) of a composed config's evaluation.
 
-    The mode is ``sweep.eval_mode`` if a preset sets it, else the student's mode; ``native``
-    (mode None) for single-mode models. The decoding preset is the model preset's for that mode.
+    The mode is ``sweep.eval_mode`` if a preset sets it, else the student's mode (``native`` for
+    single-mode models). The decoding preset is the model preset's for that mode.
     """
     from omegaconf import OmegaConf
 
@@ -135,7 +135,7 @@ def eval_choice(cfg) -> tuple[str, str, str | None]:
     return key, presets[key], mode
 
 
-def decoding_for(preset_name: str, mode: str | None):
+def decoding_for(preset_name: str, mode: str):
     """The named decoding preset evaluated in ``mode`` (the preset's own mode is replaced when they differ)."""
     from recipe.evaluation.decoding_presets import get_preset
 

@@ -2,7 +2,7 @@
 
 ``initial_signals`` runs the project's signal analysis (``recipe.analysis.signal_analysis``:
 sample rollouts from the student prompt once, rescore the same response tokens under every
-teacher context with ``recipe.opsd.signals``) on the toy student, in its no-think mode, with
+teacher context with ``recipe.opsd.core.signals``) on the toy student, in its no-think mode, with
 response-position windows scaled to toy responses (~20 tokens instead of thousands).
 """
 

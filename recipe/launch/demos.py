@@ -80,6 +80,18 @@ def get_demo(name: str) -> Demo:
     return DEMOS[name]
 
 
+def demo_for(recipe: Recipe, settings: Settings) -> Demo:
+    """The CPU demo of a launch: CPU_DEMO if set (an error, before anything is built, when the recipe has no
+    preset for it), else ``settings.demo``, else (a recipe without that preset, e.g. SFT has no toy) ``tiny``."""
+    name, presets = settings.demo, recipe.presets("demo")
+    if name not in presets and settings.cpu_demo is None:
+        name = "tiny"
+    demo = get_demo(name)
+    if name not in presets:
+        raise ValueError(f"the {recipe.name} recipe has no CPU demo {name!r} (CPU_DEMO: one of {presets})")
+    return demo
+
+
 class TrainingFailed(RuntimeError):
     """A demo's training launch failed; ``exit_code`` is the trainer's (the launcher exits with it)."""
 
@@ -191,7 +203,7 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
 
 def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bool = False) -> int:
     """The CPU demo of ``settings`` (what run_*.sh runs without MODEL_PATH / TRAIN_FILES); prints the table."""
-    demo = get_demo(settings.demo)
+    demo = demo_for(recipe, settings)
     print(f"[launch] CPU demo {demo.name}: {demo.description}", flush=True)
     given = {"MODEL_PATH": settings.model_path, "TRAIN_FILES": settings.train_files}
     for name, value in given.items():

@@ -31,6 +31,7 @@ from pathlib import Path
 from recipe.cpu import vllm_cpu
 from recipe.launch import compose as composer
 from recipe.launch.overrides import Override, OverrideList
+from recipe.launch.ranks import check_rank_division
 from recipe.launch.recipes import REPO_ROOT, Recipe
 from recipe.launch.settings import Settings, gpus_on_this_node
 from recipe.launch.processes import LAUNCH_ID_ENV, kill_launch, kill_marked, new_launch_id, pids_with
@@ -174,6 +175,7 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     overrides.add([f"trainer.default_local_dir={ckpt}"], source="CKPT_DIR")
     cfg = composer.compose(recipe, overrides.as_list())
     _validate(recipe, settings, cfg, base)
+    check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
     # model, data, the checkpoint directory (a finished run, another config) and the disk, before the recipe's own
     checked = checks.check_launch(recipe, cfg, overrides=overrides, environ={**environ, **verl_env}, ckpt_dir=ckpt,
                                   pending=pending, resume_anyway=settings.resume_with_changes)
@@ -275,11 +277,13 @@ def _validate(recipe: Recipe, settings: Settings, cfg, base) -> None:
         raise ValueError(f"mandatory config values are not set: {missing} (pass them as hydra overrides)")
     model_preset = composer.select(cfg, "model_preset.name")
     for key, variable in ((recipe.model_key, "MODEL_PATH"), (recipe.train_key, "TRAIN_FILES")):
-        if composer.select(cfg, key) == composer.select(base, key):
+        value = composer.select(cfg, key)
+        if value is None or value == composer.select(base, key):  # unset (a model preset without a Hub id) or verl's
             hint = " or a +model=<preset>" if variable == "MODEL_PATH" and recipe.presets("model") else ""
             if variable == "MODEL_PATH" and model_preset is not None:  # a preset of a locally built model
                 hint = f" (+model={model_preset} names no Hub id: the model is built locally, see its preset file)"
-            raise ValueError(f"{key} is verl's placeholder {composer.select(cfg, key)!r}: set {variable}{hint}")
+            what = "unset" if value is None else f"verl's placeholder {value!r}"
+            raise ValueError(f"{key} is {what}: set {variable}{hint}")
     engine = composer.select(cfg, "actor_rollout_ref.rollout.name")
     if settings.device == "gpu" and engine in CPU_ONLY_ENGINES:
         source = f"+model={model_preset}" if model_preset is not None else "the config"

@@ -23,8 +23,8 @@ from omegaconf import OmegaConf, open_dict
 from verl.trainer.main_ppo import run_ppo
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
-from recipe.opsd.nonfinite import NonFiniteTrainingError
-from recipe.opsd.preflight import PreflightError
+from recipe.opsd.core.nonfinite import NonFiniteTrainingError
+from recipe.opsd.core.preflight import PreflightError
 from recipe.opsd.startup import PREFLIGHT_FAILED, StartupError, prepare_config, startup_checks, uses_reference_slot
 
 
@@ -40,7 +40,7 @@ class OPSDTaskRunner(BaseTaskRunner):
         from verl.workers.config import HFModelConfig
 
         from recipe.opsd.opsd_ray_trainer import RayOPSDTrainer
-        from recipe.opsd.teacher_worker import worker_class_for
+        from recipe.opsd.worker import worker_class_for
 
         print(f"OPSD TaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
         OmegaConf.resolve(config)

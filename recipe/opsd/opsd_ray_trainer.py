@@ -11,20 +11,20 @@ weight sync to the rollout servers, validation, checkpoints, logging -- is verl'
   between);
 - the teacher inputs travel with the actor batch; inside ``update_actor`` each worker runs the
   frozen teacher on its own rows and keeps its final hidden states at the response positions
-  (``teacher_worker.OPSDActorRolloutRefWorker.update_actor``; for ``advt:K`` the loss positions come
+  (``worker.OPSDActorRolloutRefWorker.update_actor``; for ``advt:K`` the loss positions come
   from the teacher's rank of each sampled token there), the other loss positions are selected here
   (``positions.select_positions``; ``he:Q`` / ``le:Q`` are ranked by the student entropy inside the
   actor's loss, see ``recipe.opsd.actor_loss``), and the actor is updated with
   ``recipe.opsd.actor_loss.opsd_loss``;
-- ``variant: purified``: a second teacher forward on the reference-only prompt
-  (``prompts.reference_only_messages``: the teacher prompt without the question) followed by the
-  same response ids gives ``reference_hidden``; ``variant: beta_opsd``: the step's teacher weight
-  (``variants.teacher_weight_schedule`` over ``trainer.total_training_steps``) goes to the actor.
+- what the objective asks for (``recipe.opsd.core.objectives``): a second teacher input on the
+  reference-only prompt (``prompts.reference_only_messages``: the teacher prompt without the
+  question, ``needs_reference_forward``) and the step's values (``step_values`` over
+  ``trainer.total_training_steps``, e.g. beta-OPSD's teacher weight) go to the actor.
 
 The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
-With ``opsd.objective.task_weight`` > 0 the trainer grades every rollout with the one grader and
+With ``opsd.loss.task_weight`` > 0 the trainer grades every rollout with the one grader and
 sends each response's GRPO group advantage to the actor (``_add_task_advantages``); with
-``opsd.objective.sft_weight`` > 0 it sends each row's student prompt + reference solution + EOS
+``opsd.loss.sft_weight`` > 0 it sends each row's student prompt + reference solution + EOS
 (``_add_sft_inputs``) for the SFT term (docs/core_math.md "Mixed objectives").
 """
 
@@ -53,27 +53,22 @@ from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from recipe.opsd.actor_loss import SFT_INPUT_FIELDS, SFT_INPUT_PREFIX, TASK_ADVANTAGES_KEY, TEACHER_WEIGHT_KEY
-from recipe.opsd.config import OPSDConfig
-from recipe.opsd.monitor import TrainingCollapseError, TrainingDynamicsMonitor
-from recipe.opsd import nonfinite
-from recipe.opsd.teacher_inputs import TeacherInputs
-from recipe.opsd.teacher_worker import (
-    OPSD_FORWARD_KEY,
+from recipe.opsd.actor_loss import SFT_INPUT_FIELDS, SFT_INPUT_PREFIX, STEP_VALUE_PREFIX, TASK_ADVANTAGES_KEY
+from recipe.opsd.core import nonfinite
+from recipe.opsd.core.config import OPSDConfig
+from recipe.opsd.core.inputs import TeacherInputs
+from recipe.opsd.core.monitor import TrainingCollapseError, TrainingDynamicsMonitor
+from recipe.opsd.engine import OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY
+from recipe.opsd.worker import (
     REFERENCE_INPUT_PREFIX,
-    RESPONSE_LENGTHS_KEY,
-    TEACHER_INPUT_FIELDS,
     TEACHER_FINGERPRINT_KEY,
+    TEACHER_INPUT_FIELDS,
     TEACHER_INPUT_PREFIX,
     TEACHER_TIME_METRIC,
 )
 
 # the collapse monitor's state, saved next to verl's data.pt in every global_step_<s>/ folder
 MONITOR_STATE_FILE = "opsd_monitor.json"
-# TEST ONLY (tests/e2e/test_opsd_faults_e2e.py): at this step's save, hang after the model shards are
-# written and before data.pt and latest_checkpointed_iteration.txt, so a test can kill the run there
-TEST_PAUSE_IN_SAVE_ENV = "OPSD_TEST_PAUSE_IN_SAVE_STEP"
-TEST_PAUSE_MARKER = "[opsd] TEST: model shards saved; pausing before data.pt and the tracker"
 
 
 class RayOPSDTrainer(RayPPOTrainer):
@@ -88,11 +83,12 @@ class RayOPSDTrainer(RayPPOTrainer):
         self.teacher_inputs = TeacherInputs.from_config(
             opsd_config, self.tokenizer, teacher_tokenizer=self._teacher_tokenizer()
         )
-        self.monitor = TrainingDynamicsMonitor(opsd_config.monitor) if opsd_config.monitor.enabled else None
-        self.sft_inputs = self._sft_inputs()  # None unless opsd.objective.sft_weight > 0
+        self.objective = opsd_config.loss.build_objective()
+        monitor = opsd_config.diagnostics.monitor
+        self.monitor = TrainingDynamicsMonitor(monitor) if monitor.enabled else None
+        self.sft_inputs = self._sft_inputs()  # None unless opsd.loss.sft_weight > 0
         # non-finite loss / gradient: updates skipped (engine), counted and stopped on (here)
-        self.nonfinite = nonfinite.NonFiniteGuard(opsd_config.max_consecutive_nonfinite)
-        self._nan_teacher_test_steps = nonfinite.nan_teacher_test_steps()  # TEST ONLY, empty in real runs
+        self.nonfinite = nonfinite.NonFiniteGuard(opsd_config.diagnostics.max_consecutive_nonfinite)
 
     # ------------------------------------------------------------------ teacher inputs
     def _teacher_tokenizer(self):
@@ -123,12 +119,12 @@ class RayOPSDTrainer(RayPPOTrainer):
     def _add_teacher_inputs(self, batch: DataProto) -> None:
         """Each row's teacher input -- its teacher prompt + the student's response ids, left/right
         padded (``TeacherInputs.spliced``) -- as ``opsd_teacher_*`` tensors of the actor batch
-        (Purified OPSD: also the reference-only ``opsd_reference_*``). The worker runs the teacher on
-        them next to the update (``OPSDActorRolloutRefWorker.update_actor``)."""
+        (objectives with a reference forward: also the reference-only ``opsd_reference_*``). The worker runs
+        the teacher on them next to the update (``OPSDActorRolloutRefWorker.update_actor``)."""
         responses_BR = batch.batch["responses"]
         response_attention_BR = batch.batch["attention_mask"][:, -responses_BR.shape[1]:]
         prefixes = {TEACHER_INPUT_PREFIX: False}
-        if self.opsd.loss.variant == "purified":
+        if self.objective.needs_reference_forward:
             prefixes[REFERENCE_INPUT_PREFIX] = True
         for prefix, reference_only in prefixes.items():
             spliced = self.teacher_inputs.spliced(
@@ -141,7 +137,7 @@ class RayOPSDTrainer(RayPPOTrainer):
     def _loss_positions(self, batch: DataProto) -> torch.Tensor:
         """The loss mask [B, R] the actor batch carries (``advt:K``: all response positions here; the
         worker replaces it with the teacher-rank selection after its teacher forward)."""
-        from recipe.opsd.positions import select_positions
+        from recipe.opsd.core.positions import select_positions
 
         response_mask_BT = batch.batch["response_mask"].bool()
         if self.opsd.loss.position_kind == "advt":
@@ -159,17 +155,9 @@ class RayOPSDTrainer(RayPPOTrainer):
             seed=int(self.config.data.get("seed", 0) or 0) * 100003 + self.global_steps,
         )
 
-    def _teacher_weight(self) -> float:
-        """beta-OPSD's teacher weight at this step (0-based step = global_steps - 1)."""
-        from recipe.opsd.variants import teacher_weight_schedule
-
-        params = self.opsd.loss.params
-        return teacher_weight_schedule(
-            self.global_steps - 1,
-            total_steps=int(self.total_training_steps),
-            start=params.teacher_weight_start,
-            end=params.teacher_weight_end,
-        )
+    def _step_values(self) -> dict[str, float]:
+        """The objective's values for this step (0-based step = global_steps - 1), e.g. beta-OPSD's teacher weight."""
+        return self.objective.step_values(step=self.global_steps - 1, total_steps=int(self.total_training_steps))
 
     def _update_opsd_actor(self, batch: DataProto, *, timing_raw: dict, **non_tensors) -> dict:
         batch.meta_info["temperature"] = self.opsd.loss.student_temperature
@@ -190,8 +178,6 @@ class RayOPSDTrainer(RayPPOTrainer):
             **{TEACHER_FINGERPRINT_KEY: bool(self.config.trainer.get("log_fingerprints", False))},
             **non_tensors,
         )
-        if self.global_steps in self._nan_teacher_test_steps:  # TEST ONLY (recipe.opsd.nonfinite)
-            tu.assign_non_tensor(batch_td, **{nonfinite.TEST_NAN_TEACHER_KEY: True})
         output = tu.get(self.actor_rollout_wg.update_actor(batch_td), "metrics")
         timing_raw["teacher"] = output.pop(TEACHER_TIME_METRIC)
         metrics = {}
@@ -204,21 +190,21 @@ class RayOPSDTrainer(RayPPOTrainer):
                 metrics[f"actor/{key}"] = value
         return reduce_metrics(metrics)
 
-    # ------------------------------------------------------------------ task reward (opsd.objective.task_weight)
+    # ------------------------------------------------------------------ task reward (opsd.loss.task_weight)
     def _add_task_advantages(self, batch: DataProto) -> dict:
         """Each response's GRPO advantage in its prompt's group (``objectives.group_advantages`` over verl's
         ``uid``) of the one grader's reward (``recipe.common.reward.compute_score`` on the response decoded as
         verl's reward managers decode it, against ``reward_model.ground_truth``), as ``opsd_task_advantages``
         [B] of the actor batch. Returns the step's reward metrics."""
         from recipe.common.reward import compute_score
-        from recipe.opsd.objectives import group_advantages
+        from recipe.opsd.core.objectives.terms import group_advantages
 
         lengths = batch.batch[RESPONSE_LENGTHS_KEY]
         texts = self.tokenizer.batch_decode(
             [ids[: int(n)] for ids, n in zip(batch.batch["responses"], lengths)], skip_special_tokens=True
         )
         if "reward_model" not in batch.non_tensor_batch:
-            raise ValueError("opsd.objective.task_weight > 0 grades the rollouts against the parquet's "
+            raise ValueError("opsd.loss.task_weight > 0 grades the rollouts against the parquet's "
                              "reward_model.ground_truth column, which this data set does not have")
         truths = [info["ground_truth"] for info in batch.non_tensor_batch["reward_model"]]
         rewards_B = torch.tensor([compute_score("", text, truth)["score"] for text, truth in zip(texts, truths)],
@@ -227,16 +213,16 @@ class RayOPSDTrainer(RayPPOTrainer):
         batch.batch[TASK_ADVANTAGES_KEY] = advantages_B
         return {"opsd/task_reward": rewards_B.mean().item(), "opsd/task_advantage_abs": advantages_B.abs().mean().item()}
 
-    # ------------------------------------------------------------------ SFT term (opsd.objective.sft_weight)
+    # ------------------------------------------------------------------ SFT term (opsd.loss.sft_weight)
     def _sft_inputs(self):
-        """``sft_inputs.SFTInputs`` of this run (student prompts as the rollouts', cap
-        ``opsd.objective.sft_max_length`` or ``data.max_response_length``); None with sft_weight 0."""
-        from recipe.opsd.sft_inputs import SFTInputs
+        """``inputs.SFTInputs`` of this run (student prompts as the rollouts', cap
+        ``opsd.loss.sft_max_length`` or ``data.max_response_length``); None with sft_weight 0."""
+        from recipe.opsd.core.inputs import SFTInputs
 
-        objective = self.opsd.objective
-        if objective.sft_weight <= 0:
+        loss = self.opsd.loss
+        if loss.sft_weight <= 0:
             return None
-        cap = objective.sft_max_length or int(self.config.data.max_response_length)
+        cap = loss.sft_max_length or int(self.config.data.max_response_length)
         return SFTInputs(student_prompt_ids=self.teacher_inputs.student_prompt_ids, tokenizer=self.tokenizer,
                          max_length=cap)
 
@@ -253,26 +239,20 @@ class RayOPSDTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------ step dumps
     def _dump_step(self, batch: DataProto) -> None:
-        """``opsd.dump_steps``: this step's rows as ``recipe.opsd.step_dump`` describes them."""
+        """``opsd.diagnostics.dump_steps``: this step's rows as ``recipe.opsd.core.step_dump`` describes them."""
         from dataclasses import asdict
 
-        from recipe.opsd import step_dump
+        from recipe.opsd.core import step_dump
 
-        responses_BR = batch.batch["responses"]
-        prompts_BP = batch.batch["prompts"]
-        attention_BT = batch.batch["attention_mask"]
-        lengths_B = batch.batch[RESPONSE_LENGTHS_KEY].tolist()
-        response_ids = step_dump.unpadded_rows(responses_BR, attention_BT[:, -responses_BR.shape[1]:])
-        rows = {
-            "prompt_ids": step_dump.unpadded_rows(prompts_BP, attention_BT[:, : prompts_BP.shape[1]]),
-            "response_ids": response_ids,
-            "loss_mask": [mask[: int(n)].tolist() for mask, n in zip(batch.batch["opsd_loss_mask"].bool(), lengths_B)],
-            "index": [info.get("index") for info in batch.non_tensor_batch["extra_info"]],
-        }
-        for prefix, key in ((TEACHER_INPUT_PREFIX, "teacher_prompt_ids"), (REFERENCE_INPUT_PREFIX, "reference_prompt_ids")):
-            if prefix + "input_ids" in batch.batch.keys():
-                full = step_dump.unpadded_rows(batch.batch[prefix + "input_ids"], batch.batch[prefix + "attention_mask"])
-                rows[key] = step_dump.split_teacher_inputs(full, response_ids, what=prefix.rstrip("_"))
+        inputs = {key: (batch.batch[prefix + "input_ids"], batch.batch[prefix + "attention_mask"])
+                  for prefix, key in ((TEACHER_INPUT_PREFIX, "teacher_prompt_ids"),
+                                      (REFERENCE_INPUT_PREFIX, "reference_prompt_ids"))
+                  if prefix + "input_ids" in batch.batch.keys()}
+        rows = step_dump.step_rows(
+            prompts_BP=batch.batch["prompts"], responses_BR=batch.batch["responses"],
+            attention_BT=batch.batch["attention_mask"], loss_mask_BR=batch.batch["opsd_loss_mask"],
+            extra_infos=batch.non_tensor_batch["extra_info"], teacher_inputs=inputs,
+        )
         step_dump.write_step_dump(
             step_dump.dump_path(self.config.trainer.default_local_dir, self.global_steps),
             step=self.global_steps, rows=rows, loss_config=asdict(self.opsd.loss),
@@ -319,22 +299,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             json.dump(self.nonfinite.state_dict(), handle)
         if self.opsd.teacher.kind == "ema":  # verl saves the actor only; the EMA teacher is state too
             self.actor_rollout_wg.save_ema_teacher(os.path.abspath(folder))
-        if os.environ.get(TEST_PAUSE_IN_SAVE_ENV) != str(self.global_steps):
-            super()._save_checkpoint()
-            return
-        save_shards = self.actor_rollout_wg.save_checkpoint  # TEST ONLY: hang between shards and tracker
-
-        def save_then_hang(*args, **kwargs):
-            result = save_shards(*args, **kwargs)
-            print(f"{TEST_PAUSE_MARKER} (step {self.global_steps})", flush=True)
-            time.sleep(3600)
-            return result
-
-        self.actor_rollout_wg.save_checkpoint = save_then_hang
-        try:
-            super()._save_checkpoint()
-        finally:
-            self.actor_rollout_wg.save_checkpoint = save_shards
+        super()._save_checkpoint()
 
     def _load_checkpoint(self):
         """verl's resume, plus the collapse monitor's window (so collapse detection is not silently
@@ -363,7 +328,7 @@ class RayOPSDTrainer(RayPPOTrainer):
             return result
         with open(path) as handle:
             self.monitor.load_state_dict(json.load(handle))
-        if self.monitor.should_stop and self.monitor.stop_signature not in self.opsd.monitor.stop_on:
+        if self.monitor.should_stop and self.monitor.stop_signature not in self.opsd.diagnostics.monitor.stop_on:
             # the signature that stopped the run is no longer a stop condition: the user chose to go on
             self.monitor.should_stop, self.monitor.stop_reason, self.monitor.stop_signature = False, None, None
         print(f"[opsd] collapse monitor resumed with {len(self.monitor.history)} logged steps")
@@ -375,49 +340,30 @@ class RayOPSDTrainer(RayPPOTrainer):
         ``preflight.GATE_ROWS`` training rows, each twice -- student prompt of the configured context with
         its teacher prompt (the trainer's ``TeacherInputs``), and the none control (student and teacher
         prompt of context ``none``, both in the student's mode) -- with the reference solution's first
-        ``opsd.preflight_positions`` tokens as the response, scored on the workers
+        ``opsd.diagnostics.preflight_positions`` tokens as the response, scored on the workers
         (``preflight_divergence``). Prints the table; raises ``PreflightError`` when the teacher has the
         student's weights and the none control is not 0. Returns the ``preflight/...`` metrics."""
-        from recipe.common.chat import render_ids, splice_teacher_inputs
-        from recipe.common.prompts import build_prompt_pair
-        from recipe.opsd import preflight
-        from recipe.opsd.teacher_worker import PREFLIGHT_ROW_KEY
+        from recipe.opsd.core import preflight
+        from recipe.opsd.worker import PREFLIGHT_ROW_KEY
 
         start = time.perf_counter()
         frame = getattr(self.train_dataset, "dataframe", None)
         if frame is None or len(frame) == 0 or "extra_info" not in frame.column_names:
             print("[opsd] preflight positions: skipped (the train dataset has no extra_info rows here)")
             return {}
-        opsd, tokenizer = self.opsd, self.tokenizer
+        opsd = self.opsd
         infos = [dict(frame[i]["extra_info"]) for i in range(min(preflight.GATE_ROWS, len(frame)))]
-        none_inputs = TeacherInputs(teacher_context="none", student_mode=opsd.student_mode,
-                                    teacher_mode=opsd.student_mode, teacher_max_prompt_length=1 << 30,
-                                    tokenizer=tokenizer)
-        student_prompts, teacher_prompts, responses = [], [], []
-        for context, inputs in ((opsd.teacher_context, self.teacher_inputs), ("none", none_inputs)):
-            for info in infos:
-                student_messages, _ = build_prompt_pair(context, info)
-                student_prompts.append(render_ids(student_messages, tokenizer, opsd.student_mode))
-                teacher_prompts.append(inputs.teacher_prompt_ids(info))
-                responses.append(preflight.control_response(info, tokenizer, tokens=opsd.preflight_positions))
-        pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        width = max(len(ids) for ids in responses)
-        responses_BR = torch.tensor([ids + [pad] * (width - len(ids)) for ids in responses])
-        response_mask_BR = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in responses])
-        # verl's layout (prompt left-padded, response right-padded) for both sides, each padded to its own
-        # longest prompt: the none rows sit behind more left padding on the teacher side (its context rows
-        # are longer), as teacher and student rows do in training
-        student = splice_teacher_inputs(student_prompts, responses_BR, response_mask_BR, pad_token_id=pad)
-        teacher = splice_teacher_inputs(teacher_prompts, responses_BR, response_mask_BR, pad_token_id=pad)
+        student, teacher, responses_BR, response_mask_BR = preflight.control_batch(
+            infos, teacher_inputs=self.teacher_inputs, tokens=opsd.diagnostics.preflight_positions)
         tensors = {field: student[f"{field}_BT"] for field in TEACHER_INPUT_FIELDS}
         tensors |= {TEACHER_INPUT_PREFIX + field: teacher[f"{field}_BT"] for field in TEACHER_INPUT_FIELDS}
         tensors |= {"responses": responses_BR, "response_mask": response_mask_BR,
-                    RESPONSE_LENGTHS_KEY: response_mask_BR.sum(-1), PREFLIGHT_ROW_KEY: torch.arange(len(responses))}
+                    RESPONSE_LENGTHS_KEY: response_mask_BR.sum(-1), PREFLIGHT_ROW_KEY: torch.arange(len(responses_BR))}
         values = self.actor_rollout_wg.preflight_divergence(tensors, opsd.loss.student_temperature)[0]
         loss = opsd.loss
         report = preflight.divergence_report(
-            values, mask_RK=response_mask_BR, is_none_R=[i >= len(infos) for i in range(len(responses))],
-            k=opsd.preflight_positions, teacher_context=opsd.teacher_context, teacher_kind=opsd.teacher.kind,
+            values, mask_RK=response_mask_BR, is_none_R=[i >= len(infos) for i in range(len(responses_BR))],
+            k=opsd.diagnostics.preflight_positions, teacher_context=opsd.teacher_context, teacher_kind=opsd.teacher.kind,
             weights_equal=preflight.teacher_is_student(opsd.teacher.kind, resumed=self.global_steps > 0),
             dtype=values["dtype"], seconds=time.perf_counter() - start,
             settings=(f"beta {loss.beta}, clip_tau {loss.clip_tau}, T_s {loss.student_temperature}, "
@@ -446,12 +392,12 @@ class RayOPSDTrainer(RayPPOTrainer):
         resumed_from_step = self.global_steps
         if self.monitor is not None and self.monitor.should_stop:
             print(f"[opsd] the collapse monitor stopped this run ({self.monitor.stop_reason}); not training further. "
-                  f"To continue anyway, rerun with that signature removed from opsd.monitor.stop_on "
-                  f"(now {list(self.opsd.monitor.stop_on)}).")
+                  f"To continue anyway, rerun with that signature removed from opsd.diagnostics.monitor.stop_on "
+                  f"(now {list(self.opsd.diagnostics.monitor.stop_on)}).")
             self._shutdown_dump_executor()
             return
-        # the pre-flight gate's model-level part (opsd.preflight): before the first rollout and update
-        preflight_metrics = self._preflight_divergence() if self.opsd.preflight else {}
+        # the pre-flight gate's model-level part (opsd.diagnostics.preflight): before the first rollout and update
+        preflight_metrics = self._preflight_divergence() if self.opsd.diagnostics.preflight else {}
         self.checkpoint_manager.update_weights(self.global_steps)
         current_epoch = self.global_steps // len(self.train_dataloader)
         SkipManager.init(self.config)
@@ -520,21 +466,21 @@ class RayOPSDTrainer(RayPPOTrainer):
                     self._check_student_prompts(batch)
                     self._add_teacher_inputs(batch)
                     batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
-                    if self.opsd.objective.task_weight > 0:  # the grader's GRPO advantage (opsd.objective)
+                    if self.opsd.loss.task_weight > 0:  # the grader's GRPO advantage
                         metrics.update(self._add_task_advantages(batch))
-                    if self.sft_inputs is not None:  # the SFT rows (opsd.objective.sft_weight)
+                    if self.sft_inputs is not None:  # the SFT rows (opsd.loss.sft_weight)
                         metrics.update(self._add_sft_inputs(batch))
-                    if self.opsd.dump_steps:
+                    if self.opsd.diagnostics.dump_steps:
                         self._dump_step(batch)
-                    variant_inputs = {}
-                    if self.opsd.loss.variant == "beta_opsd":
-                        variant_inputs[TEACHER_WEIGHT_KEY] = self._teacher_weight()
-                        metrics["opsd/teacher_weight"] = variant_inputs[TEACHER_WEIGHT_KEY]
+                    step_values = self._step_values()  # what the objective needs at this step
+                    metrics.update({f"opsd/{name}": value for name, value in step_values.items()})
 
                     # the teacher forward runs inside the update, on the workers (timing_s/teacher:
                     # its part of timing_s/update_actor)
                     with marked_timer("update_actor", timing_raw, color="red"):
-                        metrics.update(self._update_opsd_actor(batch, timing_raw=timing_raw, **variant_inputs))
+                        metrics.update(self._update_opsd_actor(
+                            batch, timing_raw=timing_raw,
+                            **{STEP_VALUE_PREFIX + name: value for name, value in step_values.items()}))
                     # a non-finite loss or gradient norm: the engine skipped the update; count, maybe stop
                     metrics.update(self.nonfinite.update(
                         step=self.global_steps, loss=metrics.get("actor/loss"), grad_norm=metrics.get("actor/grad_norm")

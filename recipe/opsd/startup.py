@@ -6,13 +6,13 @@ by the entry point (``recipe.opsd.main_opsd``) and by the launcher for every lau
 ``--dry-run`` (``recipe.launch.run.plan``), so a dry run fails on exactly what the launch would:
 
 1. the installed verl is the release the glue was written against (``check_verl_version``);
-2. the ``opsd:`` block (``recipe.opsd.config.OPSDConfig``) and verl's own ``validate_config``
+2. the ``opsd:`` block (``recipe.opsd.core.config.OPSDConfig``) and verl's own ``validate_config``
    (batch sizes that do not divide across the GPUs), settings that would bypass the OPSD forward,
    and the student's chat-template mode wired into verl's dataset (``prepare_config``);
 3. the model directory and the checkpoint a run would resume from, the teacher checkpoint (kind
    ``checkpoint``), the EMA teacher state of a resume (kind ``ema``), every row's reference solution
    (SFT term);
-4. the pre-flight gate's tokenizer-only part (``preflight_gate``; ``opsd.preflight=false`` skips it).
+4. the pre-flight gate's tokenizer-only part (``preflight_gate``; ``opsd.diagnostics.preflight=false`` skips it).
 
 Errors: ``ValueError`` for a config mistake (the message names the field), ``InputError`` for a
 file (named), ``PreflightError`` for a template / mode / EOS mismatch.
@@ -29,8 +29,8 @@ from omegaconf import open_dict
 
 from recipe.common.checkpoints import check_training_inputs, choose_resume_dir
 from recipe.common.cli import InputError
-from recipe.opsd.config import OPSDConfig
-from recipe.opsd.preflight import GATE_ROWS
+from recipe.opsd.core.config import OPSDConfig
+from recipe.opsd.core.preflight import GATE_ROWS
 
 
 @dataclass
@@ -52,7 +52,7 @@ class StartupError(ValueError):
         super().__init__(line)
 
 
-PREFLIGHT_FAILED = "[opsd] preflight failed (opsd.preflight=false skips this gate)"
+PREFLIGHT_FAILED = "[opsd] preflight failed (opsd.diagnostics.preflight=false skips this gate)"
 
 
 def startup_checks(config) -> Startup:
@@ -80,7 +80,7 @@ def startup_checks(config) -> Startup:
     except InputError as err:  # names the file and what is wrong with it
         raise StartupError(f"[opsd] {err}") from None
     line = None
-    if opsd.preflight:  # template / reasoning-mode / EOS mismatches
+    if opsd.diagnostics.preflight:  # template / reasoning-mode / EOS mismatches
         try:
             line = preflight_gate(config, opsd)
         except ValueError as err:  # PreflightError, or a row without a field its context needs
@@ -145,7 +145,7 @@ def prepare_config(config) -> OPSDConfig:
         raise ValueError(
             "actor_rollout_ref.model.use_fused_kernels must be False for OPSD: verl's fused kernels replace the "
             "model's forward, so the OPSD loss computed in place of the lm_head would never run (the OPSD loss is "
-            "already fused with the lm_head: recipe.opsd.losses.fused_linear_weighted_divergence)"
+            "already fused with the lm_head: recipe.opsd.core.losses.fused_linear_weighted_divergence)"
         )
     _validate_verl_config(config, use_reference_policy=uses_reference_slot(opsd, lora=lora_rank > 0))
     kwargs = dict(config.data.get("apply_chat_template_kwargs") or {})
@@ -153,7 +153,7 @@ def prepare_config(config) -> OPSDConfig:
     if "enable_thinking" in kwargs and (enable_thinking is None or bool(kwargs["enable_thinking"]) != enable_thinking):
         raise ValueError(
             f"data.apply_chat_template_kwargs.enable_thinking={kwargs['enable_thinking']} contradicts "
-            f"opsd.student_mode={opsd.student_mode!r} (null = the template's native mode, no switch); "
+            f"opsd.student_mode={opsd.student_mode!r} (native = the template's own mode, no switch); "
             "set only opsd.student_mode"
         )
     if enable_thinking is not None:
@@ -178,29 +178,24 @@ def prepare_config(config) -> OPSDConfig:
     return opsd
 
 
-# --- objectives (issue 22 item 2)
 def _check_objective(config, opsd: OPSDConfig) -> None:
-    """The task reward needs groups of rollouts; the sampled-token advantage's student log-prob is
+    """The task reward needs groups of rollouts; a policy-gradient objective's student log-prob is
     the update's own forward (the rollout policy only with one update per batch)."""
-    objective = opsd.objective
+    loss = opsd.loss
     n = int(config.actor_rollout_ref.rollout.n)
-    if objective.task_weight > 0 and n < 2:
+    if loss.task_weight > 0 and n < 2:
         raise ValueError(
-            f"opsd.objective.task_weight={objective.task_weight} needs actor_rollout_ref.rollout.n > 1 (the GRPO "
+            f"opsd.loss.task_weight={loss.task_weight} needs actor_rollout_ref.rollout.n > 1 (the GRPO "
             f"advantage compares the rollouts of one prompt; with n={n} it is 0), or set task_weight=0"
         )
     actor = config.actor_rollout_ref.actor
-    if objective.weights.needs_policy_gradient and (
-        actor.ppo_mini_batch_size != config.data.train_batch_size or actor.get("ppo_epochs", 1) != 1
-    ):
+    policy_gradient = loss.build_objective().uses_policy_gradient or loss.task_weight > 0
+    if policy_gradient and (actor.ppo_mini_batch_size != config.data.train_batch_size or actor.get("ppo_epochs", 1) != 1):
         print(
             "[opsd] note: the policy-gradient objective takes pS_old from each update's own forward; with several "
             "updates per batch (ppo_mini_batch_size < train_batch_size or ppo_epochs > 1) later updates use the "
             "partly updated student (verl's use_policy_gradient does the same), not the rollout policy"
         )
-
-
-# --- pre-flight gate (issue 22 item 3)
 
 
 def preflight_gate(config, opsd: OPSDConfig) -> str:
@@ -213,7 +208,7 @@ def preflight_gate(config, opsd: OPSDConfig) -> str:
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer, GenerationConfig
 
-    from recipe.opsd.preflight import run_preflight
+    from recipe.opsd.core.preflight import run_preflight
 
     model = config.actor_rollout_ref.model
     files = config.data.train_files
@@ -250,14 +245,14 @@ def uses_reference_slot(opsd: OPSDConfig, *, lora: bool) -> bool:
     """Whether the teacher is a second copy in verl's reference slot (``Role.ActorRolloutRef``):
     not for ``live`` (the actor module itself) nor for a LoRA ``frozen_initial`` teacher (the actor
     with its adapters disabled)."""
-    from recipe.opsd.teacher_kinds import SECOND_COPY_KINDS
+    from recipe.opsd.core.teacher_kinds import SECOND_COPY_KINDS
 
     return opsd.teacher.kind in SECOND_COPY_KINDS and not (lora and opsd.teacher.kind == "frozen_initial")
 
 
 def _check_teacher_kind(config, opsd: OPSDConfig, *, lora: bool) -> None:
     """Teacher-kind settings that cannot work, and the zero-loss setting, before Ray starts."""
-    from recipe.opsd.teacher_kinds import zero_loss_reason
+    from recipe.opsd.core.teacher_kinds import zero_loss_reason
 
     teacher = opsd.teacher
     if lora and teacher.kind in ("checkpoint", "ema"):
@@ -293,7 +288,7 @@ def check_teacher_checkpoint(opsd: OPSDConfig, *, student_path: str) -> None:
         return
     from recipe.common.checkpoints import check_model_dir, check_same_model
     from recipe.common.heads import local_checkpoint_dir
-    from recipe.opsd.teacher_kinds import TEACHER_SAME_KEYS
+    from recipe.opsd.core.teacher_kinds import TEACHER_SAME_KEYS
 
     dirs = []
     for path in (student_path, opsd.teacher.path):
@@ -312,7 +307,7 @@ def check_ema_resume(opsd: OPSDConfig, *, resume_dir) -> None:
     one from another teacher kind would silently restart the teacher from the initial model."""
     if opsd.teacher.kind != "ema" or resume_dir is None:
         return
-    from recipe.opsd.teacher_kinds import EMA_TEACHER_DIR
+    from recipe.opsd.core.teacher_kinds import EMA_TEACHER_DIR
 
     if not os.path.isdir(os.path.join(resume_dir, EMA_TEACHER_DIR)):
         raise InputError(
@@ -321,16 +316,15 @@ def check_ema_resume(opsd: OPSDConfig, *, resume_dir) -> None:
         )
 
 
-
 def check_sft_solutions(opsd: OPSDConfig, *, train_files) -> None:
-    """opsd.objective.sft_weight > 0: every row of the train parquet(s) has a non-empty
+    """opsd.loss.sft_weight > 0: every row of the train parquet(s) has a non-empty
     ``extra_info.solution`` (the SFT target), before Ray starts; the first row without one is named.
     A file the driver cannot read here (remote) is left to the trainer, which names the row too."""
-    if opsd.objective.sft_weight <= 0:
+    if opsd.loss.sft_weight <= 0:
         return
     import pyarrow.parquet as pq
 
-    from recipe.opsd.sft_inputs import SOLUTION_FIELD
+    from recipe.opsd.core.inputs import SOLUTION_FIELD
 
     for path in [train_files] if isinstance(train_files, str) else list(train_files):
         try:
@@ -342,9 +336,9 @@ def check_sft_solutions(opsd: OPSDConfig, *, train_files) -> None:
             if not isinstance(text, str) or not text.strip():
                 raise InputError(
                     f"row {number} has no non-empty extra_info.{SOLUTION_FIELD}, the target of the SFT term "
-                    f"(opsd.objective.sft_weight={opsd.objective.sft_weight})",
+                    f"(opsd.loss.sft_weight={opsd.loss.sft_weight})",
                     file=path, row=str((info or {}).get("id", number)),
-                    hint="use a data set whose every row has a reference solution, or set opsd.objective.sft_weight=0",
+                    hint="use a data set whose every row has a reference solution, or set opsd.loss.sft_weight=0",
                 )
 
 

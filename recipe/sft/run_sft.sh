@@ -4,9 +4,10 @@
 # your hydra overrides (each key once), prints the effective settings and starts
 # torchrun -m verl.trainer.sft_trainer (one process per GPU, one node).
 #
-#   bash recipe/sft/run_sft.sh                            # CPU: 3-step smoke run on a random tiny model
+#   bash recipe/sft/run_sft.sh                            # CPU: the tiny demo, 3 SFT steps on a random tiny model, ~1 min
 #   MODEL_PATH=/models/Qwen3-4B-Base TRAIN_FILES=/data/omr_cot_sft.parquet NGPUS=8 bash recipe/sft/run_sft.sh
-#   DEVICE=gpu bash recipe/sft/run_sft.sh --dry-run
+#   python -m recipe.toy.demo --out-dir tiny              # toy conversations as a messages parquet (tiny/sft.parquet)
+#   DEVICE=gpu MODEL_PATH=Qwen/Qwen3-4B-Base TRAIN_FILES=tiny/sft.parquet bash recipe/sft/run_sft.sh --dry-run  # config only
 #
 # TRAIN_FILES is a parquet with a `messages` column (python -m data_prep.sft). Merge a checkpoint
 # to HF format: bash scripts/merge_checkpoint.sh $CKPT_DIR <out>. Environment: docs/launch.md.

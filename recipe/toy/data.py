@@ -11,6 +11,8 @@
   ``data_prep.sft.sft_messages``'s (the reference solution), rendered without reasoning: in the
   Qwen3 template an assistant turn with no reasoning carries the empty ``<think>`` block, the
   same tokens as the no-think generation prompt, so the SFT model answers in no-think mode.
+- ``conversation_length(messages, tokenizer, ...)``: tokens of one SFT conversation (the caps check
+  of the demos, ``recipe.toy.demo.check_demo_rows``).
 - ``heldout_jsonl_rows(records)``: ``{id, problem, answer}`` rows for ``recipe.evaluation.harness``.
 - ``prompt_phrases()``: the fixed texts of every toy prompt (the paper's wording between the
   record fields), which the toy tokenizer holds as single tokens.
@@ -28,7 +30,7 @@ from data_prep.sft import sft_messages
 from recipe.common.prompts import build_prompt_pair, eval_messages, student_messages, teacher_messages
 from recipe.toy.task import DATA_SOURCE
 
-# User-turn kinds of the SFT mix and the prototype's shares (issue 6: 50% problem-only, 35% full
+# User-turn kinds of the SFT mix and their shares (50% problem-only, 35% full
 # solution, 15% answer only); the problem-only half is split between the training and the
 # evaluation wording of the student prompt.
 SFT_KINDS = ("problem", "eval", "full_solution", "answer_only")
@@ -81,6 +83,15 @@ def sft_rows(records: Sequence[Mapping], *, mix: Mapping[str, float] = DEFAULT_S
             }
         )
     return rows
+
+
+def conversation_length(messages: Sequence[Mapping], tokenizer, *, enable_thinking: bool | None) -> int:
+    """Tokens of a whole SFT conversation as verl's SFT dataset counts them (the chat template without a
+    generation prompt; ``enable_thinking`` None: the template's default)."""
+    kwargs = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+    text = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=False,
+                                         **kwargs)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def heldout_jsonl_rows(records: Sequence[Mapping]) -> list[dict[str, str]]:

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipe.common.prompts import BOXED_INSTRUCTION, teacher_messages
-from recipe.toy.data import DEFAULT_SFT_MIX, check_mix, heldout_jsonl_rows, prompt_phrases, rl_rows, sft_rows
+from recipe.toy.data import (DEFAULT_SFT_MIX, check_mix, conversation_length, heldout_jsonl_rows, prompt_phrases, rl_rows,
+                             sft_rows)
 from recipe.toy.task import TaskConfig, make_records
 
 # Bump when the build procedure changes in a way the config does not capture.
@@ -163,10 +164,13 @@ def cpu_sft_overrides(*, batch_size: int, max_length: int, lr: float, steps: int
     ]
 
 
+# Token cap of the toy student's SFT rows (data.max_length); build_student checks every row against it.
+SFT_MAX_LENGTH = 1024
+
+
 def sft_overrides(config: StudentConfig) -> list[str]:
-    """verl SFT overrides of the toy student's SFT run. Longest toy row (full-solution prompt + answer): ~750
-    character tokens, so 1,024-token rows."""
-    return cpu_sft_overrides(batch_size=config.sft_batch_size, max_length=1024, lr=config.sft_lr,
+    """verl SFT overrides of the toy student's SFT run (rows of at most ``SFT_MAX_LENGTH`` tokens)."""
+    return cpu_sft_overrides(batch_size=config.sft_batch_size, max_length=SFT_MAX_LENGTH, lr=config.sft_lr,
                              steps=config.sft_steps, seed=config.model_seed, experiment_name="toy_student_sft")
 
 
@@ -204,6 +208,20 @@ def sft_and_merge(*, init: Path, sft_file: Path, root: Path, overrides: list[str
     return times
 
 
+def check_sft_rows(sft_file: Path, tokenizer_dir: Path, *, max_length: int = SFT_MAX_LENGTH) -> int:
+    """The longest SFT conversation of ``sft_file`` in tokens of ``tokenizer_dir`` (as verl's SFT dataset
+    renders it, thinking mode: the SFT yaml's default); ValueError if it exceeds ``max_length``."""
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    longest = max(conversation_length(m, tokenizer, enable_thinking=True) for m in pd.read_parquet(sft_file)["messages"])
+    if longest > max_length:
+        raise ValueError(f"{sft_file} has a row of {longest} tokens > the toy student's SFT cap data.max_length="
+                         f"{max_length} (recipe.toy.student.SFT_MAX_LENGTH): raise it to >= {longest}")
+    return longest
+
+
 def build_student(config: StudentConfig = StudentConfig(), *, cache: str | os.PathLike, log=print) -> Path:
     """Build (or reuse) the toy student under ``cache``; return its directory (see the module docstring).
 
@@ -224,6 +242,7 @@ def build_student(config: StudentConfig = StudentConfig(), *, cache: str | os.Pa
                          num_kv_heads=config.num_kv_heads, intermediate_size=config.intermediate_size,
                          phrases=prompt_phrases() if config.phrase_tokens else (), overwrite=True)
     times["data_and_init_s"] = round(time.time() - start, 1)
+    check_sft_rows(root / "data" / "sft.parquet", root / "init")
     if not (root / "student" / "config.json").is_file():
         log(f"[toy student] building the toy student once (cached in {root}): SFT {config.sft_steps} steps x "
             f"{config.sft_batch_size} rows with verl's SFT trainer on the CPU (~3 min on 2 cores); log {root / 'sft.log'}")

@@ -8,7 +8,7 @@ import torch
 
 from recipe.analysis import signal_analysis as sa
 from recipe.common import chat, prompts
-from recipe.opsd import signals
+from recipe.opsd.core import signals
 
 
 CONDITIONS = ("full_solution:think", "answer_only:no_think", "none:think")

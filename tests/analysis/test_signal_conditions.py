@@ -12,7 +12,7 @@ import yaml
 
 from recipe.analysis import signal_analysis as sa
 from recipe.common import chat, prompts
-from recipe.opsd import signals
+from recipe.opsd.core import signals
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # A ChatML template without an enable_thinking switch (SmolLM2's shape).
@@ -52,7 +52,6 @@ def test_condition_syntax_native_and_caps():
     capped = sa.Condition.parse("full_solution:think@1024")
     assert (capped.context, capped.mode, capped.prompt_cap, capped.name) == ("full_solution", "think", 1024,
                                                                             "full_solution:think@1024")
-    assert sa.chat_mode("native") is None and sa.chat_mode("think") == "think"
     with pytest.raises(ValueError, match="context:mode"):
         sa.Condition.parse("full_solution")
     with pytest.raises(ValueError, match="answer_only.*has none to truncate"):
@@ -69,9 +68,9 @@ def test_native_mode_renders_the_template_default(tiny, native_tokenizer):
     items, _ = sa.build_prompt_items(rows, native_tokenizer, config=config)
     for item in items:
         record = rows[item.row]
-        assert item.student_ids == chat.render_ids(record["prompt"], native_tokenizer, None)
+        assert item.student_ids == chat.render_ids(record["prompt"], native_tokenizer, "native")
         _, teacher = prompts.build_prompt_pair("full_solution", record["extra_info"])
-        assert item.teacher_ids["full_solution:native"] == chat.render_ids(teacher, native_tokenizer, None)
+        assert item.teacher_ids["full_solution:native"] == chat.render_ids(teacher, native_tokenizer, "native")
         assert item.teacher_ids["none:native"] == item.student_ids
 
 
@@ -84,11 +83,11 @@ def test_a_mode_the_template_cannot_render_is_refused(tiny, native_tokenizer, st
 
 
 def test_native_mode_on_a_switch_template_is_the_template_default(tiny):
-    """native on Qwen3's template = its default (thinking): the same ids as chat mode None."""
+    """native on Qwen3's template = its default (thinking): nothing passed to the template."""
     _, tokenizer, rows, _, _ = tiny
     config = sa.SignalAnalysisConfig(num_prompts=1, student_mode="native", conditions=("answer_only:native",))
     (item,), _ = sa.build_prompt_items(rows, tokenizer, config=config)
-    assert item.student_ids == chat.render_ids(rows[item.row]["prompt"], tokenizer, None)
+    assert item.student_ids == chat.render_ids(rows[item.row]["prompt"], tokenizer, "native")
 
 
 # ---------------------------------------------------------------------------- prompt caps

@@ -50,7 +50,7 @@ def test_render_modes_exact_strings(tok):
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     )
     # template default (nothing passed) is thinking on
-    assert render(USER, tok, None) == render(USER, tok, "think")
+    assert render(USER, tok, "native") == render(USER, tok, "think")
     system = [{"role": "system", "content": "S"}] + USER
     assert render(system, tok, "think") == "<|im_start|>system\nS<|im_end|>\n" + render(USER, tok, "think")
 
@@ -65,7 +65,7 @@ def test_render_student_and_teacher_in_independent_modes(tok):
 
 
 def test_render_ids_is_tokenized_render_and_specials_are_single_tokens(tok):
-    for mode in ("think", "no_think", None):
+    for mode in ("think", "no_think", "native"):
         ids = render_ids(USER, tok, mode)
         assert ids == tok(render(USER, tok, mode), add_special_tokens=False)["input_ids"]
     ids = render_ids(USER, tok, "no_think")
@@ -88,7 +88,7 @@ def test_render_ids_matches_verl_agent_loop_prompt_ids(tok):
 
 def test_error_when_mode_asked_and_template_has_no_switch():
     plain = make_tokenizer(PLAIN_CHATML)
-    assert render(USER, plain, None) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert render(USER, plain, "native") == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     for mode in ("think", "no_think"):
         with pytest.raises(ValueError, match="no enable_thinking switch"):
             render(USER, plain, mode)

@@ -1,4 +1,4 @@
-"""Fuzz test of the grader (issue 21 item 6): random inputs from threads and processes, bounded in count and time.
+"""Fuzz test of the grader: random inputs from threads and processes, bounded in count and time.
 
 ``fuzz_cases(seed, count)`` draws ``(response, gold, mode)`` triples from: random LaTeX
 (fractions, roots, powers, braces, escaped braces, ``\\boxed`` / ``\\fbox`` in every form,

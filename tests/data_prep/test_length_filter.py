@@ -146,8 +146,8 @@ def test_cli_native_mode_for_a_template_without_switch(tmp_path, tokenizer_dir, 
     kept = json.loads((tmp_path / "out.summary.json").read_text())["kept_prompt_tokens"]
     native_tok = length_filter.load_tokenizer(str(tokenizer_dir), template)
     student, teacher = build_prompt_pair("full_solution", record(0))
-    assert kept["student"]["max"] == len(render_ids(student, native_tok, None))
-    assert kept["full_solution"]["max"] == len(render_ids(teacher, native_tok, None))
+    assert kept["student"]["max"] == len(render_ids(student, native_tok, "native"))
+    assert kept["full_solution"]["max"] == len(render_ids(teacher, native_tok, "native"))
     with pytest.raises(ValueError, match="no enable_thinking switch"):
         length_filter.main([*common, "--student-mode", "native", "--teacher-mode", "think", "--out", str(tmp_path / "b.parquet")])
 

@@ -21,7 +21,7 @@ needs a configuration no launch has. The 1-rank launches run two at a time (``in
   full-parameter run's step 1; the checkpoint's base weights are bit-identical to the initial
   ones; the rollout serves bf16 of the merged adapters); the collapse monitor stops the run after
   step 2 and a checkpoint (with the monitor's state) is saved there.
-- ``+experiment=objective_sampled_token_task`` + ``opsd.objective.sft_weight=0.1``, 1 step: the
+- ``+experiment=objective_sampled_token_task`` + ``opsd.loss.sft_weight=0.1``, 1 step: the
   sampled-token surrogate with the grader's GRPO advantage and the SFT term on the reference
   solutions (a second student forward on the workers) trains through the real trainer.
 - teacher kinds, 2 steps each: ``ema`` with decay 1 is the frozen initial model, ``live`` is the
@@ -148,7 +148,7 @@ def _hub_cache(model_dir, hf_home):
 def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_run_env, tiny_initial_state, tiny_model_dir,
                              tiny_data, tmp_path):
     """Also: the model is given by a Hub id (``MODEL_PATH=org/name``, as on GPU clusters) that
-    resolves offline from a local Hugging Face cache, sharded (issue 17a)."""
+    resolves offline from a local Hugging Face cache, sharded."""
     ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
     env = tiny_run_env(ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
     env |= {"MODEL_PATH": HUB_ID, "HF_HOME": str(_hub_cache(tiny_model_dir, tmp_path / "hf_home")),
@@ -217,7 +217,7 @@ RESUME_ARGS = [
     "trainer.save_freq=1",
     "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
 ] + [  # a 1-step early window and a 1-step recent window: the monitor compares step s with step 1
-    "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
+    "+opsd.diagnostics.monitor.early_start=1", "+opsd.diagnostics.monitor.early_end=1", "+opsd.diagnostics.monitor.recent_window=1",
 ]
 
 
@@ -327,9 +327,9 @@ def _bf16(state):
 # ------------------------------------------------------------------ independent launches
 # 1 rank each, none reads another's files: run two at a time (CI budget: a launch keeps ~1 core busy),
 # the one-rank pair (two dependent launches) in one slot.
-# also (folded in): opsd.preflight=false skips both parts of the pre-flight gate
-SAMPLED_TOKEN_ARGS = ["+experiment=objective_sampled_token_task", "opsd.objective.sft_weight=0.1",
-                      "data.train_batch_size=2", "trainer.save_freq=-1", "opsd.preflight=false"]
+# also (folded in): opsd.diagnostics.preflight=false skips both parts of the pre-flight gate
+SAMPLED_TOKEN_ARGS = ["+experiment=objective_sampled_token_task", "opsd.loss.sft_weight=0.1",
+                      "data.train_batch_size=2", "trainer.save_freq=-1", "opsd.diagnostics.preflight=false"]
 # The checkpoint teacher: a larger model with the student's tokenizer (hidden 128 vs 64, another seed).
 CHECKPOINT_TEACHER = {"seed": 1, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
 
@@ -370,8 +370,8 @@ LORA_ARGS = [
     # saved although no save_freq step or last step was reached. The "length" role is pointed at
     # the step counter, so the signature fires at step 2 (2 / 1 >= length_ratio_threshold 1.5).
     "trainer.save_freq=5",
-    "+opsd.monitor.early_start=1", "+opsd.monitor.early_end=1", "+opsd.monitor.recent_window=1",
-    "+opsd.monitor.metric_keys.length=training/global_step", "+opsd.monitor.stop_on=[length]",
+    "+opsd.diagnostics.monitor.early_start=1", "+opsd.diagnostics.monitor.early_end=1", "+opsd.diagnostics.monitor.recent_window=1",
+    "+opsd.diagnostics.monitor.metric_keys.length=training/global_step", "+opsd.diagnostics.monitor.stop_on=[length]",
 ]
 
 
@@ -457,7 +457,7 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_run_env, tmp
 
 
 def test_sampled_token_objective_with_task_reward_one_step(independent_runs):
-    """opsd.objective through the real trainer: the sampled-token surrogate with the grader's GRPO group
+    """opsd.loss.objective through the real trainer: the sampled-token surrogate with the grader's GRPO group
     advantage (2 prompts x 4 rollouts, one step): the trainer grades, the workers get the advantages; with
     an SFT term (folded into this launch): the workers run the student on prompt + reference solution."""
     run, _, _ = independent_runs["sampled_token"]
@@ -484,7 +484,7 @@ def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, 
         timeout=120,
     )
     assert run.returncode != 0, run.tail()
-    assert "[opsd] preflight failed (opsd.preflight=false skips this gate): row 0" in run.log, run.tail()
+    assert "[opsd] preflight failed (opsd.diagnostics.preflight=false skips this gate): row 0" in run.log, run.tail()
     assert "+Write a concise solution" in run.log, run.tail()
     assert "Traceback" not in run.log, run.tail()
     assert "Started a local Ray instance" not in run.log, run.tail()

@@ -1,11 +1,11 @@
 """OPSD under faults, end to end on the CPU (``bash recipe/opsd/run_opsd.sh``, tiny model, 1 rank).
 
 One launch pair (the CI budget: each launch costs ~1 min of start-up), both faults in it, the same
-command twice: 6 steps, a checkpoint every 2, ``opsd.dump_steps=true``, fingerprints logged,
-``opsd.max_consecutive_nonfinite=2`` and NaN teacher hidden states at steps 4 and 5 (the test-only
+command twice: 6 steps, a checkpoint every 2, ``opsd.diagnostics.dump_steps=true``, fingerprints logged,
+``opsd.diagnostics.max_consecutive_nonfinite=2`` and NaN teacher hidden states at steps 4 and 5 (the test-only
 ``OPSD_TEST_NAN_TEACHER_STEPS``).
 
-- kill -9 during a checkpoint save (issue 21 item 3) and step dumps (issue 22 item 5): every
+- kill -9 during a checkpoint save and step dumps: every
   process of the first launch (launcher, trainer, Ray daemons and workers) is SIGKILLed at once
   inside the step-4 save, after the model shards and before data.pt and the tracker (the test-only
   ``OPSD_TEST_PAUSE_IN_SAVE_STEP``). The same command again resumes from the step-2 save,
@@ -14,7 +14,7 @@ command twice: 6 steps, a checkpoint every 2, ``opsd.dump_steps=true``, fingerpr
   steps 1 (first launch) and 3 (second launch) re-scored on the CPU by ``recipe.analysis.replay``
   give the logged ``opsd/*`` diagnostics of those steps. The frozen teacher has the same
   fingerprint at every step of both launches.
-- non-finite teacher (issue 21 item 2), in the second launch: the updates of steps 4 and 5 are
+- non-finite teacher, in the second launch: the updates of steps 4 and 5 are
   skipped and counted, the run stops at step 5 (not a save step) with exit code 3 and one line
   naming the step, and the checkpoints of steps 4 and 5 hold exactly the step-3 weights.
 """
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from recipe.common.checkpoints import check_resumable
 from recipe.launch.processes import kill_marked
-from recipe.opsd.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC, TEST_NAN_TEACHER_ENV
+from recipe.opsd.core.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC, TEST_NAN_TEACHER_ENV
 from recipe.opsd.opsd_ray_trainer import TEST_PAUSE_IN_SAVE_ENV, TEST_PAUSE_MARKER
 
 pytestmark = pytest.mark.e2e
@@ -64,8 +64,8 @@ def _finite(value):
     return value is not None and math.isfinite(value)
 
 
-KILL_ARGS = ["trainer.save_freq=2", "opsd.dump_steps=true", "trainer.log_fingerprints=true",
-             "opsd.max_consecutive_nonfinite=2"]
+KILL_ARGS = ["trainer.save_freq=2", "opsd.diagnostics.dump_steps=true", "trainer.log_fingerprints=true",
+             "opsd.diagnostics.max_consecutive_nonfinite=2"]
 STEPS = 6  # never reached: the guard stops the second launch at step 5
 NAN_TEACHER_STEPS = "4,5"
 
@@ -134,7 +134,7 @@ def killed_and_resumed(run_cpu_verl, tiny_run_env, tmp_path_factory):
 
 def test_kill_during_save_resumes_from_the_last_whole_save(killed_and_resumed, fsdp_state_dict, tiny_model_dir):
     from recipe.analysis.replay import rescore_step
-    from recipe.opsd.step_dump import dump_path, read_step_dump
+    from recipe.opsd.core.step_dump import dump_path, read_step_dump
 
     ckpt, first, first_log, second = killed_and_resumed
     # exit 3: the non-finite guard's stop at step 5 (test_nonfinite_teacher_skips_updates_and_stops)

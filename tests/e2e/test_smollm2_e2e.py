@@ -52,7 +52,7 @@ def test_smollm2_format_sft_then_two_opsd_steps_and_the_analysis_cli_reads_the_r
     env = {"DEVICE": "cpu", "MODEL_PATH": str(student), "TRAIN_FILES": str(data["train"]),
            "CKPT_DIR": str(ckpt), "STEPS": "2"}
     # the template has no enable_thinking switch: native (null) modes; the default think is refused before Ray
-    run = run_cpu_verl(SCRIPT, ["opsd.student_mode=null", "opsd.teacher_mode=null"], workdir=tmp_path / "train",
+    run = run_cpu_verl(SCRIPT, ["opsd.student_mode=native", "opsd.teacher_mode=native"], workdir=tmp_path / "train",
                        env=env, script=True, timeout=420)
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()

@@ -82,18 +82,18 @@ def test_eval_choice_and_steps():
     cfg.sweep.eval_every = 40
     with pytest.raises(ValueError, match="not checkpoint steps"):
         sweep.eval_steps(cfg)
-    cfg.opsd.student_mode = None
+    cfg.opsd.student_mode = "native"
     with pytest.raises(ValueError, match="no evaluation preset for mode 'native'"):
         sweep.eval_choice(cfg)
     assert sweep.decoding_for("qwen35_4b", "no_think").mode == "no_think"
 
 
 def test_eval_choice_of_a_model_without_thinking_switch():
-    """SmolLM2's preset: null modes on both sides, evaluated natively with its CPU decoding preset."""
+    """SmolLM2's preset: native modes on both sides, evaluated natively with its CPU decoding preset."""
     cfg = sweep.compose(["+model=smollm2_135m", "+experiment=[default]", "actor_rollout_ref.model.path=/m/smollm2"])
-    assert (cfg.opsd.student_mode, cfg.opsd.teacher_mode) == (None, None)
-    assert sweep.eval_choice(cfg) == ("native", "smollm2_cpu", None)
-    assert sweep.decoding_for("smollm2_cpu", None).mode is None
+    assert (cfg.opsd.student_mode, cfg.opsd.teacher_mode) == ("native", "native")
+    assert sweep.eval_choice(cfg) == ("native", "smollm2_cpu", "native")
+    assert sweep.decoding_for("smollm2_cpu", "native").mode == "native"
 
 
 def _results(n, avg, pas, length):

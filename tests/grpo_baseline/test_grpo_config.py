@@ -55,7 +55,7 @@ def test_released_grpo_changes_only_the_run_size():
 
 
 def test_grpo_runs_on_the_opsd_recipes_trainer():
-    """Issue 19: both recipes on verl's legacy RayPPOTrainer (OPSD refuses use_v1=true), so a compute
+    """Both recipes on verl's legacy RayPPOTrainer (OPSD refuses use_v1=true), so a compute
     comparison compares algorithms, not trainers; every preset keeps it."""
     for overrides in ([], ["+experiment=released_grpo"], ["+demo=tiny"], ["+demo=toy"]):
         assert grpo_config(overrides).trainer.use_v1 is False, overrides

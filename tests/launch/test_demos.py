@@ -115,3 +115,27 @@ def test_dry_run_says_when_model_path_replaces_the_demo_model(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"[launch] MODEL_PATH={model} replaces what the demo would build" in proc.stdout
     assert "[launch] TRAIN_FILES=" not in proc.stdout
+
+
+def test_sft_runs_the_tiny_demo_by_default_and_an_absent_demo_stops_before_building(tmp_path):
+    """SFT has no toy preset: without CPU_DEMO it runs the tiny demo; CPU_DEMO=toy is refused before the
+    toy student (minutes of SFT) is built."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "cpu",
+           "OPSD_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(["bash", "recipe/sft/run_sft.sh", "--dry-run"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "CPU demo tiny" in proc.stdout and "experiment_name: sft_cpu_tiny" in proc.stdout
+    proc = subprocess.run(["bash", "recipe/sft/run_sft.sh"], cwd=REPO_ROOT, env={**env, "CPU_DEMO": "toy"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == \
+        "[launch] error: the sft recipe has no CPU demo 'toy' (CPU_DEMO: one of ['tiny'])", proc.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_tiny_run_on_two_ranks_keeps_its_own_checkpoints(tmp_path):
+    """verl's FSDP checkpoints are per world size: the 2-rank run must not resume the 1-rank run's checkpoint."""
+    one, _ = cpu_plan("grpo", "tiny", tmp_path)
+    two, _ = cpu_plan("grpo", "tiny", tmp_path, cpu_num_ranks=2)
+    assert two.ckpt_dir == tmp_path / "checkpoints" / "grpo" / "tiny_2_ranks" != one.ckpt_dir
+    assert two.config.trainer.n_gpus_per_node == 2

@@ -86,21 +86,21 @@ def expected_opsd(model: str, experiment: str) -> dict:
 @pytest.mark.parametrize("experiment, kind, task_weight, n, sft_weight", [
     ("objective_sampled_token", "sampled_token", 0.0, 1, 0.0),
     ("objective_sampled_token_task", "sampled_token", 0.1, 4, 0.0),
-    ("objective_divergence_task", "full_vocabulary", 0.1, 4, 0.0),
-    ("objective_sft", "full_vocabulary", 0.0, 1, 0.1),
+    ("objective_divergence_task", "divergence", 0.1, 4, 0.0),
+    ("objective_sft", "divergence", 0.0, 1, 0.1),
 ])
 def test_objective_presets_reach_the_final_config_and_validate(experiment, kind, task_weight, n, sft_weight):
     from recipe.opsd.startup import prepare_config
 
     launch = gpu_plan(OPSD, ["+model=qwen3_1p7b", f"+experiment={experiment}"])
-    assert_reaches(launch.config, {"opsd.objective.kind": kind, "opsd.objective.task_weight": task_weight,
-                                   "actor_rollout_ref.rollout.n": n, "opsd.objective.sft_weight": sft_weight})
+    assert_reaches(launch.config, {"opsd.loss.objective": kind, "opsd.loss.task_weight": task_weight,
+                                   "actor_rollout_ref.rollout.n": n, "opsd.loss.sft_weight": sft_weight})
     opsd = prepare_config(launch.config.copy())
-    assert (opsd.objective.kind, opsd.objective.task_weight, opsd.objective.sft_weight) == (kind, task_weight, sft_weight)
+    assert (opsd.loss.objective, opsd.loss.task_weight, opsd.loss.sft_weight) == (kind, task_weight, sft_weight)
     if task_weight:  # the task reward refuses a single rollout per prompt
         single = launch.config.copy()
         single.actor_rollout_ref.rollout.n = 1
-        with pytest.raises(ValueError, match=r"opsd.objective.task_weight=0.1 needs actor_rollout_ref.rollout.n > 1"):
+        with pytest.raises(ValueError, match=r"opsd.loss.task_weight=0.1 needs actor_rollout_ref.rollout.n > 1"):
             prepare_config(single)
 
 
@@ -242,7 +242,7 @@ def test_shell_scripts_dry_run_print_the_final_config(tmp_path):
     opsd = _script("recipe/opsd/run_opsd.sh", "+model=falcon_h1r_7b", DEVICE="gpu", TRAIN_FILES=str(INPUTS.train),
                    OPSD_CACHE=str(tmp_path))
     assert opsd.returncode == 0, opsd.stderr
-    final = OmegaConf.create(opsd.stdout[opsd.stdout.index("\n", opsd.stdout.index("opsd.monitor")) + 1:])
+    final = OmegaConf.create(opsd.stdout[opsd.stdout.index("\n", opsd.stdout.index("opsd.diagnostics.monitor")) + 1:])
     assert final.actor_rollout_ref.rollout.name == "sglang" and final.trainer.n_gpus_per_node == 4
     assert "python -m recipe.opsd.main_opsd" in opsd.stdout.replace(sys.executable, "python")
     grpo = _script("recipe/grpo_baseline/run_grpo.sh", "+experiment=released_grpo", DEVICE="gpu", MODEL_PATH=a_model(),
@@ -268,7 +268,7 @@ def test_teacher_presets_compose_through_the_launcher_and_the_sweep(tmp_path):
     cross = gpu_plan(OPSD, ["+model=qwen3_4b_instruct_teacher_qwen3_4b"])
     assert_reaches(cross.config, {
         "actor_rollout_ref.model.path": "Qwen/Qwen3-4B-Instruct-2507", "opsd.teacher.kind": "checkpoint",
-        "opsd.teacher.path": "Qwen/Qwen3-4B", "opsd.student_mode": None, "opsd.teacher_mode": "no_think",
+        "opsd.teacher.path": "Qwen/Qwen3-4B", "opsd.student_mode": "native", "opsd.teacher_mode": "no_think",
         "data.train_batch_size": 32, "trainer.n_gpus_per_node": 2,
     })
     assert prepare_config(cross.config).teacher.path == "Qwen/Qwen3-4B"

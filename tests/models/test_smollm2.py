@@ -136,7 +136,7 @@ def test_fetched_model_stops_at_im_end(smollm2_dir):
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     assert not chat.has_thinking_switch(tok)  # every mode of this model is the template's default
-    ids = chat.render_ids([{"role": "user", "content": "What is the capital of France? Answer in one word."}], tok, None)
+    ids = chat.render_ids([{"role": "user", "content": "What is the capital of France? Answer in one word."}], tok, "native")
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False)[0, len(ids):].tolist()
     assert out[-1] == tok.convert_tokens_to_ids("<|im_end|>") and len(out) < 48, tok.decode(out)
@@ -164,9 +164,9 @@ def test_evaluation_runs_smollm2_in_native_mode(smollm2_dir, tmp_path):
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads((out / "run_config.json").read_text())["decoding"]["mode"] is None
+    assert json.loads((out / "run_config.json").read_text())["decoding"]["mode"] == "native"
     (record,) = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
     problem = json.loads((REPO_ROOT / "data" / "eval" / "aime2024.jsonl").read_text().splitlines()[0])["problem"]
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    assert record["prompt_tokens"] == len(chat.render_ids(eval_messages(problem), tok, None))
+    assert record["prompt_tokens"] == len(chat.render_ids(eval_messages(problem), tok, "native"))
     assert 1 <= record["num_tokens"] <= 16

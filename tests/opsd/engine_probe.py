@@ -124,10 +124,9 @@ def main(arch: str, out_dir: str, sft: bool = False) -> None:
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    from recipe.opsd.config import OPSDLossConfig
-    from recipe.opsd.teacher_worker import (
-        OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY, opsd_engine_class, opsd_loss_function,
-    )
+    from recipe.opsd.core.config import LossConfig
+    from recipe.opsd.engine import OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY, opsd_engine_class
+    from recipe.opsd.worker import opsd_loss_function
 
     model_config = HFModelConfig(
         path=model_dir, override_config={"attn_implementation": "eager"}, use_remove_padding=False,
@@ -142,10 +141,8 @@ def main(arch: str, out_dir: str, sft: bool = False) -> None:
         checkpoint_config=CheckpointConfig(),
     )
     engine.initialize()
-    from recipe.opsd.objectives import ObjectiveWeights
-
-    objective = ObjectiveWeights(sft_weight=SFT_WEIGHT) if sft else None
-    loss_fn = opsd_loss_function(OPSDLossConfig(**LOSS), model_config, frozen_teacher_head=True, objective=objective)
+    loss_config = LossConfig(**LOSS, sft_weight=SFT_WEIGHT if sft else 0.0)
+    loss_fn = opsd_loss_function(loss_config, model_config, frozen_teacher_head=True)
 
     proto = DataProto.from_dict(
         tensors={**tensors, RESPONSE_LENGTHS_KEY: tensors["response_mask"].sum(-1)},

@@ -2,7 +2,7 @@
 
 ``actor_loss.opsd_loss`` receives final hidden states and lm_head weights (never [N, V] logits);
 the references below form the full [b, R, V] logits in float64 and apply ``losses.token_divergence``
-/ the ``variants`` functions, then the mini-batch aggregation (written out by hand per
+/ the objectives' own functions, then the mini-batch aggregation (written out by hand per
 ``loss_agg_mode``, with the other dp rank's counts) x dp_size that verl expects.
 """
 
@@ -13,22 +13,22 @@ import math
 import pytest
 import torch
 
+import dataclasses
+
 from recipe.opsd.actor_loss import (
     SFT_INPUT_PREFIX,
     SFT_TOKENS_KEY,
+    STEP_VALUE_PREFIX,
     TASK_ADVANTAGES_KEY,
-    TEACHER_WEIGHT_KEY,
     opsd_loss,
 )
-from recipe.opsd.config import OPSDLossConfig
-from recipe.opsd.losses import LOSS_AGG_MODES, token_divergence
-from recipe.opsd.objectives import (
-    ObjectiveWeights,
-    mix_task_advantages,
-    policy_gradient_terms,
-    sampled_token_advantages,
-)
-from recipe.opsd.variants import beta_opsd_token_loss, purified_token_loss
+from recipe.opsd.core.config import LossConfig
+from recipe.opsd.core.losses import LOSS_AGG_MODES, token_divergence
+from recipe.opsd.core.objectives.beta_opsd import beta_opsd_token_loss
+from recipe.opsd.core.objectives.purified import purified_token_loss
+from recipe.opsd.core.objectives.terms import mix_task_advantages, policy_gradient_terms, sampled_token_advantages
+
+TEACHER_WEIGHT_KEY = STEP_VALUE_PREFIX + "teacher_weight"  # beta-OPSD's per-step value
 
 B, R, H, V = 3, 6, 8, 13
 RESPONSE_LENS = (6, 4, 1)
@@ -93,7 +93,14 @@ def _batch(seed=0, loss_mask=None):
     return student_hidden, student_weight, teacher_weight, data
 
 
-def _run(loss_config, student_hidden, student_weight, teacher_weight, data, objective=None):
+def _objective(cfg, objective="divergence", *, task_weight=0.0, sft_weight=0.0, discount=None, clip=0.2):
+    """``cfg`` with the objective and its shared weights (the sampled-token discount is its parameter)."""
+    params = {} if discount is None else {"discount": discount}
+    return dataclasses.replace(cfg, objective=objective, params=params, task_weight=task_weight,
+                               sft_weight=sft_weight, clip_ratio_low=clip, clip_ratio_high=clip)
+
+
+def _run(loss_config, student_hidden, student_weight, teacher_weight, data):
     hs = student_hidden.clone().requires_grad_(True)
     ws = student_weight.clone().requires_grad_(True)
     loss, metrics = opsd_loss(
@@ -101,7 +108,6 @@ def _run(loss_config, student_hidden, student_weight, teacher_weight, data, obje
         data,
         loss_config=loss_config,
         teacher_weight_VH=teacher_weight,
-        objective=objective,
     )
     grads = torch.autograd.grad(loss, (hs, ws))
     return loss, {k: m.aggregate() for k, m in metrics.items()}, grads
@@ -125,7 +131,7 @@ def _close(a, b):
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("beta, clip_tau, topk", [(0.0, 0.05, None), (0.5, None, None), (1.0, 0.02, 4)])
 def test_opsd_loss_equals_token_divergence_on_full_logits(beta, clip_tau, topk, mode):
-    cfg = OPSDLossConfig(beta=beta, clip_tau=clip_tau, student_temperature=1.1, teacher_temperature=0.9,
+    cfg = LossConfig(beta=beta, clip_tau=clip_tau, student_temperature=1.1, teacher_temperature=0.9,
                          topk=topk, chunk_size=4, loss_agg_mode=mode)
     hs, ws, wt, data = _batch()
     loss, metrics, grads = _run(cfg, hs, ws, wt, data)
@@ -153,13 +159,13 @@ def test_the_aggregation_modes_differ_on_unequal_lengths():
     """Rollouts of 6, 4 and 1 response tokens: the per-rollout mean (the paper) weighs the 1-token
     rollout's position 6x more than a token mean does; the modes give different losses."""
     hs, ws, wt, data = _batch(seed=23)
-    losses = {mode: float(_run(OPSDLossConfig(loss_agg_mode=mode, chunk_size=4), hs, ws, wt, data)[0])
+    losses = {mode: float(_run(LossConfig(loss_agg_mode=mode, chunk_size=4), hs, ws, wt, data)[0])
               for mode in LOSS_AGG_MODES}
     assert len({round(v, 12) for v in losses.values()}) == len(LOSS_AGG_MODES), losses
 
 
 def test_metrics_against_float64_formulas():
-    cfg = OPSDLossConfig(clip_tau=0.05, student_temperature=1.1, chunk_size=5)
+    cfg = LossConfig(clip_tau=0.05, student_temperature=1.1, chunk_size=5)
     hs, ws, wt, data = _batch(seed=3)
     _, metrics, _ = _run(cfg, hs, ws, wt, data)
     mask = data["response_mask"]
@@ -181,7 +187,7 @@ def test_metrics_against_float64_formulas():
 
 def test_live_teacher_weight_gets_no_gradient():
     """LoRA mode: teacher_weight_VH=None uses the live lm_head, detached on the teacher side."""
-    cfg = OPSDLossConfig(clip_tau=None, student_temperature=1.0, chunk_size=3)
+    cfg = LossConfig(clip_tau=None, student_temperature=1.0, chunk_size=3)
     hs, ws, _, data = _batch(seed=5)
     hs_, ws_ = hs.clone().requires_grad_(True), ws.clone().requires_grad_(True)
     loss, _ = opsd_loss({"student_hidden": hs_, "student_weight": ws_, "student_bias": None}, data,
@@ -197,7 +203,7 @@ def test_live_teacher_weight_gets_no_gradient():
 
 @pytest.mark.parametrize("spec", ["he:0.5", "le:0.3"])
 def test_entropy_positions_are_ranked_by_the_student_entropy(spec):
-    from recipe.opsd.positions import select_positions
+    from recipe.opsd.core.positions import select_positions
 
     hs, ws, wt, data = _batch(seed=7)
     response_mask = data["response_mask"]
@@ -205,7 +211,7 @@ def test_entropy_positions_are_ranked_by_the_student_entropy(spec):
     count_mask = select_positions(spec, response_mask_BT=response_mask, entropy_BT=torch.zeros(B, R))
     data |= {"loss_mask": count_mask}
     data |= _counts(data)
-    cfg = OPSDLossConfig(positions=spec, clip_tau=0.05, student_temperature=1.1, chunk_size=4)
+    cfg = LossConfig(positions=spec, clip_tau=0.05, student_temperature=1.1, chunk_size=4)
     loss, metrics, grads = _run(cfg, hs, ws, wt, data)
 
     # float64 reference: per completion, the ceil(Q x n) positions of highest (he) / lowest (le) entropy
@@ -232,13 +238,13 @@ def test_entropy_positions_are_ranked_by_the_student_entropy(spec):
 def test_entropy_positions_refuse_a_wrong_count():
     hs, ws, wt, data = _batch()
     with pytest.raises(ValueError, match="per completion"):
-        _run(OPSDLossConfig(positions="he:0.2"), hs, ws, wt, data)  # loss_mask keeps every position
+        _run(LossConfig(positions="he:0.2"), hs, ws, wt, data)  # loss_mask keeps every position
 
 
 @pytest.mark.parametrize("clip_tau", [None, 0.05])
 def test_purified_variant_equals_purified_token_loss_on_full_logits(clip_tau):
-    cfg = OPSDLossConfig(variant="purified", beta=0.5, clip_tau=clip_tau, student_temperature=1.1,
-                         variant_params={"pmi_strength": 1.0, "pmi_clip": 2.0}, chunk_size=4)
+    cfg = LossConfig(objective="purified", beta=0.5, clip_tau=clip_tau, student_temperature=1.1,
+                     params={"pmi_strength": 1.0, "pmi_clip": 2.0}, chunk_size=4)
     hs, ws, wt, data = _batch(seed=11)
     loss, metrics, grads = _run(cfg, hs, ws, wt, data)
     reference_logits = data["reference_hidden"] @ wt.T
@@ -259,8 +265,8 @@ def test_purified_variant_equals_purified_token_loss_on_full_logits(clip_tau):
 
 
 def test_beta_opsd_variant_equals_beta_opsd_token_loss_on_full_logits():
-    cfg = OPSDLossConfig(variant="beta_opsd", student_temperature=1.1, teacher_temperature=1.0,
-                         variant_params={"discount": 0.9}, chunk_size=4)
+    cfg = LossConfig(objective="beta_opsd", student_temperature=1.1, teacher_temperature=1.0,
+                     params={"discount": 0.9}, chunk_size=4)
     hs, ws, wt, data = _batch(seed=13)
     data[TEACHER_WEIGHT_KEY] = 0.65
     loss, metrics, grads = _run(cfg, hs, ws, wt, data)
@@ -286,12 +292,12 @@ def test_beta_opsd_variant_equals_beta_opsd_token_loss_on_full_logits():
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-@pytest.mark.parametrize("variant", ["opsd", "purified", "beta_opsd"])
+@pytest.mark.parametrize("variant", ["divergence", "purified", "beta_opsd"])
 def test_micro_batch_and_rank_split_give_the_mini_batch_loss_and_gradient(mode, variant):
     """The mini-batch of 3 rollouts (6, 4, 1 tokens) on 1 rank, or split into micro-batches {0, 1}, {2}
     on rank 0 and {3, 4} on rank 1 (another seed's rows): the same loss and the same averaged gradient."""
-    cfg = OPSDLossConfig(variant=variant, beta=0.5 if variant == "purified" else 0.0, clip_tau=0.05,
-                         student_temperature=1.1, chunk_size=2, loss_agg_mode=mode)
+    cfg = LossConfig(objective=variant, beta=0.5 if variant == "purified" else 0.0, clip_tau=0.05,
+                     student_temperature=1.1, chunk_size=2, loss_agg_mode=mode)
     hs_a, ws, wt, data_a = _batch(seed=17)
     hs_b, _, _, data_b = _batch(seed=18)
     rows_b = slice(0, 2)
@@ -313,18 +319,18 @@ def test_micro_batch_and_rank_split_give_the_mini_batch_loss_and_gradient(mode, 
     _close(grad_w, whole_grads[1])
 
 
-@pytest.mark.parametrize("variant", ["opsd", "purified", "beta_opsd"])
+@pytest.mark.parametrize("variant", ["divergence", "purified", "beta_opsd"])
 def test_a_micro_batch_without_selected_positions_gives_zero_and_backpropagates(variant):
     """AdvT can reject every position of a micro-batch: loss 0, a graph to backpropagate, zero grads."""
     hs, ws, wt, data = _batch(seed=19, loss_mask=torch.zeros(B, R, dtype=torch.bool))
     data |= {"batch_num_tokens": OTHER_RANK_TOKENS, "opsd_loss_sequences": OTHER_RANK_SEQUENCES, TEACHER_WEIGHT_KEY: 0.5}
-    cfg = OPSDLossConfig(variant=variant, beta=0.5 if variant == "purified" else 0.0, chunk_size=4)
+    cfg = LossConfig(objective=variant, beta=0.5 if variant == "purified" else 0.0, chunk_size=4)
     loss, metrics, grads = _run(cfg, hs, ws, wt, data)
     assert float(loss) == 0.0 and metrics["opsd/loss"] == 0.0 and metrics["opsd/loss_tokens"] == 0
     assert all(torch.all(g == 0) for g in grads)
 
 
-# --- objectives (opsd.objective): the glue's loss equals the pure objectives on full float64 logits
+# --- objectives (opsd.loss.objective): the glue's loss equals the pure objectives on full float64 logits
 TASK_ADVANTAGES = torch.tensor([1.2, -0.4, -0.8], dtype=torch.float64)  # one GRPO advantage per response
 
 
@@ -343,12 +349,12 @@ def _pure_surrogate(s_logp, advantages, objective):
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean"])
 @pytest.mark.parametrize("task_weight, discount, clip", [(0.0, 0.0, 0.2), (0.3, 0.0, 0.2), (0.3, 0.9, None)])
 def test_sampled_token_objective_equals_the_pure_surrogate_on_full_logits(task_weight, discount, clip, mode):
-    objective = ObjectiveWeights(objective="sampled_token", task_weight=task_weight, discount=discount,
-                                 clip_ratio_low=clip, clip_ratio_high=clip)
-    cfg = OPSDLossConfig(student_temperature=1.1, teacher_temperature=0.9, chunk_size=4, loss_agg_mode=mode)
+    cfg = _objective(LossConfig(student_temperature=1.1, teacher_temperature=0.9, chunk_size=4, loss_agg_mode=mode),
+                     "sampled_token", task_weight=task_weight, discount=discount, clip=clip)
+    objective = cfg
     hs, ws, wt, data = _batch(seed=23)
     data[TASK_ADVANTAGES_KEY] = TASK_ADVANTAGES
-    loss, metrics, grads = _run(cfg, hs, ws, wt, data, objective)
+    loss, metrics, grads = _run(cfg, hs, ws, wt, data)
     response = data["response_mask"]
 
     def per_token(s, t):
@@ -375,11 +381,11 @@ def test_sampled_token_objective_equals_the_pure_surrogate_on_full_logits(task_w
 
 
 def test_a_task_weight_on_the_divergence_adds_the_task_surrogate():
-    objective = ObjectiveWeights(task_weight=0.5)
-    cfg = OPSDLossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=0.9, chunk_size=4)
+    cfg = LossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=0.9, chunk_size=4)
+    objective = _objective(cfg, task_weight=0.5)
     hs, ws, wt, data = _batch(seed=29)
     data[TASK_ADVANTAGES_KEY] = TASK_ADVANTAGES
-    loss, metrics, grads = _run(cfg, hs, ws, wt, data, objective)
+    loss, metrics, grads = _run(objective, hs, ws, wt, data)
     mask, response = data["loss_mask"], data["response_mask"]
 
     def task_terms(s, t):
@@ -405,8 +411,7 @@ def test_a_task_weight_on_the_divergence_adds_the_task_surrogate():
 
 def test_the_objectives_split_into_micro_batches_and_ranks_exactly():
     """As the variants: 5 rollouts on 1 rank, or {0, 1}, {2} on rank 0 and {3, 4} on rank 1."""
-    objective = ObjectiveWeights(objective="sampled_token", task_weight=0.3, discount=0.5)
-    cfg = OPSDLossConfig(student_temperature=1.1, chunk_size=2)
+    cfg = _objective(LossConfig(student_temperature=1.1, chunk_size=2), "sampled_token", task_weight=0.3, discount=0.5)
     hs_a, ws, wt, data_a = _batch(seed=31)
     hs_b, _, _, data_b = _batch(seed=32)
     data_a[TASK_ADVANTAGES_KEY], data_b[TASK_ADVANTAGES_KEY] = TASK_ADVANTAGES, -TASK_ADVANTAGES
@@ -415,11 +420,11 @@ def test_the_objectives_split_into_micro_batches_and_ranks_exactly():
     mask = mini["loss_mask"]
     counts = {"batch_num_tokens": int(mask.sum()), "opsd_loss_sequences": int((mask.sum(-1) > 0).sum()),
               "opsd_response_tokens": int(mini["response_mask"].sum())}
-    whole, _, whole_grads = _run(cfg, hs_all, ws, wt, mini | counts | {"dp_size": 1}, objective)
+    whole, _, whole_grads = _run(cfg, hs_all, ws, wt, mini | counts | {"dp_size": 1})
     grad_h, grad_w, total = torch.zeros_like(hs_all), torch.zeros_like(ws), 0.0
     for rows in (slice(0, 2), slice(2, 3), slice(3, 5)):
         sub = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in mini.items()}
-        loss, _, (gh, gw) = _run(cfg, hs_all[rows], ws, wt, sub | counts | {"dp_size": 2}, objective)
+        loss, _, (gh, gw) = _run(cfg, hs_all[rows], ws, wt, sub | counts | {"dp_size": 2})
         grad_h[rows] += gh / 2
         grad_w += gw / 2
         total += float(loss) / 2
@@ -428,7 +433,7 @@ def test_the_objectives_split_into_micro_batches_and_ranks_exactly():
     _close(grad_w, whole_grads[1])
 
 
-# --- the SFT term (opsd.objective.sft_weight): the NLL of the reference solutions, its own token count
+# --- the SFT term (opsd.loss.sft_weight): the NLL of the reference solutions, its own token count
 SOLUTION_LENS = (3, 5, 1)
 S = max(SOLUTION_LENS)
 OTHER_RANK_SFT_TOKENS = 4
@@ -446,13 +451,13 @@ def _sft_rows(seed, data):
     return torch.randn(B, S, H, generator=gen, dtype=torch.float64), data
 
 
-def _run_sft(loss_config, student_hidden, student_weight, teacher_weight, sft_hidden, data, objective):
+def _run_sft(loss_config, student_hidden, student_weight, teacher_weight, sft_hidden, data):
     hs = student_hidden.clone().requires_grad_(True)
     ws = student_weight.clone().requires_grad_(True)
     hf = sft_hidden.clone().requires_grad_(True)
     loss, metrics = opsd_loss(
         {"student_hidden": hs, "student_weight": ws, "student_bias": None, "sft_hidden": hf},
-        data, loss_config=loss_config, teacher_weight_VH=teacher_weight, objective=objective,
+        data, loss_config=loss_config, teacher_weight_VH=teacher_weight,
     )
     grads = torch.autograd.grad(loss, (hs, ws, hf))
     return loss, {k: m.aggregate() for k, m in metrics.items()}, grads
@@ -469,17 +474,17 @@ def _sft_reference(student_weight, sft_hidden, data):
     return term, torch.autograd.grad(term, (ws, hf))
 
 
-@pytest.mark.parametrize("kind, task_weight", [("full_vocabulary", 0.0), ("full_vocabulary", 0.3),
+@pytest.mark.parametrize("kind, task_weight", [("divergence", 0.0), ("divergence", 0.3),
                                                ("sampled_token", 0.0), ("sampled_token", 0.3)])
 def test_the_sft_term_adds_the_solution_nll_for_both_objective_kinds(kind, task_weight):
-    cfg = OPSDLossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=0.9, chunk_size=4)
+    cfg = LossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=0.9, chunk_size=4)
     hs, ws, wt, data = _batch(seed=37)
     data[TASK_ADVANTAGES_KEY] = TASK_ADVANTAGES
     sft_hidden, data = _sft_rows(38, data)
-    main_objective = ObjectiveWeights(objective=kind, task_weight=task_weight)
-    objective = ObjectiveWeights(objective=kind, task_weight=task_weight, sft_weight=0.4)
-    loss, metrics, grads = _run_sft(cfg, hs, ws, wt, sft_hidden, data, objective)
-    main_loss, main_metrics, main_grads = _run(cfg, hs, ws, wt, data, main_objective)
+    main_objective = _objective(cfg, kind, task_weight=task_weight)
+    objective = _objective(cfg, kind, task_weight=task_weight, sft_weight=0.4)
+    loss, metrics, grads = _run_sft(objective, hs, ws, wt, sft_hidden, data)
+    main_loss, main_metrics, main_grads = _run(main_objective, hs, ws, wt, data)
     term, (term_grad_w, term_grad_f) = _sft_reference(ws, sft_hidden, data)
     _close(loss, main_loss + 0.4 * term)
     _close(grads[0], main_grads[0])  # the rollouts' hidden states see the main loss only
@@ -495,7 +500,7 @@ def test_the_sft_term_adds_the_solution_nll_for_both_objective_kinds(kind, task_
 def test_the_sft_term_by_hand():
     """One solution token s = 1 whose logit is ln 3, every other logit 0: p(s) = 3 / (3 + V - 1) = 1/5
     (V = 13), so the term is -ln(1/5) x dp_size 2 / 3 solution tokens in the mini-batch."""
-    cfg = OPSDLossConfig(chunk_size=4)
+    cfg = LossConfig(chunk_size=4)
     hs, ws, wt, data = _batch(seed=41)
     weight = torch.zeros(V, H, dtype=torch.float64)
     weight[1, 0] = math.log(3.0)
@@ -504,7 +509,7 @@ def test_the_sft_term_by_hand():
     mask = torch.tensor([[True], [False], [False]])
     data |= {SFT_INPUT_PREFIX + "responses": torch.ones(B, 1, dtype=torch.long),
              SFT_INPUT_PREFIX + "response_mask": mask, SFT_TOKENS_KEY: 3, "dp_size": 2}
-    loss, metrics, _ = _run_sft(cfg, hs, weight, weight, sft_hidden, data, ObjectiveWeights(sft_weight=1.0))
+    loss, metrics, _ = _run_sft(_objective(cfg, sft_weight=1.0), hs, weight, weight, sft_hidden, data)
     alone, _, _ = _run(cfg, hs, weight, weight, data)
     assert V == 13
     assert float(loss - alone) == pytest.approx(math.log(5.0) * 2 / 3, rel=1e-12)
@@ -512,21 +517,20 @@ def test_the_sft_term_by_hand():
 
 
 def test_weight_zero_gives_exactly_the_old_loss_and_needs_no_sft_rows():
-    cfg = OPSDLossConfig(beta=0.0, clip_tau=0.05, chunk_size=4)
+    cfg = LossConfig(beta=0.0, clip_tau=0.05, chunk_size=4)
     hs, ws, wt, data = _batch(seed=43)
     old, old_metrics, old_grads = _run(cfg, hs, ws, wt, data)
-    new, new_metrics, new_grads = _run(cfg, hs, ws, wt, data, ObjectiveWeights(sft_weight=0.0))
+    new, new_metrics, new_grads = _run(_objective(cfg, sft_weight=0.0), hs, ws, wt, data)
     assert torch.equal(old, new) and old_metrics == new_metrics
     assert all(torch.equal(a, b) for a, b in zip(old_grads, new_grads))
     # a positive weight without the second forward's hidden states is an error, not a silent zero
     with pytest.raises(KeyError, match="sft_hidden"):
-        _run(cfg, hs, ws, wt, data, ObjectiveWeights(sft_weight=0.1))
+        _run(_objective(cfg, sft_weight=0.1), hs, ws, wt, data)
 
 
 def test_the_sft_term_splits_into_micro_batches_and_ranks_exactly():
     """5 rollouts on 1 rank, or {0, 1}, {2} on rank 0 and {3, 4} on rank 1: the same loss and averaged gradients."""
-    objective = ObjectiveWeights(objective="full_vocabulary", sft_weight=0.7)
-    cfg = OPSDLossConfig(student_temperature=1.1, chunk_size=2)
+    cfg = _objective(LossConfig(student_temperature=1.1, chunk_size=2), sft_weight=0.7)
     hs_a, ws, wt, data_a = _batch(seed=47)
     hs_b, _, _, data_b = _batch(seed=48)
     sft_a, data_a = _sft_rows(49, data_a)
@@ -537,13 +541,12 @@ def test_the_sft_term_splits_into_micro_batches_and_ranks_exactly():
     counts = {"batch_num_tokens": int(mask.sum()), "opsd_loss_sequences": int((mask.sum(-1) > 0).sum()),
               "opsd_response_tokens": int(mini["response_mask"].sum()),
               SFT_TOKENS_KEY: int(mini[SFT_INPUT_PREFIX + "response_mask"].sum())}
-    whole, whole_metrics, whole_grads = _run_sft(cfg, hs_all, ws, wt, sft_all, mini | counts | {"dp_size": 1}, objective)
+    whole, whole_metrics, whole_grads = _run_sft(cfg, hs_all, ws, wt, sft_all, mini | counts | {"dp_size": 1})
     grads = [torch.zeros_like(hs_all), torch.zeros_like(ws), torch.zeros_like(sft_all)]
     total, nll = 0.0, 0.0
     for rows in (slice(0, 2), slice(2, 3), slice(3, 5)):
         sub = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in mini.items()}
-        loss, metrics, (gh, gw, gf) = _run_sft(cfg, hs_all[rows], ws, wt, sft_all[rows], sub | counts | {"dp_size": 2},
-                                               objective)
+        loss, metrics, (gh, gw, gf) = _run_sft(cfg, hs_all[rows], ws, wt, sft_all[rows], sub | counts | {"dp_size": 2})
         grads[0][rows] += gh / 2
         grads[1] += gw / 2
         grads[2][rows] += gf / 2

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.opsd.losses import token_divergence
+from recipe.opsd.core.losses import token_divergence
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().parent / "engine_probe.py"
@@ -89,7 +89,7 @@ def test_scaled_head_loss_and_gradients_equal_the_core_function(arch, tmp_path):
 
 
 def test_the_sft_term_runs_a_second_student_forward_under_one_backward(tmp_path):
-    """opsd.objective.sft_weight: the engine runs the student on the SFT rows (a forward of its own), then
+    """opsd.loss.sft_weight: the engine runs the student on the SFT rows (a forward of its own), then
     the loss forward; one backward of the summed loss must give the gradient of divergence + w x NLL of
     the model's own float64 logits (Granite: its head scale applies to both), split into 2 micro-batches."""
     from transformers import AutoConfig

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from recipe.opsd.monitor import (
+from recipe.opsd.core.monitor import (
     MonitorConfig,
     TrainingCollapseError,
     TrainingDynamicsMonitor,
@@ -37,7 +37,7 @@ def rising(start, end, steps=60):
 def test_fires_on_joint_entropy_and_grad_norm_rise(caplog):
     monitor = TrainingDynamicsMonitor(MonitorConfig())
     rows = trace(entropy=rising(0.41, 1.29), grad=rising(0.35, 0.86))
-    with caplog.at_level(logging.WARNING, logger="recipe.opsd.monitor"):
+    with caplog.at_level(logging.WARNING, logger="recipe.opsd.core.monitor"):
         outs = [monitor.update(r) for r in rows]
     collapse = [e for e in monitor.events if e.signature == "collapse"]
     assert collapse, "no collapse warning on a rising entropy + grad-norm trace"
@@ -64,7 +64,7 @@ def test_fires_on_joint_entropy_and_grad_norm_rise(caplog):
 
 
 def test_quiet_on_flat_trace_and_on_entropy_rising_alone(caplog):
-    with caplog.at_level(logging.WARNING, logger="recipe.opsd.monitor"):
+    with caplog.at_level(logging.WARNING, logger="recipe.opsd.core.monitor"):
         flat = replay(trace())
         entropy_only = replay(trace(entropy=rising(0.41, 1.29), grad=rising(0.39, 0.18)))
         grad_only = replay(trace(grad=rising(0.35, 0.86)))

@@ -1,4 +1,5 @@
-"""The non-finite guard's decision logic (recipe.opsd.nonfinite), and the engine's loss skip on a fake engine."""
+"""The non-finite guard's decision logic (recipe.opsd.core.nonfinite), and the engine's loss skip on a fake engine
+(recipe.opsd.engine)."""
 
 import json
 import math
@@ -6,14 +7,8 @@ import math
 import pytest
 import torch
 
-from recipe.opsd.nonfinite import (
-    CONSECUTIVE_METRIC,
-    SKIPPED_METRIC,
-    TEST_NAN_TEACHER_ENV,
-    NonFiniteGuard,
-    SkipNonFiniteLossMixin,
-    nan_teacher_test_steps,
-)
+from recipe.opsd.core.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC, NonFiniteGuard
+from recipe.opsd.engine import SkipNonFiniteLossMixin
 
 NAN, INF = float("nan"), float("inf")
 
@@ -45,7 +40,7 @@ def test_stops_after_k_in_a_row_and_a_finite_step_resets_the_count():
     assert guard.should_stop and guard.stop_step == 5 and guard.skipped_total == 3
     assert guard.stop_message() == (
         "step 5: 2 consecutive steps with a non-finite loss or gradient norm (steps 4-5, updates skipped; "
-        "opsd.max_consecutive_nonfinite=2); the checkpoint global_step_5 holds the weights of step 3"
+        "opsd.diagnostics.max_consecutive_nonfinite=2); the checkpoint global_step_5 holds the weights of step 3"
     )
 
 
@@ -75,13 +70,6 @@ def test_state_round_trips_through_json_and_a_resumed_stop_gets_one_more_try():
 def test_max_consecutive_is_validated(k):
     with pytest.raises(ValueError, match="max_consecutive must be an integer >= 1"):
         NonFiniteGuard(max_consecutive=k)
-
-
-def test_nan_teacher_test_steps():
-    assert nan_teacher_test_steps({}) == frozenset()
-    assert nan_teacher_test_steps({TEST_NAN_TEACHER_ENV: "2, 3"}) == {2, 3}
-    with pytest.raises(ValueError, match=TEST_NAN_TEACHER_ENV):
-        nan_teacher_test_steps({TEST_NAN_TEACHER_ENV: "two"})
 
 
 class _FakeEngine:
@@ -120,7 +108,7 @@ class _Guarded(SkipNonFiniteLossMixin, _FakeEngine):
     ([0.5], NAN, False),        # verl's own skip still applies
 ])
 def test_engine_skips_the_update_on_a_nonfinite_loss(monkeypatch, losses, grad, stepped):
-    monkeypatch.setattr("recipe.opsd.nonfinite._device_of", lambda engine: "cpu")
+    monkeypatch.setattr("recipe.opsd.engine._device_of", lambda engine: "cpu")
     engine = _Guarded(losses, grad)
     engine.forward_backward_batch(None, None)
     grad_norm = engine.optimizer_step()
@@ -133,7 +121,7 @@ def test_engine_skips_the_update_on_a_nonfinite_loss(monkeypatch, losses, grad, 
 
 
 def test_forward_only_batches_do_not_touch_the_flag(monkeypatch):
-    monkeypatch.setattr("recipe.opsd.nonfinite._device_of", lambda engine: "cpu")
+    monkeypatch.setattr("recipe.opsd.engine._device_of", lambda engine: "cpu")
     engine = _Guarded([NAN], 1.0)
     engine.forward_backward_batch(None, None, forward_only=True)
     assert engine._skip_nonfinite_update is False

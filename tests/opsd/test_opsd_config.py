@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 from hydra import compose, initialize_config_dir
 
-from recipe.opsd.config import OPSDConfig, OPSDLossConfig
+from recipe.opsd.core.config import LossConfig, OPSDConfig
 from recipe.opsd.startup import prepare_config
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipe" / "opsd" / "config")
@@ -34,10 +34,10 @@ def test_composes_with_the_paper_defaults():
     assert arr.actor.ppo_epochs == 1
     opsd = OPSDConfig.from_hydra(cfg.opsd)
     assert (opsd.teacher_context, opsd.student_mode, opsd.teacher_mode) == ("full_solution", "think", "think")
-    assert opsd.loss == OPSDLossConfig(beta=0.0, clip_tau=0.05, student_temperature=1.1, teacher_temperature=None,
-                                       topk=None, positions="all", chunk_size=1024, variant="opsd",
-                                       variant_params={}, loss_agg_mode="seq-mean-token-mean")
-    assert opsd.loss.params is None
+    assert opsd.loss == LossConfig(objective="divergence", params={}, beta=0.0, clip_tau=0.05, student_temperature=1.1,
+                                   teacher_temperature=None, topk=None, positions="all", chunk_size=1024,
+                                   loss_agg_mode="seq-mean-token-mean")
+    assert opsd.loss.build_objective().params is None
     assert opsd.loss.effective_teacher_temperature == 1.1
 
 
@@ -63,20 +63,20 @@ def test_student_mode_sets_enable_thinking_and_cannot_disagree():
         ("opsd.loss.positions=first:0", "opsd.loss.positions"),
         ("opsd.loss.positions=middle:3", "opsd.loss.positions"),
         ("opsd.loss.topk=0", "opsd.loss.topk"),
-        ("opsd.loss.variant=ppo", "opsd.loss.variant"),
+        ("opsd.loss.objective=ppo", "opsd.loss.objective"),
         ("opsd.loss.loss_agg_mode=seq-mean", "opsd.loss.loss_agg_mode"),
         ("opsd.teacher_max_prompt_length=0", "opsd.teacher_max_prompt_length"),
-        ("opsd.max_consecutive_nonfinite=0", "opsd.max_consecutive_nonfinite"),
-        ("opsd.max_consecutive_nonfinite=1.5", "opsd.max_consecutive_nonfinite"),
-        ("opsd.dump_steps=1", "opsd.dump_steps"),
+        ("opsd.diagnostics.max_consecutive_nonfinite=0", "opsd.diagnostics.max_consecutive_nonfinite"),
+        ("opsd.diagnostics.max_consecutive_nonfinite=1.5", "opsd.diagnostics.max_consecutive_nonfinite"),
+        ("opsd.diagnostics.dump_steps=1", "opsd.diagnostics.dump_steps"),
         ("+opsd.loss.clip=0.1", "opsd.loss.clip"),
         ("opsd.loss.positions=he:1.5", "opsd.loss.positions"),
         ("opsd.loss.positions=advt:0", "opsd.loss.positions"),
-        ("+opsd.loss.variant_params.pmi_strength=1", "opsd.loss.variant_params"),
+        ("+opsd.loss.params.pmi_strength=1", "opsd.loss.params"),
         # the collapse monitor's options are typed and validated with the rest (before Ray starts)
-        ("+opsd.monitor.recent_window=0", "opsd.monitor.recent_window"),
-        ("+opsd.monitor.stop_on=[colapse]", "opsd.monitor.stop_on"),
-        ("+opsd.monitor.window=5", "opsd.monitor.window"),
+        ("+opsd.diagnostics.monitor.recent_window=0", "opsd.diagnostics.monitor.recent_window"),
+        ("+opsd.diagnostics.monitor.stop_on=[colapse]", "opsd.diagnostics.monitor.stop_on"),
+        ("+opsd.diagnostics.monitor.window=5", "opsd.diagnostics.monitor.window"),
     ],
 )
 def test_bad_options_fail_naming_the_field(override, field):
@@ -93,7 +93,7 @@ def test_unknown_context_lists_the_allowed_values():
 
 
 def test_clip_off_and_teacher_temperature():
-    loss = OPSDLossConfig(clip_tau=None, teacher_temperature=1.0)
+    loss = LossConfig(clip_tau=None, teacher_temperature=1.0)
     assert loss.clip_tau is None and loss.effective_teacher_temperature == 1.0
 
 
@@ -121,62 +121,70 @@ def test_every_opsd_field_is_commented_in_the_yaml():
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        (["opsd.loss.variant=purified", "+opsd.loss.variant_params.pmi_clip=-1"], "opsd.loss.variant_params.pmi_clip"),
-        (["opsd.loss.variant=purified", "+opsd.loss.variant_params.pmi_strength=0"], "opsd.loss.variant_params.pmi_strength"),
-        (["opsd.loss.variant=purified", "+opsd.loss.variant_params.strength=1"], "opsd.loss.variant_params"),
-        (["opsd.loss.variant=beta_opsd", "+opsd.loss.variant_params.teacher_weight_end=1.2"],
-         "opsd.loss.variant_params.teacher_weight_end"),
-        (["opsd.loss.variant=beta_opsd", "+opsd.loss.variant_params.discount=1.5"], "opsd.loss.variant_params.discount"),
-        (["opsd.loss.variant=beta_opsd", "+opsd.loss.variant_params.pmi_clip=10"], "opsd.loss.variant_params"),
-        (["opsd.loss.variant=purified", "opsd.teacher_context=unrelated"], "opsd.teacher_context"),
-        (["opsd.loss.variant=purified", "opsd.loss.topk=4"], "opsd.loss.topk"),
-        # the SFT term (opsd.objective): a number >= 0, an integer cap, refused with a variant's own target
-        (["opsd.objective.sft_weight=-0.1"], "opsd.objective.sft_weight"),
-        (["opsd.objective.sft_weight=0.1", "opsd.objective.sft_max_length=0"], "opsd.objective.sft_max_length"),
-        (["opsd.objective.sft_max_length=1.5"], "opsd.objective.sft_max_length"),
-        (["opsd.objective.sft_weight=0.1", "opsd.loss.variant=beta_opsd"], "opsd.objective.sft_weight"),
+        (["opsd.loss.objective=purified", "+opsd.loss.params.pmi_clip=-1"], "opsd.loss.params.pmi_clip"),
+        (["opsd.loss.objective=purified", "+opsd.loss.params.pmi_strength=0"], "opsd.loss.params.pmi_strength"),
+        (["opsd.loss.objective=purified", "+opsd.loss.params.strength=1"], "opsd.loss.params"),
+        (["opsd.loss.objective=beta_opsd", "+opsd.loss.params.teacher_weight_end=1.2"],
+         "opsd.loss.params.teacher_weight_end"),
+        (["opsd.loss.objective=beta_opsd", "+opsd.loss.params.discount=1.5"], "opsd.loss.params.discount"),
+        (["opsd.loss.objective=beta_opsd", "+opsd.loss.params.pmi_clip=10"], "opsd.loss.params"),
+        (["opsd.loss.objective=purified", "opsd.teacher_context=unrelated"], "opsd.teacher_context"),
+        (["opsd.loss.objective=purified", "opsd.loss.topk=4"], "opsd.loss.topk"),
+        # the SFT term: a number >= 0, an integer cap, refused with an objective's own target
+        (["opsd.loss.sft_weight=-0.1"], "opsd.loss.sft_weight"),
+        (["opsd.loss.sft_weight=0.1", "opsd.loss.sft_max_length=0"], "opsd.loss.sft_max_length"),
+        (["opsd.loss.sft_max_length=1.5"], "opsd.loss.sft_max_length"),
+        (["opsd.loss.sft_weight=0.1", "opsd.loss.objective=beta_opsd"], "opsd.loss.sft_weight"),
+        # a setting that moved is named with where it went
+        (["+opsd.objective.kind=sampled_token"], "opsd.objective is now opsd.loss"),
+        (["+opsd.loss.variant=purified"], "opsd.loss.variant is now opsd.loss.objective"),
     ],
 )
-def test_bad_variant_options_fail_naming_the_field(overrides, field):
+def test_bad_objective_options_fail_naming_the_field(overrides, field):
     cfg = _compose(overrides)
     with pytest.raises(ValueError) as err:
         prepare_config(cfg)
     assert field in str(err.value)
 
 
-def test_variant_params_are_validated_and_default_to_the_paper():
-    from recipe.opsd.variants import BetaOPSDParams, PurifiedParams
+def test_objective_params_are_validated_and_default_to_the_paper():
+    from recipe.opsd.core.objectives.beta_opsd import BetaOPSDParams
+    from recipe.opsd.core.objectives.purified import PurifiedParams
 
-    loss = OPSDLossConfig(variant="beta_opsd", variant_params={"discount": 0.9})
-    assert loss.params == BetaOPSDParams(teacher_weight_start=0.5, teacher_weight_end=0.8, discount=0.9)
-    assert OPSDLossConfig(variant="purified").params == PurifiedParams(pmi_strength=1.0, pmi_clip=10.0)
-    with pytest.raises(ValueError, match="opsd.loss.variant_params"):
-        OPSDLossConfig(variant="purified", variant_params=[1.0])
+    loss = LossConfig(objective="beta_opsd", params={"discount": 0.9})
+    assert loss.build_objective().params == BetaOPSDParams(teacher_weight_start=0.5, teacher_weight_end=0.8, discount=0.9)
+    assert LossConfig(objective="purified").build_objective().params == PurifiedParams(pmi_strength=1.0, pmi_clip=10.0)
+    with pytest.raises(ValueError, match="opsd.loss.params"):
+        LossConfig(objective="purified", params=[1.0])
 
 
-def test_null_modes_render_without_the_switch():
-    cfg = _compose(["opsd.student_mode=null", "opsd.teacher_mode=null"])
+def test_native_modes_render_without_the_switch():
+    cfg = _compose(["opsd.student_mode=native", "opsd.teacher_mode=native"])
     opsd = prepare_config(cfg)
-    assert (opsd.student_mode, opsd.teacher_mode, opsd.student_enable_thinking) == (None, None, None)
+    assert (opsd.student_mode, opsd.teacher_mode, opsd.student_enable_thinking) == ("native", "native", None)
     assert "enable_thinking" not in cfg.data.apply_chat_template_kwargs
-    cfg = _compose(["opsd.student_mode=null", "+data.apply_chat_template_kwargs.enable_thinking=true"])
+    cfg = _compose(["opsd.student_mode=native", "+data.apply_chat_template_kwargs.enable_thinking=true"])
     with pytest.raises(ValueError, match="opsd.student_mode"):
         prepare_config(cfg)
-    # a hybrid mode next to a null one is allowed (e.g. a native student, a switched teacher)
-    assert OPSDConfig(student_mode="no_think", teacher_mode=None).student_enable_thinking is False
+    # a hybrid mode next to a native one is allowed (e.g. a native student, a switched teacher)
+    assert OPSDConfig(student_mode="no_think", teacher_mode="native").student_enable_thinking is False
+    # one vocabulary: null is not a mode
+    with pytest.raises(ValueError, match="opsd.student_mode must be one of \\['think', 'no_think', 'native'\\]"):
+        OPSDConfig(student_mode=None)
 
 
 def test_position_kinds():
-    assert [OPSDLossConfig(positions=p).position_kind for p in ("all", "he:0.2", "le:0.8", "advt:4", "uniform:256")] == [
+    assert [LossConfig(positions=p).position_kind for p in ("all", "he:0.2", "le:0.8", "advt:4", "uniform:256")] == [
         "all", "he", "le", "advt", "uniform"]
 
 
 def test_monitor_options_become_a_monitor_config():
-    from recipe.opsd.monitor import MonitorConfig
+    from recipe.opsd.core.monitor import MonitorConfig
 
-    opsd = prepare_config(_compose(["+opsd.monitor.stop_on=[collapse]", "+opsd.monitor.early_end=5"]))
-    assert opsd.monitor == MonitorConfig(enabled=True, stop_on=("collapse",), early_end=5)
-    assert prepare_config(_compose(["opsd.monitor.enabled=false"])).monitor.enabled is False
+    opsd = prepare_config(_compose(["+opsd.diagnostics.monitor.stop_on=[collapse]",
+                                    "+opsd.diagnostics.monitor.early_end=5"]))
+    assert opsd.diagnostics.monitor == MonitorConfig(enabled=True, stop_on=("collapse",), early_end=5)
+    assert prepare_config(_compose(["opsd.diagnostics.monitor.enabled=false"])).diagnostics.monitor.enabled is False
 
 
 def test_a_batch_that_does_not_divide_across_the_gpus_fails_at_start():
@@ -205,7 +213,7 @@ def test_another_verl_version_is_refused_naming_the_private_apis(monkeypatch):
 
 
 def test_the_sft_weight_reaches_the_actor_objective():
-    opsd = prepare_config(_compose(["opsd.objective.sft_weight=0.25", "opsd.objective.kind=sampled_token"]))
-    assert opsd.objective.weights.sft_weight == 0.25 and opsd.objective.weights.needs_sft
-    assert opsd.objective.sft_max_length is None  # = data.max_response_length (the trainer)
-    assert not prepare_config(_compose([])).objective.weights.needs_sft  # the paper: no SFT term
+    opsd = prepare_config(_compose(["opsd.loss.sft_weight=0.25", "opsd.loss.objective=sampled_token"]))
+    assert opsd.loss.sft_weight == 0.25 and opsd.loss.objective == "sampled_token"
+    assert opsd.loss.sft_max_length is None  # = data.max_response_length (the trainer)
+    assert prepare_config(_compose([])).loss.sft_weight == 0  # the paper: no SFT term

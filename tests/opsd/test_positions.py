@@ -1,4 +1,4 @@
-"""Loss-position masks of recipe.opsd.positions on ragged right-padded batches, checked
+"""Loss-position masks of recipe.opsd.core.positions on ragged right-padded batches, checked
 against hand-written masks (selection for the loss of paper eq:opsd_clipped).
 
 Run: python -m pytest tests/opsd/test_positions.py
@@ -7,7 +7,7 @@ Run: python -m pytest tests/opsd/test_positions.py
 import pytest
 import torch
 
-from recipe.opsd.positions import (
+from recipe.opsd.core.positions import (
     PositionSpec,
     entropy_fraction,
     final_n,

@@ -11,7 +11,7 @@ import pytest
 
 import recipe.common.chat as chat
 from recipe.models.tiny import build_char_tokenizer
-from recipe.opsd.preflight import PreflightError, rendering_diff, run_preflight
+from recipe.opsd.core.preflight import PreflightError, rendering_diff, run_preflight
 
 ROWS = [
     {"id": "r0", "index": 0, "problem": "Compute 2+3.", "solution": "2+3=5\n\\boxed{5}", "answer": "5"},
@@ -119,7 +119,7 @@ def test_a_row_without_the_contexts_field_or_a_mode_the_template_lacks_names_the
     with pytest.raises(PreflightError, match=r"row 0 \(id='r0'\): mode='think' was asked for, but .* no enable_thinking"):
         _run(build_char_tokenizer(chat_template=plain))
     # the same template in its native mode passes
-    assert _run(build_char_tokenizer(chat_template=plain), student_mode=None, teacher_mode=None).rows == 2
+    assert _run(build_char_tokenizer(chat_template=plain), student_mode="native", teacher_mode="native").rows == 2
 
 
 def test_a_template_that_rewrites_the_content_still_gets_its_generation_prompt_checked():
@@ -187,8 +187,9 @@ def test_the_driver_gate_skips_what_it_cannot_read_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("value", ["maybe", "1"])
 def test_preflight_must_be_a_bool(value):
-    from recipe.opsd.config import OPSDConfig
+    from recipe.opsd.core.config import OPSDConfig
 
-    assert OPSDConfig().preflight is True and OPSDConfig(preflight=False).preflight is False
-    with pytest.raises(ValueError, match="opsd.preflight must be true or false"):
-        OPSDConfig(preflight=value)
+    assert OPSDConfig().diagnostics.preflight is True
+    assert OPSDConfig(diagnostics={"preflight": False}).diagnostics.preflight is False
+    with pytest.raises(ValueError, match="opsd.diagnostics.preflight must be true or false"):
+        OPSDConfig(diagnostics={"preflight": value})

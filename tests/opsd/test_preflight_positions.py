@@ -1,4 +1,4 @@
-"""The pre-flight gate's model-level part, its pure pieces (``recipe.opsd.preflight``): windows,
+"""The pre-flight gate's model-level part, its pure pieces (``recipe.opsd.core.preflight``): windows,
 window means (float64, by hand), the per-position values against the float64 reference on logits,
 the none control's verdict and the report's table and metrics. The worker path itself runs in the
 e2e launches (tests/e2e/test_opsd_e2e.py)."""
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from recipe.opsd.losses import token_divergence
-from recipe.opsd.preflight import (
+from recipe.opsd.core.losses import token_divergence
+from recipe.opsd.core.preflight import (
     PreflightError,
     divergence_report,
     first_position_values,
@@ -18,7 +18,7 @@ from recipe.opsd.preflight import (
     teacher_is_student,
     window_means,
 )
-from recipe.opsd.signals import token_signals
+from recipe.opsd.core.signals import token_signals
 
 
 def test_window_edges_cut_at_k():
@@ -139,19 +139,19 @@ def test_tolerances_and_which_teachers_have_the_students_weights():
 
 @pytest.mark.parametrize("value", [0, -3, 2.0, True, "16"])
 def test_preflight_positions_is_validated(value):
-    from recipe.opsd.config import OPSDConfig
+    from recipe.opsd.core.config import OPSDConfig
 
-    assert OPSDConfig().preflight_positions == 16
-    with pytest.raises(ValueError, match="opsd.preflight_positions must be an integer >= 1"):
-        OPSDConfig(preflight_positions=value)
+    assert OPSDConfig().diagnostics.preflight_positions == 16
+    with pytest.raises(ValueError, match="opsd.diagnostics.preflight_positions must be an integer >= 1"):
+        OPSDConfig(diagnostics={"preflight_positions": value})
 
 
 def test_the_workers_stand_in_loss_scores_each_row_where_its_response_is():
-    """``teacher_worker._preflight_loss`` (the actor's loss function during the gate): values scattered
+    """``worker._preflight_loss`` (the actor's loss function during the gate): values scattered
     to each micro-batch row's response positions, tagged with the row index; the live head (teacher
     weight None) is the student's; the returned loss is 0."""
-    from recipe.opsd.config import OPSDLossConfig
-    from recipe.opsd.teacher_worker import PREFLIGHT_ROW_KEY, _preflight_loss
+    from recipe.opsd.core.config import LossConfig
+    from recipe.opsd.worker import PREFLIGHT_ROW_KEY, _preflight_loss
 
     gen = torch.Generator().manual_seed(3)
     hidden_bRH, teacher_bRH = torch.randn(2, 3, 4, generator=gen), torch.randn(2, 3, 4, generator=gen)
@@ -161,7 +161,7 @@ def test_the_workers_stand_in_loss_scores_each_row_where_its_response_is():
     data = {"response_mask": mask_bR, "responses": responses_bR, "teacher_hidden": teacher_bRH,
             PREFLIGHT_ROW_KEY: torch.tensor([5, 2])}
     store = {"rows": []}
-    loss_config = OPSDLossConfig()
+    loss_config = LossConfig()
     loss, metrics = _preflight_loss({"student_hidden": hidden_bRH, "student_weight": weight_VH, "student_bias": None},
                                     data, loss_config=loss_config, teacher_weight_VH=None, store=store)
     assert float(loss) == 0.0 and metrics == {} and store["dtype"] == "float32"

@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from recipe.evaluation.decoding_presets import PRESETS
-from recipe.opsd.config import OPSDConfig
-from recipe.opsd.variants import variant_params
+from recipe.opsd.core.config import OPSDConfig
+from recipe.opsd.core.objectives import get_objective
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "opsd" / "config"
 NOT_MINE = {"toy"}  # the toy-world preset of another module
@@ -38,8 +38,8 @@ STUDENT_TEMP = {
 }
 MODE_KEYS = {"opsd.student_mode", "opsd.teacher_mode", "sweep.eval_mode"}
 
-# preset -> exactly the keys it changes against the default (sweep.label excluded). The variant presets
-# fill the default's empty opsd.loss.variant_params mapping, so that (empty) key changes too.
+# preset -> exactly the keys it changes against the default (sweep.label excluded). The presets of objectives with
+# parameters fill the default's empty opsd.loss.params mapping, so that (empty) key changes too.
 EXPECTED = {
     "default": set(),
     "mode_th_th_th": {"sweep.eval_mode"},
@@ -95,23 +95,23 @@ EXPECTED = {
     },
     # train_batch_size 32 equals the recipe default, so it does not show here (it does with a model preset)
     "purified_answer": REPLICATION | {
-        "opsd.teacher_context", "opsd.loss.variant", "opsd.loss.beta", "opsd.loss.clip_tau",
-        "opsd.loss.variant_params.pmi_strength", "opsd.loss.variant_params.pmi_clip",
-        "opsd.loss.variant_params",
+        "opsd.teacher_context", "opsd.loss.objective", "opsd.loss.beta", "opsd.loss.clip_tau",
+        "opsd.loss.params.pmi_strength", "opsd.loss.params.pmi_clip",
+        "opsd.loss.params",
     },
     "purified_solution": REPLICATION | {
-        "opsd.loss.variant", "opsd.loss.beta", "opsd.loss.clip_tau",
-        "opsd.loss.variant_params.pmi_strength", "opsd.loss.variant_params.pmi_clip",
-        "opsd.loss.variant_params",
+        "opsd.loss.objective", "opsd.loss.beta", "opsd.loss.clip_tau",
+        "opsd.loss.params.pmi_strength", "opsd.loss.params.pmi_clip",
+        "opsd.loss.params",
     },
-    "objective_sampled_token": {"opsd.objective.kind"},
+    "objective_sampled_token": {"opsd.loss.objective"},
     # verl interpolates rollout.n into the actor, ref and critic blocks
-    "objective_sampled_token_task": {"opsd.objective.kind", "opsd.objective.task_weight"} | ROLLOUT_N,
-    "objective_divergence_task": {"opsd.objective.task_weight"} | ROLLOUT_N,
-    "objective_sft": {"opsd.objective.sft_weight"},
+    "objective_sampled_token_task": {"opsd.loss.objective", "opsd.loss.task_weight"} | ROLLOUT_N,
+    "objective_divergence_task": {"opsd.loss.task_weight"} | ROLLOUT_N,
+    "objective_sft": {"opsd.loss.sft_weight"},
     "beta_opsd": REPLICATION | {
-        "opsd.loss.variant", "opsd.loss.variant_params.teacher_weight_start",
-        "opsd.loss.variant_params.teacher_weight_end", "opsd.loss.variant_params.discount", "opsd.loss.variant_params",
+        "opsd.loss.objective", "opsd.loss.params.teacher_weight_start",
+        "opsd.loss.params.teacher_weight_end", "opsd.loss.params.discount", "opsd.loss.params",
     },
 }
 
@@ -152,7 +152,7 @@ EVAL_TABLE = {
     "smollm2_135m": {"native": "smollm2_cpu"},
 }
 # Cross-model presets (paper: "A parenthetical teacher denotes a cross-model experiment"): teacher, (S, T) modes.
-CROSS_MODEL = {"qwen3_4b_instruct_teacher_qwen3_4b": ("Qwen/Qwen3-4B", (None, "no_think"))}
+CROSS_MODEL = {"qwen3_4b_instruct_teacher_qwen3_4b": ("Qwen/Qwen3-4B", ("native", "no_think"))}
 CAPS = (128, 256, 512, 1024, 2048, 4096, 6144)
 
 
@@ -218,9 +218,9 @@ def test_experiment_changes_only_its_factor(name, default_flat):
 def test_experiment_opsd_block_validates(name, hydra_dir):
     cfg = _compose(f"+experiment={name}")
     loss = OmegaConf.to_container(cfg.opsd.loss, resolve=True)
-    variant_params(loss["variant"], loss.get("variant_params"))
+    get_objective(loss["objective"]).parse_params(loss.get("params"))
     opsd = OPSDConfig.from_hydra(cfg.opsd)
-    assert opsd.loss.params == variant_params(loss["variant"], loss.get("variant_params"))
+    assert opsd.loss.build_objective().params == get_objective(loss["objective"]).parse_params(loss.get("params"))
 
 
 @pytest.mark.parametrize("name", _names("model"))
@@ -258,7 +258,7 @@ def test_model_preset_matches_paper_tables(name, hydra_dir):
         assert modes == modes_expected
     else:
         assert cfg.opsd.teacher.kind == "frozen_initial"
-        assert modes == (("think", "think") if hybrid else (None, None))
+        assert modes == (("think", "think") if hybrid else ("native", "native"))
     opsd = OPSDConfig.from_hydra(cfg.opsd)
     assert opsd.student_enable_thinking == (True if hybrid else None)
 

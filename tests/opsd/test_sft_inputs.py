@@ -1,4 +1,4 @@
-"""The SFT term's rows (``recipe.opsd.sft_inputs``) and the trainer step that sends them.
+"""The SFT term's rows (``recipe.opsd.core.inputs``) and the trainer step that sends them.
 
 Behaviour: each row is the student prompt the rollouts were generated from followed by the reference
 solution's ids and EOS, laid out like verl's prompt | response batch; a solution above the cap is cut
@@ -15,10 +15,10 @@ from recipe.common.chat import render_ids
 from recipe.common.prompts import build_prompt_pair
 from recipe.models.tiny import build_char_tokenizer
 from recipe.opsd.actor_loss import SFT_INPUT_FIELDS, SFT_INPUT_PREFIX
-from recipe.opsd.config import OPSDConfig
+from recipe.opsd.core.config import OPSDConfig
 from recipe.opsd.opsd_ray_trainer import RayOPSDTrainer
-from recipe.opsd.sft_inputs import SFTInputs
-from recipe.opsd.teacher_inputs import TeacherInputs
+from recipe.opsd.core.inputs import SFTInputs
+from recipe.opsd.core.inputs import TeacherInputs
 
 ROWS = [
     {"id": "a", "index": 0, "problem": "What is 2 + 3?", "solution": "2+3=5, \\boxed{5}", "answer": "5"},
@@ -94,7 +94,7 @@ class _Trainer:
     def __init__(self, **objective):
         from omegaconf import OmegaConf
 
-        self.opsd = OPSDConfig(objective=objective)
+        self.opsd = OPSDConfig(loss=objective)
         self.config = OmegaConf.create({"data": {"max_response_length": 7}})
         self.teacher_inputs = TeacherInputs.from_config(self.opsd, self.tokenizer)
         self.sft_inputs = self._sft_inputs()
@@ -125,7 +125,7 @@ def test_a_train_file_with_a_row_without_a_solution_is_refused_before_ray(tmp_pa
     good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
     pq.write_table(pa.Table.from_pylist([{"extra_info": row} for row in ROWS]), good)
     pq.write_table(pa.Table.from_pylist([{"extra_info": ROWS[0]}, {"extra_info": dict(ROWS[1], solution="")}]), bad)
-    with_sft = OPSDConfig(objective={"sft_weight": 0.1})
+    with_sft = OPSDConfig(loss={"sft_weight": 0.1})
     check_sft_solutions(with_sft, train_files=[str(good)])
     check_sft_solutions(OPSDConfig(), train_files=[str(bad)])  # no SFT term: solutions are not needed
     with pytest.raises(InputError, match=r"row 1 has no non-empty extra_info.solution") as err:

@@ -1,4 +1,4 @@
-"""Token-level signals of recipe.opsd.signals against hand-written 3-entry distributions and
+"""Token-level signals of recipe.opsd.core.signals against hand-written 3-entry distributions and
 float64 references (the unclipped beta=0 term of paper eq:opsd_clipped / eq:generalized_jsd,
 sampled-token advantage, paper table columns, position windows, HE20 shares).
 
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from recipe.opsd.signals import (
+from recipe.opsd.core.signals import (
     SIGNAL_KEYS,
     divergence_mass_by_token,
     divergence_mass_by_token_from_hidden,
@@ -198,8 +198,8 @@ def _pass_case(n=13, h=7, v=29, seed=4):
 def test_signals_from_the_loss_pass_equal_token_signals(opts, chunk_size):
     """float64: every signal of the fused pass equals signals.token_signals on the full logits; the
     loss and gradients equal losses.fused_linear_weighted_divergence's (rows of weight 0 included)."""
-    from recipe.opsd.losses import fused_linear_weighted_divergence
-    from recipe.opsd.signals import weighted_divergence_and_signals
+    from recipe.opsd.core.losses import fused_linear_weighted_divergence
+    from recipe.opsd.core.signals import weighted_divergence_and_signals
 
     hs, ws, ht, wt, bs, ids, w = _pass_case()
     assert 0 < int((w == 0).sum()) < len(w)
@@ -223,7 +223,7 @@ def test_signals_from_the_loss_pass_equal_token_signals(opts, chunk_size):
 
 
 def test_student_entropy_from_hidden_equals_the_signal():
-    from recipe.opsd.signals import student_entropy_from_hidden
+    from recipe.opsd.core.signals import student_entropy_from_hidden
 
     hs, ws, ht, wt, bs, ids, _ = _pass_case(seed=9)
     ref = token_signals_from_hidden(hs, ws, ht, wt, ids, student_bias=bs, student_temperature=1.1, chunk_size=5)
@@ -232,7 +232,7 @@ def test_student_entropy_from_hidden_equals_the_signal():
 
 
 def test_the_fused_pass_refuses_a_top_k_support():
-    from recipe.opsd.losses import fused_linear_weighted_divergence
+    from recipe.opsd.core.losses import fused_linear_weighted_divergence
 
     hs, ws, ht, wt, _, _, w = _pass_case()
     with pytest.raises(ValueError, match="on_chunk needs the full vocabulary"):

@@ -1,10 +1,10 @@
-"""Step dumps (recipe.opsd.step_dump): rows without padding, the teacher prompt split off, atomic write."""
+"""Step dumps (recipe.opsd.core.step_dump): rows without padding, the teacher prompt split off, atomic write."""
 
 import numpy as np
 import pytest
 import torch
 
-from recipe.opsd.step_dump import (
+from recipe.opsd.core.step_dump import (
     dump_path,
     read_step_dump,
     split_teacher_inputs,

@@ -9,7 +9,7 @@ from verl import DataProto
 from recipe.models.tiny import build_char_tokenizer
 from recipe.opsd.actor_loss import TASK_ADVANTAGES_KEY
 from recipe.opsd.opsd_ray_trainer import RayOPSDTrainer
-from recipe.opsd.teacher_worker import RESPONSE_LENGTHS_KEY
+from recipe.opsd.worker import RESPONSE_LENGTHS_KEY
 
 
 class _Trainer:

@@ -12,8 +12,8 @@ import torch
 from recipe.common.chat import render_ids
 from recipe.common.prompts import build_prompt_pair
 from recipe.models.tiny import build_char_tokenizer
-from recipe.opsd.config import OPSDConfig
-from recipe.opsd.teacher_inputs import TeacherInputs
+from recipe.opsd.core.config import OPSDConfig
+from recipe.opsd.core.inputs import TeacherInputs
 
 RECORD = {"id": "row-7", "index": 7, "problem": "What is 2 + 3?", "solution": "2+3=5\n\\boxed{5}", "answer": "5"}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.opsd.config import OPSDConfig, OPSDTeacherConfig
-from recipe.opsd.teacher_kinds import TEACHER_KINDS, ema_update_, ema_update_all_, zero_loss_reason
+from recipe.opsd.core.config import OPSDConfig, TeacherConfig
+from recipe.opsd.core.teacher_kinds import TEACHER_KINDS, ema_update_, ema_update_all_, zero_loss_reason
 
 
 # ------------------------------------------------------------------ EMA update
@@ -94,7 +94,7 @@ def test_zero_loss_when_weights_prompt_mode_and_temperature_are_the_students():
 
 # ------------------------------------------------------------------ config validation
 def test_teacher_block_defaults_to_the_paper_and_validates():
-    assert OPSDConfig().teacher == OPSDTeacherConfig(kind="frozen_initial", path=None, ema_decay=None)
+    assert OPSDConfig().teacher == TeacherConfig(kind="frozen_initial", path=None, ema_decay=None)
     assert set(TEACHER_KINDS) == {"frozen_initial", "checkpoint", "ema", "live"}
     assert OPSDConfig.from_hydra({"teacher": {"kind": "ema", "ema_decay": 1}}).teacher.ema_decay == 1.0
     assert OPSDConfig.from_hydra({"teacher": {"kind": "checkpoint", "path": "Qwen/Qwen3-4B"}}).teacher.path == "Qwen/Qwen3-4B"
@@ -209,7 +209,7 @@ def test_the_workers_tokenizer_check_resolves_hub_ids(tmp_path, monkeypatch):
 
     from recipe.common.cli import InputError
     from recipe.models.tiny import build_tiny_model
-    from recipe.opsd.teacher_worker import OPSDActorRolloutRefWorker
+    from recipe.opsd.worker import OPSDActorRolloutRefWorker
 
     student = build_tiny_model(tmp_path / "student", seed=0)
     hub = tmp_path / "hub"

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from recipe.models.tiny import tiny_qwen3_config
-from recipe.opsd.signals import sampled_token_rank_from_hidden
-from recipe.opsd.teacher_worker import RESPONSE_LENGTHS_KEY, _response_hidden, capture_final_hidden
+from recipe.opsd.core.signals import sampled_token_rank_from_hidden
+from recipe.opsd.engine import RESPONSE_LENGTHS_KEY, _response_hidden, capture_final_hidden
 
 VOCAB = 97
 PROMPT_LENS = (6, 3, 9)

@@ -1,4 +1,5 @@
-"""Purified OPSD and beta-OPSD against float64 references written out by hand."""
+"""Purified OPSD and beta-OPSD (recipe.opsd.core.objectives.purified / beta_opsd) against float64
+references written out by hand."""
 
 from __future__ import annotations
 
@@ -7,17 +8,15 @@ import math
 import pytest
 import torch
 
-from recipe.opsd.variants import (
-    BetaOPSDParams,
-    PurifiedParams,
-    beta_opsd_token_loss,
-    discounted_returns,
-    purified_target_log_probs,
-    purified_token_loss,
-    soft_clip,
-    teacher_weight_schedule,
-    variant_params,
-)
+from recipe.opsd.core.objectives import get_objective
+from recipe.opsd.core.objectives.beta_opsd import BetaOPSDParams, beta_opsd_token_loss, teacher_weight_schedule
+from recipe.opsd.core.objectives.purified import PurifiedParams, purified_target_log_probs, purified_token_loss, soft_clip
+from recipe.opsd.core.objectives.terms import discounted_returns
+
+
+def variant_params(name, params):
+    """The objective's parameters (``opsd.loss.params``) as its registry entry parses them."""
+    return get_objective(name).parse_params(params)
 
 D = torch.float64
 
@@ -168,14 +167,14 @@ def test_beta_opsd_reward_lower_bound_and_bad_ids():
 
 
 def test_variant_params_validation():
-    assert variant_params("opsd", None) is None
+    assert variant_params("divergence", None) is None
     assert variant_params("purified", {"pmi_strength": 1, "pmi_clip": 10}) == PurifiedParams()
     assert variant_params("beta_opsd", {}) == BetaOPSDParams(0.5, 0.8, 0.99)
-    with pytest.raises(ValueError, match="variant_params.discount"):
+    with pytest.raises(ValueError, match="params.discount"):
         variant_params("beta_opsd", {"discount": 1.5})
-    with pytest.raises(ValueError, match="unknown opsd.loss.variant_params"):
+    with pytest.raises(ValueError, match="unknown opsd.loss.params"):
         variant_params("purified", {"strength": 1})
     with pytest.raises(ValueError, match="must be empty"):
-        variant_params("opsd", {"pmi_clip": 10})
-    with pytest.raises(ValueError, match="variant must be one of"):
+        variant_params("divergence", {"pmi_clip": 10})
+    with pytest.raises(ValueError, match="objective must be one of"):
         variant_params("pmi", {})

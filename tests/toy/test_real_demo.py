@@ -53,10 +53,10 @@ def test_real_demo_plans_smollm2_with_native_modes_and_the_same_problems(recipe,
     assert cfg.actor_rollout_ref.rollout.name == "hf" and cfg.trainer.resume_mode == "disable"
     assert str(launch.ckpt_dir).startswith(str(tmp_path / "real_runs"))
     if recipe == "opsd":
-        assert (cfg.opsd.student_mode, cfg.opsd.teacher_mode) == (None, None)
+        assert (cfg.opsd.student_mode, cfg.opsd.teacher_mode) == ("native", "native")
         assert cfg.opsd.loss.clip_tau == 0.05 and cfg.opsd.teacher_context == "full_solution"
         # the monitor's windows fit a 16-step run (the paper's 1-10 vs the last 10 would never check it)
-        monitor = cfg.opsd.monitor
+        monitor = cfg.opsd.diagnostics.monitor
         assert (monitor.enabled, monitor.early_start, monitor.early_end, monitor.recent_window) == (True, 1, 3, 3)
     else:
         assert cfg.actor_rollout_ref.rollout.n == 4 and not cfg.data.apply_chat_template_kwargs
@@ -91,7 +91,7 @@ def test_data_are_the_task_s_rows_written_once(tmp_path):
 
 def test_evaluation_is_greedy_native_at_the_training_cap_and_displayed_in_percent():
     preset = greedy_preset()
-    assert (preset.mode, preset.top_k, preset.max_new_tokens, preset.engine) == (None, 1, 128, "hf")
+    assert (preset.mode, preset.top_k, preset.max_new_tokens, preset.engine) == ("native", 1, 128, "hf")
     rows = display_real({"greedy": 0.25, "boxed_rate": 0.5, "mean_length": 40.25, "n_problems": 64, "eval_s": 3.0})
     assert rows == {"greedy accuracy (%), 64 problems": "25.0", "boxed rate (%)": "50.0",
                     "mean length (tokens)": "40.2"}
@@ -134,7 +134,7 @@ def test_sft_trains_the_answer_after_the_exact_rollout_prompt_on_smollm2(smollm2
                                "enable_thinking_default": None, "messages_key": "messages"})
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     item = MultiTurnSFTDataset(parquet_files=str(path), tokenizer=tokenizer, config=config)[0]
-    prompt = render_ids(student_messages(record["problem"]), tokenizer, None)
+    prompt = render_ids(student_messages(record["problem"]), tokenizer, "native")
     answer = tokenizer(record["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     ids, mask = item["input_ids"].tolist(), item["loss_mask"].bool().tolist()
     assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])

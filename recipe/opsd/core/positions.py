@@ -17,11 +17,11 @@ valid ones of each row). The paper's selections:
   (rank 0 = teacher argmax; AdvT4 / AdvT16).
 
 The selected positions then feed the generalized divergence of eq:generalized_jsd /
-eq:opsd_clipped through :mod:`recipe.opsd.losses`.
+eq:opsd_clipped through :mod:`recipe.opsd.core.losses`.
 
 Example::
 
-    from recipe.opsd.positions import select_positions
+    from recipe.opsd.core.positions import select_positions
     mask_BT = select_positions("he:0.2", response_mask_BT=response_mask_BT, entropy_BT=entropy_BT)
 """
 

@@ -13,12 +13,12 @@ with sampled token y_i (pS, pT at their temperatures):
   d_{i,v} > clip_tau and the teacher mass on them (0 when ``clip_tau`` is None);
 * ``student_entropy``, ``teacher_entropy``, ``top1_agree``, ``student_logp``, ``teacher_logp``.
 
-Every per-entry formula comes from :mod:`recipe.opsd.losses` (one copy of each formula).
+Every per-entry formula comes from :mod:`recipe.opsd.core.losses` (one copy of each formula).
 Nothing larger than [chunk_size, V] is allocated.
 
 Example::
 
-    from recipe.opsd.signals import token_signals_from_hidden, summarize_signals
+    from recipe.opsd.core.signals import token_signals_from_hidden, summarize_signals
     sig = token_signals_from_hidden(hs_NH, w_VH, ht_NH, w_VH, response_ids_N,
                                     student_temperature=1.1, clip_tau=0.05)
     print(summarize_signals(sig))   # fwd_kl, d_gt_005 (%), abs_adv, agree (%), enc (%), disc (%), ...
@@ -32,7 +32,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from recipe.opsd.losses import entropy, forward_kl_terms, log_probs, validate_loss_options
+from recipe.opsd.core.losses import compute_dtype, entropy, forward_kl_terms, log_probs, validate_loss_options
 
 __all__ = [
     "SIGNAL_KEYS",
@@ -135,10 +135,6 @@ def _signals(chunks, sampled_ids_N, n, vocab, o, cdt, device) -> dict[str, torch
     return out
 
 
-def _cdt(*tensors):
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
 def token_signals(
     student_logits_NV: torch.Tensor,
     teacher_logits_NV: torch.Tensor,
@@ -153,7 +149,7 @@ def token_signals(
     o = _options(student_temperature, teacher_temperature, clip_tau, chunk_size, student_logits_NV.shape[-1])
     chunks = _logit_chunks(student_logits_NV.detach(), teacher_logits_NV.detach(), chunk_size)
     n, vocab = student_logits_NV.shape[0], student_logits_NV.shape[-1]
-    return _signals(chunks, sampled_ids_N, n, vocab, o, _cdt(student_logits_NV, teacher_logits_NV), student_logits_NV.device)
+    return _signals(chunks, sampled_ids_N, n, vocab, o, compute_dtype(student_logits_NV, teacher_logits_NV), student_logits_NV.device)
 
 
 def token_signals_from_hidden(
@@ -176,7 +172,7 @@ def token_signals_from_hidden(
     parts = [t.detach() if t is not None else None for t in
              (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias)]
     chunks = _hidden_chunks(*parts, chunk_size)
-    cdt = _cdt(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    cdt = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
     return _signals(chunks, sampled_ids_N, student_hidden_NH.shape[0], vocab, o, cdt, student_hidden_NH.device)
 
 
@@ -206,11 +202,11 @@ def weighted_divergence_and_signals(
     and the signals' clip threshold (as in the trainer); the signals are always the forward-KL
     diagnostics, whatever ``beta``. Rows with weight 0 get signals and values, no gradient work.
     """
-    from recipe.opsd.losses import fused_linear_weighted_divergence
+    from recipe.opsd.core.losses import fused_linear_weighted_divergence
 
     n, vocab = student_hidden_NH.shape[0], student_weight_VH.shape[0]
     _check_ids(sampled_ids_N, n, vocab)
-    cdt = _cdt(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    cdt = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
     out = _empty_signals(n, cdt, student_hidden_NH.device)
     ids_N = sampled_ids_N.to(student_hidden_NH.device)
 
@@ -238,7 +234,7 @@ def student_entropy_from_hidden(
     """Entropy [N] of softmax((h @ W.T + b) / temperature), chunked (the ``student_entropy`` signal
     alone: one projection, for entropy-ranked loss positions before the loss pass)."""
     o = _options(temperature, None, None, chunk_size, weight_VH.shape[0])
-    cdt = _cdt(hidden_NH, weight_VH)
+    cdt = compute_dtype(hidden_NH, weight_VH)
     out_N = torch.zeros(hidden_NH.shape[0], dtype=cdt, device=hidden_NH.device)
     for start in range(0, hidden_NH.shape[0], chunk_size):
         rows = slice(start, min(start + chunk_size, hidden_NH.shape[0]))
@@ -271,7 +267,7 @@ def sampled_token_rank_from_hidden(
         raise ValueError(f"chunk_size must be an int >= 1; got {chunk_size!r}")
     n, vocab = hidden_NH.shape[0], weight_VH.shape[0]
     _check_ids(sampled_ids_N, n, vocab)
-    cdt = _cdt(hidden_NH, weight_VH)
+    cdt = compute_dtype(hidden_NH, weight_VH)
     weight = weight_VH.detach().to(cdt)
     bias = None if bias is None else bias.detach().to(cdt)
     rank_N = torch.zeros(n, dtype=torch.int64, device=hidden_NH.device)
@@ -313,7 +309,7 @@ def divergence_mass_by_token(
     vocab = student_logits_NV.shape[-1]
     o = _options(student_temperature, teacher_temperature, None, chunk_size, vocab)
     chunks = _logit_chunks(student_logits_NV.detach(), teacher_logits_NV.detach(), chunk_size)
-    return _mass(chunks, vocab, o, _cdt(student_logits_NV, teacher_logits_NV), student_logits_NV.device, mass_V)
+    return _mass(chunks, vocab, o, compute_dtype(student_logits_NV, teacher_logits_NV), student_logits_NV.device, mass_V)
 
 
 def divergence_mass_by_token_from_hidden(
@@ -334,7 +330,7 @@ def divergence_mass_by_token_from_hidden(
     o = _options(student_temperature, teacher_temperature, None, chunk_size, vocab)
     parts = [t.detach() if t is not None else None for t in
              (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias)]
-    cdt = _cdt(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    cdt = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
     return _mass(_hidden_chunks(*parts, chunk_size), vocab, o, cdt, student_hidden_NH.device, mass_V)
 
 

@@ -1,4 +1,4 @@
-"""Step dumps (``opsd.dump_steps=true``): what one OPSD step scored, so it can be re-scored later.
+"""Step dumps (``opsd.diagnostics.dump_steps=true``): what one OPSD step scored, so it can be re-scored later.
 
 Written by the trainer once per step, before the update, to
 ``<trainer.default_local_dir>/step_dumps/step_<s>.pt`` (``torch.save`` of plain lists and dicts,
@@ -8,7 +8,7 @@ a resume replaces its dump, as its metrics line supersedes the earlier one). Per
 - ``prompt_ids``: the student prompt the rollout was generated from (no padding);
 - ``response_ids``: the sampled response (no padding);
 - ``teacher_prompt_ids``: the teacher prompt the response was spliced onto (the teacher input is
-  ``teacher_prompt_ids + response_ids``); Purified OPSD: ``reference_prompt_ids`` too;
+  ``teacher_prompt_ids + response_ids``); objectives with a reference forward: ``reference_prompt_ids`` too;
 - ``loss_mask``: the trainer's loss positions over the response (``advt`` / ``he`` / ``le``: the
   final selection is made on the workers and is not in the dump);
 - ``index``: the row's ``extra_info.index`` in the data set;
@@ -56,6 +56,25 @@ def split_teacher_inputs(teacher_rows: list[list[int]], response_rows: list[list
             raise ValueError(f"row {b}: the {what} input does not end with the row's response ids")
         prompts.append(full[:cut])
     return prompts
+
+
+def step_rows(*, prompts_BP: torch.Tensor, responses_BR: torch.Tensor, attention_BT: torch.Tensor,
+              loss_mask_BR: torch.Tensor, extra_infos, teacher_inputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+              ) -> dict[str, list]:
+    """The per-row lists of one step (module docstring) from the actor batch: prompts left-padded and
+    responses right-padded under ``attention_BT``; ``teacher_inputs``: dump key (``teacher_prompt_ids``,
+    ``reference_prompt_ids``) -> (spliced input ids, attention mask) of that teacher input."""
+    response_ids = unpadded_rows(responses_BR, attention_BT[:, -responses_BR.shape[1]:])
+    lengths_B = [len(ids) for ids in response_ids]
+    rows = {
+        "prompt_ids": unpadded_rows(prompts_BP, attention_BT[:, : prompts_BP.shape[1]]),
+        "response_ids": response_ids,
+        "loss_mask": [mask[:n].tolist() for mask, n in zip(loss_mask_BR.bool(), lengths_B)],
+        "index": [info.get("index") for info in extra_infos],
+    }
+    for key, (ids_BT, mask_BT) in teacher_inputs.items():
+        rows[key] = split_teacher_inputs(unpadded_rows(ids_BT, mask_BT), response_ids, what=key)
+    return rows
 
 
 def write_step_dump(path: str | os.PathLike, *, step: int, rows: dict[str, list], loss_config: dict,

@@ -1,38 +1,48 @@
-"""Token-level teacher inputs of OPSD rollouts (pure: torch + the prompt modules; no verl or ray).
+"""Token-level inputs of the teacher and SFT forwards (pure: torch + recipe.common; no verl or ray).
 
-For every rollout the teacher sees its own prompt -- ``prompts.build_prompt_pair(teacher_context,
-extra_info)`` rendered by ``chat.render_ids`` in ``teacher_mode``, at most
-``teacher_max_prompt_length`` tokens (longer is an error naming the row, never truncated) --
-followed by the student's response TOKEN IDS (``chat.splice_teacher_inputs``: never decoded, no pad
-in between). ``reference_only`` gives Purified OPSD's reference-only prompt instead
-(``prompts.reference_only_messages``: the teacher prompt without the question).
-
+Teacher inputs (``TeacherInputs``). For every rollout the teacher sees its own prompt --
+``prompts.build_prompt_pair(teacher_context, extra_info)`` rendered by ``chat.render_ids`` in
+``teacher_mode``, at most ``teacher_max_prompt_length`` tokens (longer is an error naming the row,
+never truncated) -- followed by the student's response TOKEN IDS (``chat.splice_teacher_inputs``:
+never decoded, no pad in between). ``reference_only`` gives Purified OPSD's reference-only prompt
+instead (``prompts.reference_only_messages``: the teacher prompt without the question).
 ``check_student_prompts`` guards the other side: the parquet ``prompt`` the student generated from
 must be the student message of the same teacher context rendered in ``student_mode`` (the
 instruction-only contexts change the student message; a parquet built for another context would
 silently run another experiment).
 
-Both are cached per row (``extra_info`` id, index and problem), so a row is rendered and checked
-once per run; ``student_prompt_ids`` (the rendering the check compares with) is also the student
-prompt of the SFT term (``recipe.opsd.sft_inputs``).
+SFT inputs (``SFTInputs``, ``opsd.loss.sft_weight`` > 0): the student's NLL of each row's reference
+solution given its student prompt (docs/core_math.md, "Mixed objectives" (c)). Per row the prompt is
+``TeacherInputs.student_prompt_ids`` (exactly the prompt the rollouts were generated from); the
+target is ``extra_info["solution"]`` tokenized without special tokens, then the tokenizer's EOS, at
+most ``max_length`` tokens (a longer solution keeps its first ``max_length`` tokens and no EOS and is
+reported as truncated, never cut silently); spliced as the teacher inputs are (prompt left-padded,
+solution right-padded in the last S columns), so verl's ``left_right_2_no_padding`` and the engine's
+response-row gather treat the solution as the "response".
+
+Everything is cached per row (``extra_info`` id, index and problem): a row is rendered and checked
+once per run.
+
+Example::
+
+    inputs = TeacherInputs.from_config(opsd_config, tokenizer)
+    inputs.check_student_prompts(prompt_ids_per_row, extra_infos)
+    tensors = inputs.spliced(extra_infos, responses_BR, response_attention_BR)
+    sft = SFTInputs(student_prompt_ids=inputs.student_prompt_ids, tokenizer=tokenizer, max_length=1024)
+    sft_tensors = sft.spliced(extra_infos)   # input_ids_BT, ..., responses_BS, response_mask_BS, truncated_B
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+SOLUTION_FIELD = "solution"
+
 
 class TeacherInputs:
-    """The teacher prompts of one OPSD run and the check of the student prompts.
-
-    Example::
-
-        inputs = TeacherInputs.from_config(opsd_config, tokenizer)
-        inputs.check_student_prompts(prompt_ids_per_row, extra_infos)
-        tensors = inputs.spliced(extra_infos, responses_BR, response_attention_BR)
-    """
+    """The teacher prompts of one OPSD run and the check of the student prompts."""
 
     def __init__(
         self, *, teacher_context: str, student_mode, teacher_mode, teacher_max_prompt_length: int, tokenizer,
@@ -52,7 +62,7 @@ class TeacherInputs:
 
     @classmethod
     def from_config(cls, opsd_config, tokenizer, *, teacher_tokenizer=None) -> "TeacherInputs":
-        """From a validated ``recipe.opsd.config.OPSDConfig``."""
+        """From a validated ``recipe.opsd.core.config.OPSDConfig``."""
         return cls(
             teacher_context=opsd_config.teacher_context,
             student_mode=opsd_config.student_mode,
@@ -137,3 +147,61 @@ class TeacherInputs:
 def row_key(extra_info: Mapping) -> tuple:
     """What identifies a row of the data set for the per-row caches (``extra_info`` id, index, problem)."""
     return (extra_info.get("id"), extra_info.get("index"), extra_info.get("problem"))
+
+
+class SFTInputs:
+    """The SFT rows of one OPSD run: student prompt + reference solution + EOS, per row."""
+
+    def __init__(self, *, student_prompt_ids: Callable[[Mapping], Sequence[int]], tokenizer, max_length: int):
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"opsd.loss.sft_max_length must be an integer >= 1, got {max_length!r}")
+        if tokenizer.eos_token_id is None:
+            raise ValueError("opsd.loss.sft_weight > 0 ends each solution with the tokenizer's EOS, "
+                             f"but tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no eos_token")
+        self.student_prompt_ids = student_prompt_ids
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self._solutions: dict = {}
+
+    def solution_ids(self, extra_info: Mapping) -> tuple[list[int], bool]:
+        """(the row's target ids, whether they were cut to ``max_length``)."""
+        key = row_key(extra_info)
+        if key not in self._solutions:
+            text = extra_info.get(SOLUTION_FIELD)
+            if not isinstance(text, str) or not text.strip():
+                shown = text if not isinstance(text, str) else text[:40]
+                raise ValueError(
+                    f"row id={extra_info.get('id')!r} (index {extra_info.get('index')!r}): opsd.loss.sft_weight > 0 "
+                    f"trains on the reference solution, but its extra_info.{SOLUTION_FIELD} is {shown!r}; use a data set "
+                    f"whose every row has a non-empty {SOLUTION_FIELD!r}, or set opsd.loss.sft_weight=0"
+                )
+            ids = [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+            ids.append(int(self.tokenizer.eos_token_id))
+            truncated = len(ids) > self.max_length
+            self._solutions[key] = (ids[: self.max_length], truncated)
+        ids, truncated = self._solutions[key]
+        return list(ids), truncated
+
+    def spliced(self, extra_infos: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        """Per row the student prompt (left-padded) then the target (right-padded):
+        ``input_ids_BT``, ``attention_mask_BT``, ``position_ids_BT`` (T = P + S), the target
+        ``responses_BS`` / ``response_mask_BS`` (the last S columns) and ``truncated_B`` (bool)."""
+        from recipe.common.chat import splice_teacher_inputs
+
+        prompts = [self.student_prompt_ids(info) for info in extra_infos]
+        targets = [self.solution_ids(info) for info in extra_infos]
+        width = max(len(ids) for ids, _ in targets)
+        pad = self.tokenizer.pad_token_id
+        pad = int(self.tokenizer.eos_token_id if pad is None else pad)
+        responses_BS = torch.full((len(targets), width), pad, dtype=torch.long)
+        response_mask_BS = torch.zeros((len(targets), width), dtype=torch.long)
+        for row, (ids, _) in enumerate(targets):
+            responses_BS[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            response_mask_BS[row, : len(ids)] = 1
+        spliced = splice_teacher_inputs(prompts, responses_BS, response_mask_BS, pad_token_id=pad)
+        return {
+            **spliced,
+            "responses_BS": responses_BS,
+            "response_mask_BS": response_mask_BS,
+            "truncated_B": torch.tensor([cut for _, cut in targets], dtype=torch.bool),
+        }

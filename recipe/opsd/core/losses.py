@@ -19,11 +19,10 @@ ids (forward KL and JSD) or the student's top-k ids (reverse KL) and renormalise
 distributions on that support (no tail bucket).
 
 Everything is computed in float32 (float64 if an input is float64) whatever the input
-dtype. ``chunk_size`` switches to a custom autograd Function that processes rows in
-chunks and recomputes them in backward with an analytic gradient, so the extra memory
-of forward + backward is O(chunk_size x V) plus the gradient of the input.
-:func:`fused_linear_token_divergence` also moves the lm_head matmul inside the chunk, so
-no [N, V] tensor ever exists.
+dtype (``compute_dtype``). :func:`token_divergence` is the readable reference on full logits
+(plain autograd). :func:`fused_linear_weighted_divergence`, what training runs, takes final
+hidden states and lm_head weights, forms the logits of one row chunk at a time and the analytic
+gradient in the same pass, so no [N, V] tensor ever exists: memory O(chunk_size x V).
 
 Analytic gradient (derived per branch, checked by gradcheck in the tests). Write
 l = log pS (a function of the student logits s through l_v = s_v / tau_S - lse(s / tau_S))
@@ -42,10 +41,9 @@ names; the default ``seq-mean-token-mean`` is the paper's per-rollout average.
 
 Example::
 
-    from recipe.opsd.losses import aggregation_weights, token_divergence
+    from recipe.opsd.core.losses import aggregation_weights, token_divergence
     per_pos_BT = token_divergence(student_logits_BTV, teacher_logits_BTV,
-                                  beta=0.0, clip_tau=0.05, student_temperature=1.1,
-                                  chunk_size=1024)
+                                  beta=0.0, clip_tau=0.05, student_temperature=1.1)
     w_BT = aggregation_weights(loss_mask_BT, mode="seq-mean-token-mean",
                                global_tokens=int(loss_mask_BT.sum()),
                                global_sequences=int((loss_mask_BT.sum(-1) > 0).sum()))
@@ -63,7 +61,6 @@ import torch.nn.functional as F
 
 __all__ = [
     "token_divergence",
-    "fused_linear_token_divergence",
     "fused_linear_weighted_divergence",
     "LOSS_AGG_MODES",
     "aggregation_weights",
@@ -71,6 +68,7 @@ __all__ = [
     "entry_terms",
     "forward_kl_terms",
     "entropy",
+    "compute_dtype",
 ]
 
 
@@ -165,7 +163,8 @@ def validate_loss_options(*, beta, clip_tau, student_temperature, teacher_temper
     return _Opts(float(beta), None if clip_tau is None else float(clip_tau), float(student_temperature), float(teacher_temperature), topk)
 
 
-def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype every divergence is computed in: float64 if an input is float64, else float32."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
@@ -261,30 +260,6 @@ def _row_chunks(n_rows: int, chunk_size: int):
 
 
 # --------------------------------------------------------------------------- autograd Functions
-class _ChunkedDivergence(torch.autograd.Function):
-    """Row-chunked divergence on given logits; backward recomputes each chunk analytically."""
-
-    @staticmethod
-    def forward(ctx, student_NV, teacher_NV, o: _Opts, chunk_size: int, cdt: torch.dtype):
-        values_N = torch.empty(student_NV.shape[0], dtype=cdt, device=student_NV.device)
-        ws = _Workspace(student_NV.device)
-        for rows in _row_chunks(student_NV.shape[0], chunk_size):
-            values_N[rows], _ = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], o, cdt, False, ws)
-        ctx.save_for_backward(student_NV, teacher_NV)
-        ctx.o, ctx.chunk_size, ctx.cdt = o, chunk_size, cdt
-        return values_N
-
-    @staticmethod
-    def backward(ctx, grad_N):
-        student_NV, teacher_NV = ctx.saved_tensors
-        grad_NV = torch.empty_like(student_NV)
-        ws = _Workspace(student_NV.device)
-        for rows in _row_chunks(student_NV.shape[0], ctx.chunk_size):
-            _, g = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], ctx.o, ctx.cdt, True, ws)
-            grad_NV[rows] = g.mul_(grad_N[rows, None].to(ctx.cdt))
-        return grad_NV, None, None, None, None
-
-
 def _chunk_logits(h_NH, w_VH, b_V, rows: slice, out: torch.Tensor) -> torch.Tensor:
     """lm_head logits of one row chunk (in the input dtype, like the model's lm_head) into ``out``."""
     if b_V is None:
@@ -321,46 +296,12 @@ def _accumulate_input_grads(g, hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws: _
         grad_b += g.sum(0)
 
 
-class _FusedLinearDivergence(torch.autograd.Function):
-    """Row-chunked divergence with the lm_head matmul inside the chunk; no [N, V] tensor is kept."""
-
-    @staticmethod
-    def forward(ctx, hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, o: _Opts, chunk_size: int, cdt: torch.dtype):
-        values_N = torch.empty(hs_NH.shape[0], dtype=cdt, device=hs_NH.device)
-        ws = _Workspace(hs_NH.device)
-        for rows in _row_chunks(hs_NH.shape[0], chunk_size):
-            values_N[rows], _ = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, False, ws)
-        ctx.save_for_backward(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V)
-        ctx.o, ctx.chunk_size, ctx.cdt = o, chunk_size, cdt
-        return values_N
-
-    @staticmethod
-    def backward(ctx, grad_N):
-        hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        cdt = ctx.cdt
-        grad_h = torch.empty_like(hs_NH) if need_h else None
-        # weight / bias gradients accumulate over chunks in the compute dtype (fp32 for bf16 weights)
-        grad_w = torch.zeros(ws_VH.shape, dtype=cdt, device=ws_VH.device) if need_w else None
-        grad_b = torch.zeros(bs_V.shape, dtype=cdt, device=bs_V.device) if need_b and bs_V is not None else None
-        ws = _Workspace(hs_NH.device)
-        for rows in _row_chunks(hs_NH.shape[0], ctx.chunk_size):
-            _, g = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, ctx.o, cdt, True, ws)
-            _accumulate_input_grads(g.mul_(grad_N[rows, None].to(cdt)), hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws)
-        return (
-            grad_h,
-            None if grad_w is None else grad_w.to(ws_VH.dtype),
-            None if grad_b is None else grad_b.to(bs_V.dtype),
-            None, None, None, None, None, None,
-        )
-
-
 class _FusedLinearWeightedDivergence(torch.autograd.Function):
     """sum_n w_n d_n with the lm_head inside the chunk; every gradient is formed in forward.
 
     The weights are known in forward, so each chunk is visited once (values and gradient
     together) and the lm_head-sized matmuls are 4 (two logits, two gradients) instead of the
-    6 of ``_FusedLinearDivergence`` (which recomputes both logits in backward). Backward only
+    6 of a kernel that recomputes both logits in backward. Backward only
     scales the stored [N, H] / [V, H] gradients by the incoming scalar.
     """
 
@@ -400,7 +341,7 @@ class _FusedLinearWeightedDivergence(torch.autograd.Function):
         if grads is None:
             raise RuntimeError(
                 "fused_linear_weighted_divergence: backward through the same graph twice (retain_graph) is not "
-                "supported (its gradients are formed once, in forward); use fused_linear_token_divergence"
+                "supported (its gradients are formed once, in forward)"
             )
         out = []
         for g, dt in zip(grads, ctx.dtypes):
@@ -427,14 +368,23 @@ def token_divergence(
     student_temperature: float = 1.0,
     teacher_temperature: float | None = None,
     topk: int | None = None,
-    chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """Per-position (optionally clipped) beta-divergence, shape ``logits.shape[:-1]``.
+    """Per-position (optionally clipped) beta-divergence on full logits, shape ``logits.shape[:-1]``:
+    the readable reference (plain autograd through the per-entry formulas) that the fused kernel
+    (:func:`fused_linear_weighted_divergence`) is tested against.
 
-    Differentiable w.r.t. ``student_logits`` only; the teacher is a constant. Returns
-    float32 (float64 if an input is float64). ``chunk_size=None`` runs plain autograd on
-    the whole tensor (reference path); an int runs the chunked analytic-gradient path.
+    Differentiable w.r.t. ``student_logits`` only; the teacher is a constant. Returns float32
+    (float64 if an input is float64).
     """
+    student_NV, teacher_NV, o, cdt = _logit_inputs(student_logits, teacher_logits, beta=beta, clip_tau=clip_tau,
+                                                   student_temperature=student_temperature,
+                                                   teacher_temperature=teacher_temperature, topk=topk, chunk_size=None)
+    return _autograd_values(student_NV, teacher_NV, o, cdt).reshape(student_logits.shape[:-1])
+
+
+def _logit_inputs(student_logits, teacher_logits, *, beta, clip_tau, student_temperature, teacher_temperature, topk,
+                  chunk_size):
+    """Validated [N, V] views of two logit tensors, the options and the compute dtype."""
     _check_float("student_logits", student_logits)
     _check_float("teacher_logits", teacher_logits)
     if student_logits.shape != teacher_logits.shape or student_logits.dim() < 1:
@@ -444,16 +394,10 @@ def token_divergence(
         )
     vocab = student_logits.shape[-1]
     o = validate_loss_options(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
-                  teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size, vocab_size=vocab)
-    cdt = _compute_dtype(student_logits, teacher_logits)
-    lead = student_logits.shape[:-1]
-    s_NV = student_logits.reshape(-1, vocab)
-    t_NV = teacher_logits.detach().reshape(-1, vocab)
-    if chunk_size is None:
-        values_N = _autograd_values(s_NV, t_NV, o, cdt)
-    else:
-        values_N = _ChunkedDivergence.apply(s_NV, t_NV, o, chunk_size, cdt)
-    return values_N.reshape(lead)
+                              teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
+                              vocab_size=vocab)
+    cdt = compute_dtype(student_logits, teacher_logits)
+    return student_logits.reshape(-1, vocab), teacher_logits.detach().reshape(-1, vocab), o, cdt
 
 
 def _check_fused_inputs(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias,
@@ -482,43 +426,8 @@ def _check_fused_inputs(student_hidden_NH, student_weight_VH, teacher_hidden_NH,
                   teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size, vocab_size=vocab)
     if chunk_size is None:
         raise ValueError("chunk_size must be an int >= 1 for the fused path; got None")
-    cdt = _compute_dtype(*tensors)
+    cdt = compute_dtype(*tensors)
     return o, cdt
-
-
-def fused_linear_token_divergence(
-    student_hidden_NH: torch.Tensor,
-    student_weight_VH: torch.Tensor,
-    teacher_hidden_NH: torch.Tensor,
-    teacher_weight_VH: torch.Tensor,
-    *,
-    student_bias: torch.Tensor | None = None,
-    teacher_bias: torch.Tensor | None = None,
-    beta: float = 0.0,
-    clip_tau: float | None = None,
-    student_temperature: float = 1.0,
-    teacher_temperature: float | None = None,
-    topk: int | None = None,
-    chunk_size: int = 1024,
-) -> torch.Tensor:
-    """``token_divergence(hs @ Ws.T + bs, ht @ Wt.T + bt)`` without materialising [N, V].
-
-    The lm_head matmul runs per row chunk in the input dtype (as the model's lm_head
-    would), the divergence in float32 (float64 for float64 inputs); backward recomputes
-    each chunk. Gradients go to ``student_hidden_NH``, ``student_weight_VH`` and
-    ``student_bias``; the teacher side is a constant. Returns ``Tensor[N]``.
-    """
-    o, cdt = _check_fused_inputs(
-        student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias,
-        beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
-        teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
-    )
-    return _FusedLinearDivergence.apply(
-        student_hidden_NH, student_weight_VH, student_bias,
-        teacher_hidden_NH.detach(), teacher_weight_VH.detach(),
-        None if teacher_bias is None else teacher_bias.detach(),
-        o, chunk_size, cdt,
-    )
 
 
 def fused_linear_weighted_divergence(
@@ -538,13 +447,15 @@ def fused_linear_weighted_divergence(
     chunk_size: int = 1024,
     on_chunk=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sum_n row_weights_N[n] * d_n, d_N.detach())`` with d_N = ``fused_linear_token_divergence(...)``.
+    """``(sum_n row_weights_N[n] * d_n, d_N.detach())`` with d_N = ``token_divergence(hs @ Ws.T + bs,
+    ht @ Wt.T + bt, ...)``, without materialising [N, V].
 
-    Same values and gradients as weighting the per-position output of
-    :func:`fused_linear_token_divergence`, but cheaper when the weighting is known up front
-    (a token mean: ``row_weights_N = 1 / number of loss tokens``): every gradient is formed in
-    the forward pass, so the vocabulary is visited once and the lm_head-sized matmuls drop
-    from 6 to 4. The stored gradients ([N, H], [V, H]) live until backward, which hands them
+    The lm_head matmul runs per row chunk in the input dtype (as the model's lm_head would), the
+    divergence in float32 (float64 for float64 inputs). Gradients go to ``student_hidden_NH``,
+    ``student_weight_VH`` and ``student_bias``; the teacher side is a constant. The weights are
+    known up front (the aggregation of the mini-batch loss), so every gradient is formed in the
+    forward pass: the vocabulary is visited once and the lm_head-sized matmuls are 4 (two logits,
+    two gradients; a loss that recomputes in backward needs 6). The stored gradients ([N, H], [V, H]) live until backward, which hands them
     over without a copy; a second backward through the same graph raises. Rows of weight 0 cost
     no gradient work (their values are still computed).
 

@@ -85,7 +85,9 @@ def rendering_diff(student_text: str, teacher_text: str, *, student_label: str =
 
 
 def _render_text(messages, tokenizer, mode, *, add_generation_prompt: bool = True) -> str:
-    kwargs = {} if mode is None else {"enable_thinking": mode == "think"}
+    from recipe.common.chat import template_kwargs
+
+    kwargs = template_kwargs(mode)
     return tokenizer.apply_chat_template(list(messages), tokenize=False,
                                          add_generation_prompt=add_generation_prompt, **kwargs)
 
@@ -137,7 +139,7 @@ class PreflightReport:
     notes: list = field(default_factory=list)
 
     def summary(self) -> str:
-        modes = "/".join("native" if mode is None else mode for mode in (self.student_mode, self.teacher_mode))
+        modes = f"{self.student_mode}/{self.teacher_mode}"
         line = (f"[opsd] preflight: ok ({self.rows} rows, context {self.teacher_context}, modes {modes}): rollout "
                 f"prompts are the context's student message; none control gives identical inputs (divergence 0); "
                 f"generation prompts student {self.student_suffix!r} teacher {self.teacher_suffix!r}; turn end "
@@ -247,6 +249,42 @@ def control_response(extra_info: Mapping, tokenizer, *, tokens: int) -> list[int
     return [int(i) for i in ids] or [int(tokenizer.eos_token_id)]
 
 
+def control_batch(infos: Sequence[Mapping], *, teacher_inputs, tokens: int):
+    """The workers' part's rows: each row twice -- the student prompt of the configured context with its
+    teacher prompt (``teacher_inputs``, a ``recipe.opsd.core.inputs.TeacherInputs``), then the none
+    control (student and teacher prompt of context ``none``, both in the student's mode) -- with the
+    reference solution's first ``tokens`` tokens as the response (``control_response``).
+
+    Returns (student, teacher, responses_BR, response_mask_BR): the two sides in verl's layout
+    (``chat.splice_teacher_inputs``: prompt left-padded, response right-padded), each padded to its own
+    longest prompt -- the none rows sit behind more left padding on the teacher side (its context rows
+    are longer), as teacher and student rows do in training.
+    """
+    import torch
+
+    from recipe.common.chat import render_ids, splice_teacher_inputs
+    from recipe.common.prompts import build_prompt_pair
+    from recipe.opsd.core.inputs import TeacherInputs
+
+    tokenizer, mode = teacher_inputs.tokenizer, teacher_inputs.student_mode
+    none_inputs = TeacherInputs(teacher_context="none", student_mode=mode, teacher_mode=mode,
+                                teacher_max_prompt_length=1 << 30, tokenizer=tokenizer)
+    student_prompts, teacher_prompts, responses = [], [], []
+    for context, inputs in ((teacher_inputs.teacher_context, teacher_inputs), ("none", none_inputs)):
+        for info in infos:
+            student_messages, _ = build_prompt_pair(context, info)
+            student_prompts.append(render_ids(student_messages, tokenizer, mode))
+            teacher_prompts.append(inputs.teacher_prompt_ids(info))
+            responses.append(control_response(info, tokenizer, tokens=tokens))
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    width = max(len(ids) for ids in responses)
+    responses_BR = torch.tensor([ids + [pad] * (width - len(ids)) for ids in responses])
+    response_mask_BR = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in responses])
+    student = splice_teacher_inputs(student_prompts, responses_BR, response_mask_BR, pad_token_id=pad)
+    teacher = splice_teacher_inputs(teacher_prompts, responses_BR, response_mask_BR, pad_token_id=pad)
+    return student, teacher, responses_BR, response_mask_BR
+
+
 def run_preflight(rows: Sequence[Mapping], *, teacher_context: str, student_mode, teacher_mode, tokenizer,
                   eos_ids, rollout_prompts: Sequence | None = None) -> PreflightReport:
     """``check_row`` on every row; a ``PreflightReport`` (or the first row's ``PreflightError``)."""
@@ -276,7 +314,7 @@ def run_preflight(rows: Sequence[Mapping], *, teacher_context: str, student_mode
 
 
 # ----------------------------------------------------------------------------- the workers' part
-# The model-level report (run on the workers at the start of training, recipe.opsd.teacher_worker
+# The model-level report (run on the workers at the start of training, recipe.opsd.worker
 # .OPSDActorRolloutRefWorker.preflight_divergence, assembled by the trainer): the pure pieces.
 
 # window edges of the report: positions [0, 4), [4, 16), [16, K) (those below K)
@@ -307,7 +345,7 @@ def window_means(values_RK, mask_RK, *, windows) -> list[float]:
     position) is in each window [lo, hi), pooled over rows; NaN for an empty window."""
     import torch
 
-    from recipe.opsd.signals import position_windows
+    from recipe.opsd.core.signals import position_windows
 
     if values_RK.shape != mask_RK.shape or values_RK.dim() != 2:
         raise ValueError(f"values_RK and mask_RK must be 2-D of the same shape; got {tuple(values_RK.shape)} and "
@@ -327,8 +365,8 @@ def first_position_values(student_hidden_NH, student_weight_VH, teacher_hidden_N
     give 0 whatever the configured temperatures)."""
     import torch
 
-    from recipe.opsd.losses import fused_linear_weighted_divergence
-    from recipe.opsd.signals import token_signals_from_hidden, weighted_divergence_and_signals
+    from recipe.opsd.core.losses import fused_linear_weighted_divergence
+    from recipe.opsd.core.signals import token_signals_from_hidden, weighted_divergence_and_signals
 
     options = dict(student_bias=student_bias, teacher_bias=teacher_bias, beta=beta, clip_tau=clip_tau,
                    student_temperature=student_temperature, chunk_size=chunk_size)

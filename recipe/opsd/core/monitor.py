@@ -77,7 +77,7 @@ class TrainingCollapseError(RuntimeError):
 
 @dataclass
 class MonitorConfig:
-    """Settings of the collapse monitor (``opsd.monitor`` in the OPSD trainer yaml).
+    """Settings of the collapse monitor (``opsd.diagnostics.monitor`` in the OPSD trainer yaml).
 
     Attributes:
         enabled: False turns ``update`` into a no-op that returns ``{}``.
@@ -120,40 +120,40 @@ class MonitorConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.early_start, int) or self.early_start < 0:
-            raise ValueError(f"opsd.monitor.early_start must be an int >= 0, got {self.early_start!r}")
+            raise ValueError(f"opsd.diagnostics.monitor.early_start must be an int >= 0, got {self.early_start!r}")
         if not isinstance(self.early_end, int) or self.early_end < self.early_start:
             raise ValueError(
-                f"opsd.monitor.early_end must be an int >= early_start={self.early_start}, got {self.early_end!r}"
+                f"opsd.diagnostics.monitor.early_end must be an int >= early_start={self.early_start}, got {self.early_end!r}"
             )
         for name in ("recent_window", "warn_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"opsd.monitor.{name} must be an int >= 1, got {value!r}")
+                raise ValueError(f"opsd.diagnostics.monitor.{name} must be an int >= 1, got {value!r}")
         for name in ("entropy_ratio_threshold", "grad_norm_ratio_threshold", "length_ratio_threshold"):
             value = getattr(self, name)
             if not _is_number(value) or value <= 1.0:
-                raise ValueError(f"opsd.monitor.{name} must be a number > 1 (a rise), got {value!r}")
+                raise ValueError(f"opsd.diagnostics.monitor.{name} must be a number > 1 (a rise), got {value!r}")
         if not _is_number(self.boxed_rate_ratio_threshold) or not 0.0 < self.boxed_rate_ratio_threshold < 1.0:
             raise ValueError(
-                f"opsd.monitor.boxed_rate_ratio_threshold must be in (0, 1) (a drop), got {self.boxed_rate_ratio_threshold!r}"
+                f"opsd.diagnostics.monitor.boxed_rate_ratio_threshold must be in (0, 1) (a drop), got {self.boxed_rate_ratio_threshold!r}"
             )
         for name in ("clip_ratio_increase", "min_early_boxed_rate"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 < value <= 1.0:
-                raise ValueError(f"opsd.monitor.{name} must be in (0, 1], got {value!r}")
+                raise ValueError(f"opsd.diagnostics.monitor.{name} must be in (0, 1], got {value!r}")
         if not _is_number(self.entropy_min_increase) or self.entropy_min_increase < 0:
-            raise ValueError(f"opsd.monitor.entropy_min_increase must be >= 0, got {self.entropy_min_increase!r}")
+            raise ValueError(f"opsd.diagnostics.monitor.entropy_min_increase must be >= 0, got {self.entropy_min_increase!r}")
         if isinstance(self.stop_on, str):
-            raise ValueError(f"opsd.monitor.stop_on must be a list of names, got the string {self.stop_on!r}")
+            raise ValueError(f"opsd.diagnostics.monitor.stop_on must be a list of names, got the string {self.stop_on!r}")
         self.stop_on = tuple(self.stop_on)
         unknown = [name for name in self.stop_on if name not in SIGNATURES]
         if unknown:
-            raise ValueError(f"opsd.monitor.stop_on has unknown entries {unknown}; allowed: {list(SIGNATURES)}")
+            raise ValueError(f"opsd.diagnostics.monitor.stop_on has unknown entries {unknown}; allowed: {list(SIGNATURES)}")
         self.metric_keys = dict(self.metric_keys)
         unknown = [role for role in self.metric_keys if role not in DEFAULT_METRIC_KEYS]
         if unknown:
             raise ValueError(
-                f"opsd.monitor.metric_keys has unknown roles {unknown}; allowed: {list(DEFAULT_METRIC_KEYS)}"
+                f"opsd.diagnostics.monitor.metric_keys has unknown roles {unknown}; allowed: {list(DEFAULT_METRIC_KEYS)}"
             )
 
     def key(self, role: str) -> str:

@@ -1,4 +1,4 @@
-"""Non-finite loss or gradient: skip the update, count it, stop after K in a row (issue 21, item 2).
+"""Non-finite loss or gradient: skip the update, count it, stop after K in a row.
 
 Who does what:
 
@@ -7,7 +7,7 @@ Who does what:
   ``WARN: grad_norm is not finite``, zeroes the gradients and does not call ``optimizer.step()``;
   with a grad scaler, ``scaler.step`` skips). It does NOT look at the loss, it does not count, it
   never stops, and its learning-rate scheduler still advances.
-- ``SkipNonFiniteLossMixin`` (mixed into the actor's engine by ``teacher_worker.opsd_engine_class``)
+- ``recipe.opsd.engine.SkipNonFiniteLossMixin`` (mixed into the actor's engine by ``engine.opsd_engine_class``)
   adds the loss: when a mini-batch's loss is not finite on any dp rank, the update is skipped the
   same way even if the gradients happen to be finite, and ``grad_norm`` is reported as NaN.
 - ``NonFiniteGuard`` (pure, driven by the trainer once per step from ``actor/loss`` and
@@ -20,21 +20,13 @@ trainer saves when the guard stops holds the weights of the last finite step.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-
-import torch
 
 # the skipped-step metrics (per step): 1 if this step's update was skipped; consecutive skipped steps
 SKIPPED_METRIC = "opsd/nonfinite_skipped"
 CONSECUTIVE_METRIC = "opsd/nonfinite_consecutive"
 # the guard's counts, saved next to verl's data.pt in every global_step_<s>/ folder
 STATE_FILE = "opsd_nonfinite.json"
-
-# TEST ONLY: comma-separated global steps whose teacher hidden states are multiplied by NaN on the
-# workers (tests/e2e/test_opsd_e2e.py); read by the trainer, carried to the workers in the batch
-TEST_NAN_TEACHER_ENV = "OPSD_TEST_NAN_TEACHER_STEPS"
-TEST_NAN_TEACHER_KEY = "opsd_test_nan_teacher"
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -94,7 +86,7 @@ class NonFiniteGuard:
         last_good = f"step {self.last_good_step}" if self.last_good_step else "the initial model (no step was applied)"
         return (
             f"step {self.stop_step}: {self.consecutive} consecutive steps with a non-finite loss or gradient norm "
-            f"(steps {self.first_skipped_step}-{self.stop_step}, updates skipped; opsd.max_consecutive_nonfinite="
+            f"(steps {self.first_skipped_step}-{self.stop_step}, updates skipped; opsd.diagnostics.max_consecutive_nonfinite="
             f"{self.max_consecutive}); the checkpoint global_step_{self.stop_step} holds the weights of {last_good}"
         )
 
@@ -112,44 +104,3 @@ class NonFiniteGuard:
         self.first_skipped_step = state["first_skipped_step"]
         self.last_good_step = int(state["last_good_step"])
         self.stop_step = None
-
-
-def nan_teacher_test_steps(environ=os.environ) -> frozenset[int]:
-    """TEST ONLY: the steps named by ``OPSD_TEST_NAN_TEACHER_STEPS`` (empty when unset)."""
-    text = environ.get(TEST_NAN_TEACHER_ENV, "").strip()
-    try:
-        return frozenset(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"{TEST_NAN_TEACHER_ENV} must be comma-separated step numbers, got {text!r}") from None
-
-
-class SkipNonFiniteLossMixin:
-    """Mixed into verl's FSDP engine: a training mini-batch whose loss is not finite on any dp rank
-    gets no optimizer step (verl's own check covers a non-finite gradient norm only)."""
-
-    _skip_nonfinite_update = False
-
-    def forward_backward_batch(self, data, loss_function, forward_only=False):
-        output = super().forward_backward_batch(data, loss_function, forward_only=forward_only)
-        if not forward_only:
-            local_bad = not all(is_finite_number(loss) for loss in output.get("loss", []))
-            flag = torch.tensor(float(local_bad), device=_device_of(self))
-            group = self.get_data_parallel_group()
-            if torch.distributed.is_initialized():
-                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
-            self._skip_nonfinite_update = bool(flag.item())
-        return output
-
-    def optimizer_step(self):
-        if self._skip_nonfinite_update:
-            self._skip_nonfinite_update = False
-            print("WARN: the loss is not finite: the optimizer step is skipped")
-            self.optimizer.zero_grad()
-            return float("nan")
-        return super().optimizer_step()
-
-
-def _device_of(engine):
-    from verl.utils.device import get_device_id
-
-    return get_device_id()

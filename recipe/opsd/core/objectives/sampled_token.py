@@ -1,0 +1,69 @@
+"""``sampled_token``: the teacher - student log-probability of each sampled token as a per-token
+advantage through verl's PPO surrogate (reverse KL through a policy gradient; the official code's
+``use_tinker_loss``, verl's ``use_policy_gradient``).
+
+    A_bt = sg[log pT(y_t) - log pS_old(y_t)]          (at the teacher / student temperatures)
+           (with ``opsd.loss.params.discount`` > 0 the discounted sum over the response's later tokens)
+    A_bt <- A_bt + task_weight * Ahat_b               (``opsd.loss.task_weight``: the GRPO advantage)
+    loss = sum_bt w_bt l_bt(A)                        (``terms.policy_gradient_terms``, PPO clip
+                                                       ``opsd.loss.clip_ratio_low / high``)
+
+pS_old is the update's own forward detached: the rollout policy under the recipe's one update per
+batch. log pT(y_t) comes from the glue's diagnostics pass (``signals["teacher_logp"]``), log
+pS_theta(y_t) from a chunked, checkpointed pass (``terms.sampled_token_log_probs_from_hidden``).
+``opsd.loss.beta``, ``clip_tau`` and ``topk`` do not enter (clip_tau still sets the diagnostics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recipe.opsd.core.objectives.base import (
+    Objective,
+    ObjectiveBatch,
+    ObjectiveLoss,
+    register_objective,
+    scatter_rows,
+)
+from recipe.opsd.core.objectives.terms import mix_task_advantages, number, sampled_token_advantages
+
+
+@dataclass(frozen=True)
+class SampledTokenParams:
+    """``opsd.loss.params`` of ``objective: sampled_token``.
+
+    discount: discount of the advantage over later tokens (0 = per token, as verl and the official
+        code; tinker's ``kl_discount_factor``), in [0, 1].
+    """
+
+    discount: float = 0.0
+
+    def __post_init__(self):
+        if number("opsd.loss.params.discount", self.discount, low=0.0) > 1:
+            raise ValueError(f"opsd.loss.params.discount must be in [0, 1]; got {self.discount!r}")
+
+
+@register_objective
+class SampledToken(Objective):
+    name = "sampled_token"
+    Params = SampledTokenParams
+    supports_task_reward = True
+    supports_sft = True
+    uses_policy_gradient = True
+
+    def loss(self, batch: ObjectiveBatch) -> ObjectiveLoss:
+        cfg = self.loss_config
+        response_mask_bR = batch.response_mask_bR
+        student_logp_bR = self.student_log_probs_bR(batch)
+        advantages_bR = sampled_token_advantages(
+            teacher_log_probs_BT=scatter_rows(response_mask_bR, batch.signals["teacher_logp"].to(student_logp_bR.dtype)),
+            old_log_probs_BT=student_logp_bR.detach(), mask_BT=response_mask_bR, discount=self.params.discount,
+        )
+        if cfg.task_weight > 0:
+            advantages_bR = mix_task_advantages(
+                distill_advantages_BT=advantages_bR, task_advantages_B=batch.task_advantages_b.to(student_logp_bR.dtype),
+                mask_BT=response_mask_bR, task_weight=cfg.task_weight,
+            )
+        loss, terms_bR = self.surrogate(batch, advantages_bR, student_logp_bR)
+        return ObjectiveLoss(loss=loss, per_token_N=terms_bR[batch.loss_mask_bR], signals=batch.signals,
+                             metrics_N={"opsd/pg_advantage": advantages_bR[response_mask_bR]})
