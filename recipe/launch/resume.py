@@ -37,13 +37,13 @@ ANYWAY_VARIABLE = "RESUME_WITH_CHANGES"
 MAY_CHANGE = {
     "trainer.total_training_steps", "trainer.total_epochs",  # the step count
     "trainer.logger", "trainer.project_name", "trainer.experiment_name", "trainer.log_val_generations",
-    "trainer.log_fingerprints", "opsd.dump_steps",  # the logger
+    "trainer.log_fingerprints",  # the logger
     "trainer.save_freq", "trainer.test_freq", "trainer.val_before_train", "trainer.max_actor_ckpt_to_keep",
     "trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep", "trainer.resume_mode",  # cadence, retention
 }
 # ... whole sections: Ray's start-up options (the launcher's runtime_env), the sweep runner's labels,
-# the diagnostics (what is logged)
-MAY_CHANGE_PREFIXES = ("ray_kwargs.", "sweep.", "opsd.diagnostics.", "opsd.monitor.")
+# the OPSD diagnostics (the monitor, step dumps, the pre-flight gate, the non-finite guard)
+MAY_CHANGE_PREFIXES = ("ray_kwargs.", "sweep.", "opsd.diagnostics.")
 # ... the logger's names wherever verl copies them (actor_rollout_ref.rollout.trace.experiment_name)
 MAY_CHANGE_NAMES = ("project_name", "experiment_name")
 # ... and the paths: every key naming a file or directory (a moved model, data set or repository)
