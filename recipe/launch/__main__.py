@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_environ(os.environ)
         if settings.demo is not None:
             return run_demo(recipe, settings, args, dry_run=dry_run)
-        launch = plan(recipe, settings, args)
+        launch = plan(recipe, settings, args, dry_run=dry_run)
     except config_errors() as err:  # a start-up check's error carries its own line
         print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@
   ``opsd.teacher.kind=checkpoint``, the teacher (``opsd.teacher.path``): a whole Hugging Face model
   directory, or a Hub id in the local cache, or (online) one the Hub has
   (``recipe.common.checkpoints.check_model_source``; ``HF_HUB_OFFLINE=1``, set by the CPU path: it
-  must be in the cache);
+  must be in the cache; a dry run does not ask the Hub);
 - the training and validation files: each exists, is a parquet file and has the columns the recipe
   reads (``DATA_COLUMNS``); the training files hold at least one batch;
 - the checkpoint the run resumes from (``choose_resume_dir``) is whole and of the same model
@@ -155,10 +155,16 @@ def check_data(key: str, value, *, columns: Collection[str], source: str | None,
                                fix="use more data or a smaller data.train_batch_size")
 
 
+def _not_asked(repo_id: str) -> None:
+    """A dry run does not ask the Hub (it composes a config, possibly on a machine without network)."""
+
+
 def check_inputs(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mapping[str, str],
-                 pending: Collection[str] = (), probe=None) -> Checked:
-    """The checks of the module docstring on the final config ``cfg``; raise LaunchInputError on the first failure."""
+                 pending: Collection[str] = (), dry_run: bool = False, probe=None) -> Checked:
+    """The checks of the module docstring on the final config ``cfg``; raise LaunchInputError on the first failure.
+    ``dry_run``: a Hub id that is not cached is not asked for (a note says so); the rest is checked alike."""
     pending = {str(p) for p in pending}
+    probe = _not_asked if dry_run else probe
     select = lambda key, default=None: composer.select(cfg, key, default)  # noqa: E731
     model = select(recipe.model_key)
     notes = []
@@ -166,7 +172,8 @@ def check_inputs(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mappi
         where = check_model(recipe.model_key, model, source=_source(overrides, recipe.model_key), environ=environ,
                             probe=probe)
         if where == "hub":
-            notes.append(f"{recipe.model_key}={model} is not in the local Hugging Face cache: verl downloads it")
+            notes.append(f"{recipe.model_key}={model} is not in the local Hugging Face cache: " + (
+                "a launch asks the Hub for it (a dry run does not)" if dry_run else "the Hub has it, verl downloads it"))
     for key, kind_key, kind in EXTRA_MODEL_KEYS.get(recipe.name, ()):
         value = select(key)
         if select(kind_key) == kind and value is not None and str(value) not in pending:
@@ -197,12 +204,14 @@ def check_inputs(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mappi
 
 
 def check_launch(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mapping[str, str], ckpt_dir: Path,
-                 pending: Collection[str] = (), resume_anyway: bool = False, probe=None) -> Checked:
+                 pending: Collection[str] = (), resume_anyway: bool = False, dry_run: bool = False,
+                 probe=None) -> Checked:
     """``check_inputs``, then the checkpoint directory and the disk (module docstring)."""
     from recipe.launch.disk import plan_disk
     from recipe.launch.resume import check_resume
 
-    checked = check_inputs(recipe, cfg, overrides=overrides, environ=environ, pending=pending, probe=probe)
+    checked = check_inputs(recipe, cfg, overrides=overrides, environ=environ, pending=pending, dry_run=dry_run,
+                           probe=probe)
     resume = check_resume(recipe, cfg, resume_dir=checked.resume_dir, ckpt_dir=Path(ckpt_dir),
                           overrides=overrides.as_list(), anyway=resume_anyway)
     checked.finished = resume.finished

@@ -211,7 +211,7 @@ def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bo
             print(f"[launch] {name}={value} replaces what the demo would build", flush=True)
     build = demo.load()(recipe.name, settings, build=not dry_run)
     if dry_run:
-        launch = plan(recipe, settings, argv, demo=build.inputs, pending=unbuilt(build.inputs))
+        launch = plan(recipe, settings, argv, demo=build.inputs, pending=unbuilt(build.inputs), dry_run=True)
         print(launch.describe(), flush=True)
         print(launch.resolved_yaml(), end="")
         return 0

@@ -65,7 +65,8 @@ def stage_settings(stage: str, base: Settings, environ, *, work_dir: Path) -> Se
         cpu_demo="tiny" if base.device == "cpu" else None)
 
 
-def _stage_plan(stage: str, base: Settings, environ, overrides: list[str], *, work_dir: Path, build: bool):
+def _stage_plan(stage: str, base: Settings, environ, overrides: list[str], *, work_dir: Path, build: bool,
+                dry_run: bool = False):
     """Plan one stage; what an earlier stage (or, unbuilt, the CPU demo) makes is not checked; an input
     error names the pipeline's variable (SFT_FILES, not TRAIN_FILES)."""
     recipe = get_recipe(stage)
@@ -77,7 +78,7 @@ def _stage_plan(stage: str, base: Settings, environ, overrides: list[str], *, wo
     model_var, train_var, val_var = STAGE_VARIABLES[stage]
     names = {"MODEL_PATH": model_var or "MODEL_PATH", "TRAIN_FILES": train_var, "VAL_FILES": val_var or "VAL_FILES"}
     try:
-        return recipe, plan(recipe, settings, overrides, demo=demo, pending=frozenset(made))
+        return recipe, plan(recipe, settings, overrides, demo=demo, pending=frozenset(made), dry_run=dry_run)
     except LaunchInputError as err:
         raise err.renamed(names) from None
 
@@ -105,7 +106,8 @@ def run_pipeline(args: list[str], environ, *, dry_run: bool) -> int:
         if stage not in todo:
             print(f"[pipeline] {stage}: {merged} exists, skipped", flush=True)
             continue
-        recipe, launch = _stage_plan(stage, base, environ, overrides[stage], work_dir=work_dir, build=not dry_run)
+        recipe, launch = _stage_plan(stage, base, environ, overrides[stage], work_dir=work_dir, build=not dry_run,
+                                     dry_run=dry_run)
         if launch.finished and not dry_run:  # a stage whose run is finished (its merge is what is left)
             print(launch.finished.replace("[launch]", f"[pipeline] {stage}:", 1), flush=True)
             if stage != "opsd":

@@ -114,11 +114,12 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInputs | None = None,
          environ: dict[str, str] | None = None, detect_gpus=gpus_on_this_node, python: str = sys.executable,
-         pending: frozenset[str] = frozenset()) -> Launch:
+         pending: frozenset[str] = frozenset(), dry_run: bool = False) -> Launch:
     """Assemble, compose and validate one launch (nothing is started or written).
 
     ``pending``: input paths that something runs before this launch will create (a CPU demo's build
-    in a dry run, an earlier pipeline stage's merge): not checked (``recipe.launch.checks``)."""
+    in a dry run, an earlier pipeline stage's merge): not checked (``recipe.launch.checks``).
+    ``dry_run``: a Hub model id not in the local cache is not asked for (a dry run needs no network)."""
     environ = dict(os.environ if environ is None else environ)
     groups, values = _split(list(argv))
     _check_presets(recipe, groups)
@@ -178,7 +179,7 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
     # model, data, the checkpoint directory (a finished run, another config) and the disk, before the recipe's own
     checked = checks.check_launch(recipe, cfg, overrides=overrides, environ={**environ, **verl_env}, ckpt_dir=ckpt,
-                                  pending=pending, resume_anyway=settings.resume_with_changes)
+                                  pending=pending, resume_anyway=settings.resume_with_changes, dry_run=dry_run)
     notes += checked.notes
     if resume := checks.resume_overrides(cfg, checked):  # verl would pick another save (or none): name the whole one
         cfg = composer.compose(recipe, overrides.add(resume, source="launcher (the last whole save)").as_list())

@@ -137,3 +137,15 @@ def test_the_pipeline_names_its_own_variables(launch_inputs, tmp_path):
     assert caught.value.message.startswith(f"data.train_files={tmp_path / 'missing.parquet'} (OPSD_TRAIN_FILES): "
                                            "no such data file (set OPSD_TRAIN_FILES to an existing parquet file)")
     assert not (tmp_path / "w").exists()  # nothing ran
+
+
+def test_a_dry_run_does_not_ask_the_hub(launch_inputs, tmp_path):
+    """Online (a GPU launch: no HF_HUB_OFFLINE) a Hub id that is not cached is asked for by a launch
+    (recipe.common.checkpoints.probe_hub); a dry run composes without a network and says so."""
+    online = {"HF_HUB_CACHE": str(tmp_path / "empty_cache")}
+    launch = plan(GRPO, Settings(device="gpu", model_path="org/not-downloaded", train_files=str(launch_inputs.train),
+                                 ckpt_dir=str(tmp_path / "ckpt")), [], environ=online, detect_gpus=lambda: 8,
+                  dry_run=True)
+    assert ("actor_rollout_ref.model.path=org/not-downloaded is not in the local Hugging Face cache: a launch asks "
+            "the Hub for it (a dry run does not)") in launch.notes
+    assert "disk: the size of one checkpoint save is not known" in launch.describe()
