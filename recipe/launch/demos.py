@@ -215,9 +215,9 @@ def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bo
         print(launch.describe(), flush=True)
         print(launch.resolved_yaml(), end="")
         return 0
-    if build.inputs.ckpt_dir:  # a fresh run directory per run: keep the last few (recipe.launch.disk)
-        prune_demo_runs(Path(build.inputs.ckpt_dir), recipe=recipe.name)
     result = train_demo(recipe, settings, argv, build)
+    if build.inputs.ckpt_dir and not settings.ckpt_dir:  # a fresh run directory per run: the last few are kept
+        prune_demo_runs(Path(build.inputs.ckpt_dir), recipe=recipe.name)
     if result["before"] is not None:
         step_times = [row["timing_s/step"] for row in result["metrics"] if "timing_s/step" in row]
         print(before_after_table(build.display(result["before"]), build.display(result["after"]), recipe=recipe.name,
