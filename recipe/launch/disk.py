@@ -199,6 +199,7 @@ def failure_line(ckpt_dir: Path, plan: DiskPlan, *, log_text: str = "") -> str |
         return None
     tracker = Path(ckpt_dir) / "latest_checkpointed_iteration.txt"
     last = tracker.read_text().strip() if tracker.is_file() else None
+    last = last if last and last.isdigit() else None
     partial = [folder.name for step, folder in step_dirs(ckpt_dir) if last is None or step > int(last)]
     stopped = f"the save {partial[0]} stopped part-way" if partial else "a write stopped part-way"
     needs = f"one save needs ~{cli.human_bytes(need)}, " if need is not None else ""
