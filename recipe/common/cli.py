@@ -15,13 +15,19 @@ an input error too. Each script ends with::
 Readers the tools share: :func:`iter_jsonl` / :func:`read_json` (malformed JSON named by file
 and line), :func:`require_file`, and :func:`refuse_overwrite` (no tool replaces an output
 silently: ``--overwrite`` or another path).
+
+A full disk is an input error of the same shape (:class:`NoSpaceError`, exit code 2): it names the
+directory, the space the write needed and the space left (:func:`require_space` before a write,
+:func:`on_full_disk` around one).
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
+import shutil
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -89,6 +95,10 @@ class MissingInputError(InputError, FileNotFoundError):
 
 class OutputExistsError(InputError, FileExistsError):
     """An output that exists and would be replaced without ``--overwrite``."""
+
+
+class NoSpaceError(InputError):
+    """The file system of an output has less free space than a write needs (before or during it)."""
 
 
 # --------------------------------------------------------------------------- running a CLI
@@ -236,3 +246,74 @@ def refuse_nonempty_dir(path: str | os.PathLike | None, *, flag: str) -> None:
     """Fail when ``path`` is a directory that already holds something (a run directory is never reused)."""
     if path is not None and Path(path).is_dir() and any(Path(path).iterdir()):
         raise OutputExistsError("is not empty", file=path, hint=f"pass another {flag}")
+
+
+# --------------------------------------------------------------------------- disk space
+# errno values of a full file system (ENOSPC) and of an exhausted quota (EDQUOT)
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# what torch.save / safetensors / the OS print when a write hits a full disk (torch's zip writer loses the errno)
+FULL_DISK_TEXTS = ("No space left on device", "Disk quota exceeded", "file write failed")
+
+
+def human_bytes(count: float) -> str:
+    """``1536 -> '1.5 KB'`` (powers of 1024; B, KB, MB, GB, TB)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(count) < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TB"
+
+
+def existing_ancestor(path: str | os.PathLike) -> Path:
+    """``path`` or its nearest existing parent (the file system an output not yet created will be on)."""
+    path = Path(path).expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes available to this user on the file system of ``path`` (which need not exist yet)."""
+    return shutil.disk_usage(existing_ancestor(path)).free
+
+
+def is_full_disk(err: BaseException) -> bool:
+    """An OSError of a full disk or quota, or an error whose text says so (torch's zip writer)."""
+    if isinstance(err, OSError) and err.errno in FULL_DISK_ERRNOS:
+        return True
+    return any(text in str(err) for text in FULL_DISK_TEXTS)
+
+
+def free_inodes(path: str | os.PathLike) -> int:
+    """Files that can still be created on the file system of ``path`` (a full inode table is a full disk too)."""
+    return os.statvfs(existing_ancestor(path)).f_favail
+
+
+def no_space(directory: str | os.PathLike, *, needed: int | None, what: str,
+             hint: str = "free space there or choose another directory, then run the same command again") -> NoSpaceError:
+    """The error of ``what`` not fitting on the file system of ``directory`` (needed: bytes, None: unknown)."""
+    need = f"needs ~{human_bytes(needed)}, " if needed is not None else ""
+    inodes = " and no free inodes (too many files)" if free_inodes(directory) == 0 else ""
+    return NoSpaceError(f"no space left for {what}: {need}{human_bytes(free_bytes(directory))} free{inodes}",
+                        file=directory, hint=hint)
+
+
+def require_space(directory: str | os.PathLike, needed: int, *, what: str, hint: str | None = None) -> None:
+    """Raise :class:`NoSpaceError` before writing ``what`` when ``needed`` bytes do not fit in ``directory``."""
+    if free_bytes(directory) < needed:
+        raise no_space(directory, needed=needed, what=what, **({"hint": hint} if hint else {}))
+
+
+@contextmanager
+def on_full_disk(directory: str | os.PathLike, *, what: str, needed=None, hint: str | None = None):
+    """Inside the block, a write that hits a full disk becomes one :class:`NoSpaceError` line.
+
+    ``needed``: bytes, or a callable returning them when the error happens (None: unknown).
+    """
+    try:
+        yield
+    except OSError as err:
+        if not is_full_disk(err):
+            raise
+        amount = needed() if callable(needed) else needed
+        raise no_space(directory, needed=amount, what=what, **({"hint": hint} if hint else {})) from err

@@ -18,6 +18,12 @@ Outputs in ``out_dir``:
   (``recipe.evaluation.metrics``); results.json also holds each problem's Avg@n
   (``per_problem``), the unit of the Base-vs-checkpoint bootstrap interval.
 
+Inputs are checked before anything is written (``check_model_input``: a model directory or FSDP
+checkpoint that is whole, a Hub id in the local cache or, online, on the Hub). A full disk stops the
+run with one ``error: ...`` line naming the directory, the space the rest needs and the space free;
+the generations written so far are kept and the same command resumes after space is freed (a
+merge into the merge cache that fills the disk removes its partial directory).
+
 Example (CPU, tiny model)::
 
     python scripts/evaluate.py run --model /tmp/tiny --preset tiny_cpu --n 2 --limit 2 --out-dir /tmp/eval_tiny
@@ -26,6 +32,7 @@ Example (CPU, tiny model)::
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -155,7 +162,21 @@ def _run_merger(checkpoint: Path, target: Path) -> None:
                "--local_dir", str(checkpoint), "--target_dir", str(target)]
     completed = subprocess.run(command, capture_output=True, text=True)
     if completed.returncode != 0:
+        output = completed.stdout[-4000:] + completed.stderr[-4000:]
+        if any(text in output for text in cli.FULL_DISK_TEXTS):
+            raise OSError(errno.ENOSPC, f"model merge into {target}: {os.strerror(errno.ENOSPC)}")
         raise RuntimeError(f"model merge failed ({' '.join(command)}):\n{completed.stderr[-4000:]}")
+
+
+def check_model_input(model: str, *, environ=os.environ) -> str:
+    """Before anything is written: ``model`` is a whole FSDP checkpoint or model directory, or a Hub id
+    in the local cache (offline) or on the Hub; an InputError naming it otherwise. Returns its kind."""
+    from recipe.common.checkpoints import check_model_source, check_path, hub_cache_dir, hub_offline
+
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return check_path(path)
+    return check_model_source(model, offline=hub_offline(environ), hub_cache=hub_cache_dir(environ))
 
 
 def _looks_like_hub_id(model: str) -> bool:
@@ -195,7 +216,19 @@ def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> str:
         raise cli.InputError("exists but holds no complete merged model", file=target, hint="remove it to merge again")
     partial = target.with_name(target.name + f".partial-{os.getpid()}")
     partial.parent.mkdir(parents=True, exist_ok=True)
-    _run_merger(path, partial)
+    from recipe.common.checkpoints import tree_bytes
+
+    # the merger writes bfloat16: half the fp32 shards, plus the config and tokenizer files
+    needed = sum(tree_bytes(f) for f in path.glob("model_world_size_*_rank_*.pt")) // 2 + tree_bytes(path / "huggingface")
+    hint = "free space there or pass another --merge-cache, then run the same command again"
+    cli.require_space(partial.parent, needed, what=f"the merged checkpoint {target.name}", hint=hint)
+    try:
+        with cli.on_full_disk(partial.parent, what=f"the merged checkpoint {target.name}", needed=needed,
+                              hint=f"its partial output was removed; {hint}"):
+            _run_merger(path, partial)
+    finally:
+        if partial.exists() and not _is_hf_model_dir(partial):
+            shutil.rmtree(partial, ignore_errors=True)
     if not _is_hf_model_dir(partial):
         raise RuntimeError(f"model merge of {path} produced no model weights in {partial}")
     partial.rename(target)
@@ -343,13 +376,24 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
     ``backend`` (an object with ``tokenizer`` and ``generate(list[PromptRequest])``) can be
     passed in; by default it is built from ``config.backend`` on the resolved model.
     """
+    datasets = {name: load_benchmark(path, limit=config.limit) for name, path in config.benchmark_paths.items()}
+    if backend is None:
+        check_model_input(config.model)
+    out_dir = Path(config.out_dir)
+    left = {"generations": sum(len(rows) for rows in datasets.values()) * config.n, "bytes_each": 2048}
+    with cli.on_full_disk(out_dir, what="the rest of the evaluation outputs",
+                          needed=lambda: left["generations"] * left["bytes_each"],
+                          hint="the generations written so far are kept: free space there and run the same "
+                               "command again (it resumes)"):
+        return _evaluate(config, datasets, out_dir, backend=backend, progress=progress, left=left)
+
+
+def _evaluate(config: EvalConfig, datasets: dict, out_dir: Path, *, backend, progress: bool, left: dict) -> dict:
     from tqdm.auto import tqdm
 
     from recipe.common.chat import render_ids
     from recipe.evaluation.backends import PromptRequest, make_backend
 
-    datasets = {name: load_benchmark(path, limit=config.limit) for name, path in config.benchmark_paths.items()}
-    out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     current = run_config(config)
     config_path, generations_path = out_dir / CONFIG_FILE, out_dir / GENERATIONS_FILE
@@ -373,6 +417,9 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
         for row in rows
     ]
     pending = [item for item in pending if item[2]]
+    left["generations"] = sum(len(samples) for *_, samples in pending)  # what a full disk reports as still needed
+    if records:
+        left["bytes_each"] = max(1, round(generations_path.stat().st_size / len(records)))
     if pending:
         if backend is None:
             model_path = resolve_model(config.model, merge_cache=config.merge_cache)
@@ -405,6 +452,7 @@ def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict
                         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
                         records.append(record)
                     sink.flush()
+                    left["generations"] -= len(samples)
                     bar.update(len(samples))
         bar.close()
     wanted = {(name, row["id"]) for name, rows in datasets.items() for row in rows}

@@ -30,18 +30,28 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_environ(os.environ)
         if settings.demo is not None:
             return run_demo(recipe, settings, args, dry_run=dry_run)
-        launch = plan(recipe, settings, args)
+        launch = plan(recipe, settings, args, dry_run=dry_run)
     except config_errors() as err:  # a start-up check's error carries its own line
         print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
         return 2
     except RuntimeError as err:  # a demo stage failed: the message carries the end of its log
         print(f"[launch] {err}", file=sys.stderr)
         return getattr(err, "exit_code", None) or 1  # a failed training launch: the trainer's exit code
+    if launch.finished and not dry_run:  # a relaunch of a finished run: nothing to train (recipe.launch.resume)
+        print(launch.finished, flush=True)
+        return 0
     print(launch.describe(), flush=True)
     if dry_run:
         print(launch.resolved_yaml(), end="")
         return 0
-    return execute(launch)["exit_code"]
+    try:
+        record = execute(launch)
+    except config_errors() as err:  # another launch holds the checkpoint directory (recipe.launch.lock)
+        print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
+        return 2
+    if record.get("disk_full"):  # the trainer stopped on a full disk: one line (recipe.launch.disk)
+        print(record["disk_full"], file=sys.stderr)
+    return record["exit_code"]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe.launch.disk import prune_demo_runs
 from recipe.launch.recipes import Recipe
 from recipe.launch.run import DemoInputs, execute, plan
 from recipe.launch.settings import Settings
@@ -65,6 +66,12 @@ DEMOS = {
              "three numbers up to 19, held-out greedy accuracy / boxed rate before/after (docs/real_model.md)"),
     )
 }
+
+
+def unbuilt(inputs: DemoInputs) -> frozenset[str]:
+    """The demo's model and data paths that do not exist yet (a dry run builds nothing): ``plan``'s ``pending``,
+    not checked (recipe.launch.checks)."""
+    return frozenset(p for p in (inputs.model_path, inputs.train_files, inputs.val_files) if p and not Path(p).exists())
 
 
 def get_demo(name: str) -> Demo:
@@ -168,6 +175,10 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     from recipe.launch.merge import merge_checkpoint
 
     launch = plan(recipe, settings, argv, demo=build.inputs)
+    if launch.finished:  # a relaunch of a finished run: nothing to train (recipe.launch.resume)
+        print(launch.finished, flush=True)
+        return {"ckpt_dir": launch.ckpt_dir, "steps": int(launch.config.trainer.total_training_steps), "record": None,
+                "metrics": [], "before": None, "after": None}
     print(launch.describe(), flush=True)
     model = Path(str(launch.overrides.get(recipe.model_key)))
     before = None
@@ -180,6 +191,8 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     print(f"[launch] training {steps} steps; verl's output: {log}", flush=True)
     record = execute(launch, log=log, on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps),
                      timeout_s=timeout_s)
+    if record.get("disk_full"):  # one line, not the log's end (recipe.launch.disk)
+        raise TrainingFailed(record["disk_full"].removeprefix("[launch] "), exit_code=record["exit_code"])
     if record["exit_code"] != 0:
         raise TrainingFailed(f"{recipe.name} training failed (exit {record['exit_code']}); the end of {log}:\n"
                              + log.read_text()[-3000:], exit_code=record["exit_code"])
@@ -203,11 +216,13 @@ def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bo
             print(f"[launch] {name}={value} replaces what the demo would build", flush=True)
     build = demo.load()(recipe.name, settings, build=not dry_run)
     if dry_run:
-        launch = plan(recipe, settings, argv, demo=build.inputs)
+        launch = plan(recipe, settings, argv, demo=build.inputs, pending=unbuilt(build.inputs), dry_run=True)
         print(launch.describe(), flush=True)
         print(launch.resolved_yaml(), end="")
         return 0
     result = train_demo(recipe, settings, argv, build)
+    if build.inputs.ckpt_dir and not settings.ckpt_dir:  # a fresh run directory per run: the last few are kept
+        prune_demo_runs(Path(build.inputs.ckpt_dir), recipe=recipe.name)
     if result["before"] is not None:
         step_times = [row["timing_s/step"] for row in result["metrics"] if "timing_s/step" in row]
         print(before_after_table(build.display(result["before"]), build.display(result["after"]), recipe=recipe.name,

@@ -5,7 +5,9 @@
 Each stage is one launch of ``recipe.launch`` (the same composition, printing and records as
 run_sft.sh / run_grpo.sh / run_opsd.sh) starting from the previous stage's merged checkpoint; for
 OPSD, student and frozen teacher are both the merged GRPO actor. A stage whose merged directory
-exists is skipped, so rerunning continues an interrupted pipeline. ``--dry-run`` composes and
+exists is skipped, so rerunning continues an interrupted pipeline. Every stage's inputs are checked
+before the first stage starts (``recipe.launch.checks``; what an earlier stage makes is not), so a
+wrong OPSD_TRAIN_FILES fails at once, not after the SFT and GRPO stages. ``--dry-run`` composes and
 prints every stage's final config and starts nothing.
 
 Environment (besides DEVICE, OPSD_CACHE, NGPUS, NNODES, CPU_NUM_RANKS of docs/launch.md):
@@ -23,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from recipe.launch.checks import LaunchInputError
 from recipe.launch.demos import get_demo
 from recipe.launch.merge import merge_checkpoint
 from recipe.launch.recipes import get_recipe
@@ -62,6 +65,24 @@ def stage_settings(stage: str, base: Settings, environ, *, work_dir: Path) -> Se
         cpu_demo="tiny" if base.device == "cpu" else None)
 
 
+def _stage_plan(stage: str, base: Settings, environ, overrides: list[str], *, work_dir: Path, build: bool,
+                dry_run: bool = False):
+    """Plan one stage; what an earlier stage (or, unbuilt, the CPU demo) makes is not checked; an input
+    error names the pipeline's variable (SFT_FILES, not TRAIN_FILES)."""
+    recipe = get_recipe(stage)
+    settings = stage_settings(stage, base, environ, work_dir=work_dir)
+    demo = get_demo("tiny").load()(stage, settings, build=build).inputs if settings.device == "cpu" else None
+    made = {str(work_dir / f"{earlier}_merged") for earlier in STAGES[:STAGES.index(stage)]}
+    if demo is not None and not build:
+        made |= {p for p in (demo.model_path, demo.train_files, demo.val_files) if p and not Path(p).exists()}
+    model_var, train_var, val_var = STAGE_VARIABLES[stage]
+    names = {"MODEL_PATH": model_var or "MODEL_PATH", "TRAIN_FILES": train_var, "VAL_FILES": val_var or "VAL_FILES"}
+    try:
+        return recipe, plan(recipe, settings, overrides, demo=demo, pending=frozenset(made), dry_run=dry_run)
+    except LaunchInputError as err:
+        raise err.renamed(names) from None
+
+
 def run_pipeline(args: list[str], environ, *, dry_run: bool) -> int:
     given = [name for name in RUN_VARIABLES if environ.get(name)]
     if given:
@@ -76,17 +97,22 @@ def run_pipeline(args: list[str], environ, *, dry_run: bool) -> int:
         if missing:
             raise ValueError(f"set {missing} for the GPU pipeline (docs/launch.md)")
     start = time.time()
+    todo = [stage for stage in STAGES if stage == "opsd" or not (work_dir / f"{stage}_merged").is_dir()]
+    if not dry_run:  # every stage's inputs before the first stage starts (a dry run plans each stage once below)
+        for stage in todo:
+            _stage_plan(stage, base, environ, overrides[stage], work_dir=work_dir, build=False)
     for stage in STAGES:
         merged = work_dir / f"{stage}_merged"
-        if stage != "opsd" and merged.is_dir():
+        if stage not in todo:
             print(f"[pipeline] {stage}: {merged} exists, skipped", flush=True)
             continue
-        recipe = get_recipe(stage)
-        settings = stage_settings(stage, base, environ, work_dir=work_dir)
-        demo = None
-        if settings.device == "cpu":
-            demo = get_demo("tiny").load()(stage, settings, build=not dry_run).inputs
-        launch = plan(recipe, settings, overrides[stage], demo=demo)
+        recipe, launch = _stage_plan(stage, base, environ, overrides[stage], work_dir=work_dir, build=not dry_run,
+                                     dry_run=dry_run)
+        if launch.finished and not dry_run:  # a stage whose run is finished (its merge is what is left)
+            print(launch.finished.replace("[launch]", f"[pipeline] {stage}:", 1), flush=True)
+            if stage != "opsd":
+                merge_checkpoint(launch.ckpt_dir, merged)
+            continue
         print(f"[pipeline] ===== {stage} from {launch.overrides.get(recipe.model_key)} "
               f"({time.strftime('%H:%M:%S', time.gmtime())} UTC) =====", flush=True)
         print(launch.describe(), flush=True)
@@ -94,6 +120,8 @@ def run_pipeline(args: list[str], environ, *, dry_run: bool) -> int:
             print(f"[pipeline] {stage} final config:\n{launch.resolved_yaml()}", end="", flush=True)
             continue
         record = execute(launch)
+        if record.get("disk_full"):  # the stage stopped on a full disk: one line (recipe.launch.disk)
+            print(record["disk_full"].replace("[launch]", f"[pipeline] {stage}:", 1), file=sys.stderr, flush=True)
         if record["exit_code"] != 0:
             return record["exit_code"]
         if stage != "opsd":
@@ -108,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     dry_run = "--dry-run" in args
     try:
         return run_pipeline([a for a in args if a != "--dry-run"], os.environ, dry_run=dry_run)
-    except config_errors() as err:
-        print(f"[pipeline] error: {err}", file=sys.stderr)
+    except config_errors() as err:  # an error with its own line(s) (recipe.launch.checks / resume / lock) keeps them
+        line = getattr(err, "line", None)
+        print(line.replace("[launch]", "[pipeline]") if line else f"[pipeline] error: {err}", file=sys.stderr)
         return 2
 
 

@@ -15,6 +15,7 @@ sets ``trainer.n_gpus_per_node``, and the rollout engine is always the config's.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -35,6 +36,8 @@ from recipe.launch.recipes import REPO_ROOT, Recipe
 from recipe.launch.settings import Settings, gpus_on_this_node
 from recipe.launch.processes import LAUNCH_ID_ENV, kill_launch, kill_marked, new_launch_id, pids_with
 from recipe.launch.verl_env import runtime_env_overrides, verl_environment
+from recipe.common.cli import is_full_disk
+from recipe.launch import checks, disk, lock  # pre-Ray input, resume and disk checks; the directory lock
 
 
 @dataclass(frozen=True)
@@ -60,12 +63,20 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     verl_env: dict[str, str] = field(default_factory=dict)  # what the launcher added to env (recipe.launch.verl_env)
+    checked: checks.Checked | None = None  # the checkpoint directory's state: resume, finished run, disk (recipe.launch.checks)
+
+    @property
+    def finished(self) -> str | None:
+        """The line of a relaunch whose run is finished (nothing to train: the launch exits 0)."""
+        return self.checked.finished if self.checked else None
 
     def describe(self) -> str:
         """The header printed once at start: command, environment set, replaced values, the effective settings."""
         lines = [f"[launch] {self.recipe.name} on {self.settings.device}: {shlex.join(self.command)}"]
         if self.verl_env:
             lines.append("[launch] environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.verl_env.items()))
+        if self.checked is not None and self.checked.disk is not None:  # recipe.launch.disk
+            lines.append(f"[launch] {self.checked.disk.note}")
         lines += [f"[launch] note: {note}" for note in self.notes]
         for key, old, old_source, new, new_source in self.overrides.replaced:
             lines.append(f"[launch] note: {key}={new} ({new_source}) replaces {key}={old} ({old_source})")
@@ -84,7 +95,7 @@ def config_errors() -> tuple[type[Exception], ...]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    return (ValueError, FileNotFoundError, FileExistsError, HydraException, OmegaConfBaseException)
+    return (ValueError, FileNotFoundError, FileExistsError, HydraException, OmegaConfBaseException)  # LaunchInputError, LockedError: ValueError
 
 
 def next_free_path(base: Path, suffix: str) -> Path:
@@ -103,12 +114,15 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInputs | None = None,
          environ: dict[str, str] | None = None, detect_gpus=gpus_on_this_node, python: str = sys.executable,
-         startup_checks: bool = True) -> Launch:
+         pending: frozenset[str] = frozenset(), dry_run: bool = False, startup_checks: bool = True) -> Launch:
     """Assemble, compose and validate one launch (nothing is started or written).
 
-    ``startup_checks=False`` leaves out the recipe's start-up checks, for a launch planned before the
-    inputs it names exist (a sweep run that starts from an earlier stage's model or checkpoint: its
-    entry point runs the checks when it starts)."""
+    ``pending``: input paths that something runs before this launch will create (a CPU demo's build
+    in a dry run, an earlier pipeline stage's merge): not checked (``recipe.launch.checks``).
+    ``dry_run``: a Hub model id not in the local cache is not asked for (a dry run needs no network).
+    ``startup_checks=False`` leaves out the input, checkpoint-directory and recipe start-up checks, for a
+    launch planned before the inputs it names exist (a sweep run that starts from an earlier stage's model
+    or checkpoint: its entry point runs the recipe's checks when it starts)."""
     environ = dict(os.environ if environ is None else environ)
     groups, values = _split(list(argv))
     _check_presets(recipe, groups)
@@ -166,7 +180,15 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     cfg = composer.compose(recipe, overrides.as_list())
     _validate(recipe, settings, cfg, base)
     check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
+    # model, data, the checkpoint directory (a finished run, another config) and the disk, before the recipe's own
+    checked = None
     if startup_checks:
+        checked = checks.check_launch(recipe, cfg, overrides=overrides, environ={**environ, **verl_env},
+                                      ckpt_dir=ckpt, pending=pending, resume_anyway=settings.resume_with_changes,
+                                      dry_run=dry_run)
+        notes += checked.notes
+        if resume := checks.resume_overrides(cfg, checked):  # verl would pick another save (or none): name it
+            cfg = composer.compose(recipe, overrides.add(resume, source="launcher (the last whole save)").as_list())
         recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)
@@ -183,7 +205,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     env.setdefault("PYTHONUNBUFFERED", "1")
     return Launch(recipe=recipe, settings=settings, overrides=overrides, config=cfg, ckpt_dir=ckpt,
                   command=recipe.command(python, overrides.as_list(), nproc=nproc),
-                  config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes, verl_env=verl_env)
+                  config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes, verl_env=verl_env,
+                  checked=checked)
 
 
 @functools.lru_cache(maxsize=None)
@@ -299,8 +322,12 @@ def _record(launch: Launch, *, start: float, returncode: int) -> dict:
               "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
               "wall_time_s": round(time.time() - start), "exit_code": returncode,
               "metrics": launch.env["VERL_FILE_LOGGER_PATH"], "config": str(launch.config_path)}
-    with open(launch.ckpt_dir / "run_times.jsonl", "a") as out:
-        out.write(json.dumps(record) + "\n")
+    try:
+        with open(launch.ckpt_dir / "run_times.jsonl", "a") as out:
+            out.write(json.dumps(record) + "\n")
+    except OSError as err:  # a full disk: the record is still returned (and its line printed)
+        if not is_full_disk(err):
+            raise
     return record
 
 
@@ -311,14 +338,27 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
     relaunch that resumes keeps the earlier launches' output) and ``on_line(line)`` sees every line (the CPU demos print condensed progress from it). After
     ``timeout_s``, or when this process is interrupted, every process of the launch (driver, Ray's
     daemons and workers: ``recipe.launch.processes``) is killed (exit code -9).
+
+    The launch holds the checkpoint directory's lock while it runs (``recipe.launch.lock``: a second
+    launch there fails with a ``LockedError``), applies checkpoint retention before and after the
+    trainer (``recipe.launch.disk.prune``) and, when the trainer failed on a full disk, returns the one
+    line saying so as ``record["disk_full"]`` (``disk.failure_line``; not written to run_times.jsonl).
     """
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    with lock.hold(launch.ckpt_dir, command=f"{launch.recipe.name}: {shlex.join(sys.argv)}") as lock_fd:
+        return _execute(launch, log=log, on_line=on_line, timeout_s=timeout_s, lock_fd=lock_fd)
+
+
+def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | None, lock_fd: int) -> dict:
+    plan_disk = launch.checked.disk if launch.checked else None
+    if plan_disk is not None:
+        disk.prune(launch.ckpt_dir, plan_disk, log=lambda line: print(line, flush=True))
     launch.config_path.write_text(launch.resolved_yaml())
     start = time.time()
-    sink = open(log, "a") if log is not None else None
+    sink = disk.TolerantLog(log) if log is not None else None
     launch_id = new_launch_id()
     process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env={**launch.env, LAUNCH_ID_ENV: launch_id},
-                               start_new_session=True, text=True,
+                               start_new_session=True, text=True, pass_fds=(lock_fd,),
                                stdout=subprocess.PIPE if sink else None, stderr=subprocess.STDOUT if sink else None)
     watchdog = threading.Timer(timeout_s, _kill, args=(process, launch_id)) if timeout_s else None
     try:
@@ -342,4 +382,17 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
     record = _record(launch, start=start, returncode=returncode)
     print(f"[launch] {launch.recipe.name} exit code {returncode} after {record['wall_time_s']} s; metrics "
           f"{record['metrics']}, launches in {launch.ckpt_dir / 'run_times.jsonl'}", flush=True)
+    if plan_disk is not None:
+        if returncode == 0:  # the saves of earlier launches beyond the retention count
+            disk.prune(launch.ckpt_dir, dataclasses.replace(plan_disk, resume_step=None), log=lambda line: print(line, flush=True))
+        elif (full := disk.failure_line(launch.ckpt_dir, plan_disk, log_text=_tail(log))) is not None:
+            record["disk_full"] = full  # the one line the caller prints
     return record
+
+
+def _tail(log: Path | None, size: int = 200_000) -> str:
+    if log is None or not log.is_file():
+        return ""
+    with open(log, "rb") as handle:
+        handle.seek(max(0, log.stat().st_size - size))
+        return handle.read().decode(errors="replace")

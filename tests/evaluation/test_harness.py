@@ -340,6 +340,48 @@ def test_resolve_model_hf_dir_and_fsdp_merge_cache(tmp_path, monkeypatch):
         resolve_model(str(tmp_path / "ckpt"), merge_cache=tmp_path / "cache")
 
 
+def test_a_model_that_cannot_load_is_named_before_anything_is_written(tmp_path, monkeypatch):
+    bench = _write_benchmark(tmp_path / "set.jsonl", [{"id": "a", "problem": "1+1?", "answer": "2"}])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    for model, what in (("/nonexistent/model", "no such model directory"),
+                        ("org/not-downloaded", "nor a Hub id in the local Hugging Face cache")):
+        config = EvalConfig(model=model, out_dir=str(tmp_path / "out"), preset=get_preset("tiny_cpu"),
+                            benchmarks=[str(bench)], n=1)
+        with pytest.raises(InputError, match=what):
+            evaluate(config, progress=False)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_stops_the_evaluation_with_one_line_and_the_same_command_resumes(tmp_path, small_fs):
+    """A real small file system fills while generations are written: one error naming the directory and the
+    space the rest needs; what was written is kept; after space is freed the same command resumes."""
+    from recipe.common.cli import NoSpaceError
+
+    rows = [{"id": f"p{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(8)]
+    bench = _write_benchmark(tmp_path / "set.jsonl", rows)
+    long = "Let me think. " * 60  # ~850 bytes a record: 16 of them do not fit in 12 KB with run_config.json
+    script = {row["id"]: [Generation(long + f"\\boxed{{{row['answer']}}}", 200, "stop")] * 2 for row in rows}
+    fs = small_fs(tmp_path / "fs", size=12 * 1024)
+    config = EvalConfig(model=str(tmp_path), out_dir=str(fs.path / "out"), preset=get_preset("tiny_cpu"),
+                        benchmarks=[str(bench)], n=2, problems_per_call=1)
+    with pytest.raises(NoSpaceError) as caught:
+        evaluate(config, backend=ScriptedBackend(script), progress=False)
+    message = str(caught.value)
+    assert message.startswith(f"{fs.path / 'out'}: no space left for the rest of the evaluation outputs: needs ~")
+    assert message.endswith("free (the generations written so far are kept: free space there and run the same "
+                            "command again (it resumes))")
+    written = evaluation.load_generations(fs.path / "out" / "generations.jsonl")
+    assert 0 < len(written) < 16
+    fs.resize(1024 * 1024)  # space freed
+    backend = ScriptedBackend(script)
+    results = evaluate(config, backend=backend, progress=False)
+    assert results["macro"]["n_problems"] == 8 and results["per_dataset"]["set"]["avg@2"] == 1.0
+    records = evaluation.load_generations(fs.path / "out" / "generations.jsonl")
+    assert len(records) == 16 and len({(r["problem_id"], r["sample"]) for r in records}) == 16
+    assert sum(count for _, count in backend.calls) == 16 - len(written)  # only what was missing
+
+
 # ---------------------------------------------------------------- end to end on CPU with the tiny model
 
 

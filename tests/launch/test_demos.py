@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.launch.demos import DEMOS, StepProgress, before_after_table, get_demo
+from recipe.launch.demos import DEMOS, StepProgress, before_after_table, get_demo, unbuilt
 from recipe.launch.overrides import Override
 from recipe.launch.recipes import RECIPES, get_recipe
 from recipe.launch.run import plan
@@ -18,8 +18,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def cpu_plan(recipe, demo, tmp_path, argv=(), **settings):
     settings = Settings(device="cpu", cache_dir=str(tmp_path), cpu_demo=demo, **settings)
-    build = get_demo(demo).load()(recipe, settings, build=False)
-    return plan(get_recipe(recipe), settings, list(argv), demo=build.inputs, environ={}), build
+    build = get_demo(demo).load()(recipe, settings, build=False)  # a dry run: what it would build is not checked
+    return plan(get_recipe(recipe), settings, list(argv), demo=build.inputs, environ={},
+                pending=unbuilt(build.inputs)), build
 
 
 def test_every_demo_has_a_builder_and_a_preset_per_recipe():
@@ -62,10 +63,13 @@ def test_tiny_demo_of_every_recipe(recipe, steps, batch, tmp_path):
     assert str(launch.ckpt_dir) == str(tmp_path / "checkpoints" / recipe / cfg.trainer.experiment_name)
 
 
-def test_given_model_and_data_replace_what_the_demo_builds(tmp_path):
-    launch, _ = cpu_plan("grpo", "tiny", tmp_path, model_path="/my/model", train_files="/my/train.parquet")
-    assert launch.config.actor_rollout_ref.model.path == "/my/model"
-    assert launch.config.data.train_files == launch.config.data.val_files == "/my/train.parquet"
+def test_given_model_and_data_replace_what_the_demo_builds(tmp_path, launch_inputs):
+    model, train = str(launch_inputs.model), str(launch_inputs.train)
+    launch, _ = cpu_plan("grpo", "tiny", tmp_path, model_path=model, train_files=train)
+    assert launch.config.actor_rollout_ref.model.path == model
+    assert launch.config.data.train_files == launch.config.data.val_files == train
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.model.path=/my/model \(MODEL_PATH\): no such model"):
+        cpu_plan("grpo", "tiny", tmp_path, model_path="/my/model", train_files=train)  # what is given is checked
 
 
 def test_before_after_table_and_progress(capsys):

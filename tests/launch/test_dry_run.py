@@ -35,9 +35,24 @@ EXPERIMENTS = ["default", "rollout_4096", "context_cot_solution", "opsd_vs_grpo_
                "rollout_256", "lora_r64", "omr_cot_sol_4k"]
 
 
+INPUTS = None  # the session's real model directory, parquets and Hub cache (tests/launch/conftest.py)
+
+
+@pytest.fixture(autouse=True)
+def _inputs(launch_inputs):
+    global INPUTS
+    INPUTS = launch_inputs
+
+
+def a_model() -> str:
+    """A real model directory (every launch checks its model before Ray starts)."""
+    return str(INPUTS.model)
+
+
 def gpu_plan(recipe, argv, *, gpus_listed=8, **settings):
-    settings.setdefault("train_files", "/data/train.parquet")
-    return plan(recipe, Settings(device="gpu", **settings), argv, detect_gpus=lambda: gpus_listed, environ={})
+    settings.setdefault("train_files", str(INPUTS.sft if recipe is SFT else INPUTS.train))
+    return plan(recipe, Settings(device="gpu", **settings), argv, detect_gpus=lambda: gpus_listed,
+                environ=INPUTS.env)
 
 
 def preset(group: str, name: str, recipe=OPSD):
@@ -132,9 +147,9 @@ def test_cpu_model_presets_on_a_gpu_fail_with_what_to_set(model):
         gpu_plan(OPSD, [f"+model={model}"])
     with pytest.raises(ValueError, match=r"rollout.name=hf \(\+model=.*\) is the CPU path's rollout .* set "
                                          r"actor_rollout_ref.rollout.name=vllm"):
-        gpu_plan(OPSD, [f"+model={model}"], model_path="/models/m")
-    launch = gpu_plan(OPSD, [f"+model={model}", "actor_rollout_ref.rollout.name=vllm"], model_path="/models/m")
-    assert launch.config.actor_rollout_ref.model.path == "/models/m"
+        gpu_plan(OPSD, [f"+model={model}"], model_path=a_model())
+    launch = gpu_plan(OPSD, [f"+model={model}", "actor_rollout_ref.rollout.name=vllm"], model_path=a_model())
+    assert launch.config.actor_rollout_ref.model.path == a_model()
 
 
 def test_explicit_choices_win_and_are_printed():
@@ -148,7 +163,7 @@ def test_explicit_choices_win_and_are_printed():
 
 
 def test_gpu_count_from_nvidia_smi_only_when_no_preset_sets_it():
-    plain = gpu_plan(OPSD, [], model_path="/models/m", gpus_listed=4)
+    plain = gpu_plan(OPSD, [], model_path=a_model(), gpus_listed=4)
     assert plain.config.trainer.n_gpus_per_node == 4 and "nvidia-smi" in plain.describe()
     preset_run = gpu_plan(OPSD, ["+model=qwen3_8b"], gpus_listed=2)
     assert preset_run.config.trainer.n_gpus_per_node == 4  # the preset's, not the machine's
@@ -166,7 +181,7 @@ def test_gpu_run_without_a_model_names_the_setting():
     [(None, 20480, 42), ("released_grpo", 24576, 1)],
 )
 def test_run_grpo_gpu_budgets_cover_the_caps_and_the_seed_is_pinned(experiment, response, seed):
-    launch = gpu_plan(GRPO, [f"+experiment={experiment}"] if experiment else [], model_path="/models/m")
+    launch = gpu_plan(GRPO, [f"+experiment={experiment}"] if experiment else [], model_path=a_model())
     cfg = launch.config
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length, cfg.data.seed) == (1024, response, seed)
     budget = 1024 + response
@@ -178,16 +193,16 @@ def test_run_grpo_gpu_budgets_cover_the_caps_and_the_seed_is_pinned(experiment, 
 
 
 def test_run_grpo_keeps_a_larger_budget_and_raises_a_smaller_one_with_a_note():
-    larger = gpu_plan(GRPO, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536"], model_path="/m")
+    larger = gpu_plan(GRPO, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536"], model_path=a_model())
     assert larger.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 65536
-    smaller = gpu_plan(GRPO, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"], model_path="/m")
+    smaller = gpu_plan(GRPO, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"], model_path=a_model())
     assert smaller.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 21504
     assert "ppo_max_token_len_per_gpu=21504 (derived) replaces" in smaller.describe()
 
 
 def test_matched_grpo_seed_is_the_order_the_matched_opsd_preset_replays():
     """Paper: "the first 3,200 rows produced by the GRPO random sampler (seed 1)"."""
-    grpo = gpu_plan(GRPO, ["+experiment=released_grpo"], model_path="/m").config
+    grpo = gpu_plan(GRPO, ["+experiment=released_grpo"], model_path=a_model()).config
     matched = preset("experiment", "opsd_vs_grpo_matched")
     assert grpo.data.seed == matched.sweep.data_prep.seed == 1
     assert grpo.data.train_batch_size == matched.data.train_batch_size == 64
@@ -195,20 +210,20 @@ def test_matched_grpo_seed_is_the_order_the_matched_opsd_preset_replays():
 
 
 def test_run_sft_gpu_budget_covers_the_paper_rows():
-    launch = gpu_plan(SFT, [], model_path="/models/base", ngpus=8)
+    launch = gpu_plan(SFT, [], model_path=a_model(), ngpus=8)
     cfg = launch.config
     assert cfg.data.max_length == 12288 and cfg.data.use_dynamic_bsz is True
     assert cfg.data.max_token_len_per_gpu >= cfg.data.max_length  # verl's default 8,192 aborts on these rows
     assert "--nproc_per_node=8" in launch.command
-    longer = gpu_plan(SFT, ["data.max_length=16384"], model_path="/m", ngpus=8).config
+    longer = gpu_plan(SFT, ["data.max_length=16384"], model_path=a_model(), ngpus=8).config
     assert longer.data.max_token_len_per_gpu == 16384
     with pytest.raises(ValueError, match="one node"):
-        gpu_plan(SFT, [], model_path="/m", ngpus=8, nnodes=2)
+        gpu_plan(SFT, [], model_path=a_model(), ngpus=8, nnodes=2)
 
 
 def test_cpu_platform_comes_after_the_presets():
-    launch = plan(OPSD, Settings(device="cpu", model_path="/m", train_files="/t.parquet"), ["+model=qwen3_1p7b"],
-                  environ={})
+    launch = plan(OPSD, Settings(device="cpu", model_path=a_model(), train_files=str(INPUTS.train)),
+                  ["+model=qwen3_1p7b"], environ=INPUTS.env)
     groups = [a for a in launch.command if a.startswith("+") and Override.parse(a).is_group]
     assert groups == ["+model=qwen3_1p7b", "+platform=cpu"]
     assert launch.config.actor_rollout_ref.rollout.name == "hf" and launch.config.trainer.device == "cpu"
@@ -217,23 +232,24 @@ def test_cpu_platform_comes_after_the_presets():
 
 
 def _script(script: str, *args: str, **environ) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "PYTHON": sys.executable, **environ}
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "PYTHON": sys.executable, **INPUTS.env,
+           **environ}
     return subprocess.run(["bash", script, "--dry-run", *args], cwd=REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
 
 
 def test_shell_scripts_dry_run_print_the_final_config(tmp_path):
-    opsd = _script("recipe/opsd/run_opsd.sh", "+model=falcon_h1r_7b", DEVICE="gpu", TRAIN_FILES="/data/t.parquet",
+    opsd = _script("recipe/opsd/run_opsd.sh", "+model=falcon_h1r_7b", DEVICE="gpu", TRAIN_FILES=str(INPUTS.train),
                    OPSD_CACHE=str(tmp_path))
     assert opsd.returncode == 0, opsd.stderr
     final = OmegaConf.create(opsd.stdout[opsd.stdout.index("\n", opsd.stdout.index("opsd.diagnostics.monitor")) + 1:])
     assert final.actor_rollout_ref.rollout.name == "sglang" and final.trainer.n_gpus_per_node == 4
     assert "python -m recipe.opsd.main_opsd" in opsd.stdout.replace(sys.executable, "python")
-    grpo = _script("recipe/grpo_baseline/run_grpo.sh", "+experiment=released_grpo", DEVICE="gpu", MODEL_PATH="/m",
-                   TRAIN_FILES="/data/t.parquet", OPSD_CACHE=str(tmp_path))
+    grpo = _script("recipe/grpo_baseline/run_grpo.sh", "+experiment=released_grpo", DEVICE="gpu", MODEL_PATH=a_model(),
+                   TRAIN_FILES=str(INPUTS.train), OPSD_CACHE=str(tmp_path))
     assert grpo.returncode == 0, grpo.stderr
     assert "ppo_max_token_len_per_gpu: 25600" in grpo.stdout and "seed: 1\n" in grpo.stdout
-    sft = _script("recipe/sft/run_sft.sh", DEVICE="gpu", MODEL_PATH="/m", TRAIN_FILES="/data/sft.parquet",
+    sft = _script("recipe/sft/run_sft.sh", DEVICE="gpu", MODEL_PATH=a_model(), TRAIN_FILES=str(INPUTS.sft),
                   NGPUS="8", OPSD_CACHE=str(tmp_path))
     assert sft.returncode == 0, sft.stderr
     assert "max_token_len_per_gpu: 12288" in sft.stdout and "--nproc_per_node=8" in sft.stdout
@@ -267,8 +283,8 @@ def test_teacher_presets_compose_through_the_launcher_and_the_sweep(tmp_path):
 
     with pytest.raises(ValueError, match="the student's own checkpoint .*opsd.teacher.allow_zero_loss=true"):
         gpu_plan(OPSD, ["+model=qwen3_1p7b", "+experiment=sft10_then_no_privilege"])  # the launch's start-up checks
-    fixed = gpu_plan(OPSD, ["+model=qwen3_1p7b", "+experiment=sft10_then_no_privilege", "opsd.teacher.path=/models/pre_sft"])
-    assert prepare_config(fixed.config).teacher.path == "/models/pre_sft"
+    fixed = gpu_plan(OPSD, ["+model=qwen3_1p7b", "+experiment=sft10_then_no_privilege", f"opsd.teacher.path={a_model()}"])
+    assert prepare_config(fixed.config).teacher.path == a_model()
 
 
 def test_a_rollout_cap_missing_from_the_model_presets_table_is_said():
@@ -289,5 +305,5 @@ def test_dry_run_runs_the_launchs_start_up_checks():
     with pytest.raises(ValueError, match=r"^\[opsd\] invalid config: opsd.student_mode must be one of"):
         gpu_plan(OPSD, ["+model=qwen3_1p7b", "opsd.student_mode=bogus"])
     bad = _script("recipe/opsd/run_opsd.sh", "+model=qwen3_1p7b", "opsd.loss.beta=2", DEVICE="gpu",
-                  TRAIN_FILES="/data/t.parquet")
+                  TRAIN_FILES=str(INPUTS.train))
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("[opsd] invalid config: opsd.loss.beta")

@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from recipe.common.cli import InputError
-from recipe.launch.merge import main, merge_checkpoint, shard_dir
+from recipe.common.cli import InputError, human_bytes
+from recipe.launch.merge import main, merge_checkpoint, merged_bytes, shard_dir
 from recipe.models.tiny import build_tiny_model
 
 
@@ -51,3 +51,49 @@ def test_partial_saves_and_existing_targets_are_refused(tmp_path, tiny, capsys):
     with pytest.raises(InputError, match="exists"):
         merge_checkpoint(shards, tmp_path / "target")
     assert main(["only-one"]) == 2
+
+
+def _real_save(path, tiny):
+    """A one-rank save holding the tiny model's weights (plain tensors: what verl's merger reads of rank 0)."""
+    from transformers import AutoModelForCausalLM
+
+    _save(path, tiny)
+    torch.save(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).state_dict(),
+               path / "model_world_size_1_rank_0.pt")
+    for name in ("generation_config.json", "chat_template.jinja"):
+        shutil.copy(tiny / name, path / "huggingface" / name)
+    return path
+
+
+def _merge(ckpt, target):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "recipe.launch.merge", str(ckpt), str(target)], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_full_disk_stops_the_merge_with_one_line_and_no_partial_output(tmp_path, tiny, small_fs):
+    ckpt = _real_save(tmp_path / "ckpt", tiny)
+    fs = small_fs(tmp_path / "fs", size=64 * 1024)
+    refused = _merge(ckpt, fs.path / "merged")  # the merged model (~200 KB in bfloat16) cannot fit: before it starts
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip() == (
+        f"error: {fs.path}: no space left for the merged model merged: needs ~{human_bytes(merged_bytes(ckpt))}, "
+        "64.0 KB free (free space there or choose another TARGET_DIR, then run the same command again)")
+    assert list(fs.path.iterdir()) == []
+    fs.resize(4 * 1024 * 1024, nr_inodes=4)  # bytes enough, but the file system fills (its inode table) part-way
+    stopped = _merge(ckpt, fs.path / "merged")
+    assert stopped.returncode == 2, stopped.stderr[-3000:]
+    line = stopped.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {fs.path}: no space left for the merged model merged: needs ~")
+    assert "free and no free inodes (too many files) (the merge stopped after " in line
+    assert line.endswith("its partial output was removed; free space there or choose another TARGET_DIR, then run "
+                         "the same command again)")
+    assert list(fs.path.iterdir()) == []  # no half model
+    fs.resize(4 * 1024 * 1024, nr_inodes=64)  # space freed: the same command merges
+    assert _merge(ckpt, fs.path / "merged").returncode == 0
+    assert sorted(p.name for p in fs.path.iterdir()) == ["merged"]
+    from recipe.common.checkpoints import check_model_dir
+
+    check_model_dir(fs.path / "merged")

@@ -68,9 +68,18 @@ def test_kill_launch_reaches_a_worker_in_its_own_session_and_spares_other_launch
         other_driver.wait()
 
 
+INPUTS = None  # tests/launch/conftest.py launch_inputs
+
+
+@pytest.fixture(autouse=True)
+def _inputs(launch_inputs):
+    global INPUTS
+    INPUTS = launch_inputs
+
+
 def _launch(tmp_path, seconds: float):
-    launch = plan(get_recipe("opsd"), Settings(device="cpu", model_path="/m", train_files="/t.parquet",
-                                               ckpt_dir=str(tmp_path / "ckpt")), [])
+    launch = plan(get_recipe("opsd"), Settings(device="cpu", model_path=str(INPUTS.model), train_files=str(INPUTS.train),
+                                               ckpt_dir=str(tmp_path / "ckpt")), [], environ=INPUTS.env)
     return dataclasses.replace(launch, command=[sys.executable, "-c", DRIVER, str(tmp_path / "worker.pid"),
                                                 str(seconds)])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,13 +45,30 @@ def model_dir(tmp_path: Path, **config) -> Path:
     return path
 
 
+INPUTS = None  # tests/launch/conftest.py launch_inputs: a launch checks its model and data
+
+
+@pytest.fixture(autouse=True)
+def _inputs(launch_inputs):
+    global INPUTS
+    INPUTS = launch_inputs
+
+
+def M() -> str:
+    return str(INPUTS.model)
+
+
+def T(recipe=None) -> str:
+    return str(INPUTS.sft if recipe is SFT else INPUTS.train)
+
+
 def groups(launch) -> list[str]:
     return [a for a in launch.command if "=" in a and not a.startswith("--") and Override.parse(a).is_group]
 
 
 @pytest.mark.parametrize("recipe", [OPSD, GRPO])
 def test_gpu_rl_launch_loads_the_rollout_extension_on_every_worker(recipe):
-    launch = plan(recipe, Settings(device="gpu", model_path="/m", train_files="/t.parquet"), [],
+    launch = plan(recipe, Settings(device="gpu", model_path=M(), train_files=T()), [],
                   detect_gpus=lambda: 8, environ={"VERL_USE_EXTERNAL_MODULES": "my.ext"})
     assert launch.verl_env == {"VERL_USE_EXTERNAL_MODULES": f"{EXTENSION},my.ext"}
     assert launch.env["VERL_USE_EXTERNAL_MODULES"] == f"{EXTENSION},my.ext"
@@ -60,14 +78,14 @@ def test_gpu_rl_launch_loads_the_rollout_extension_on_every_worker(recipe):
 
 
 def test_cpu_sft_launch_says_cpu_rollout_vllm_is_not_used():
-    launch = plan(SFT, Settings(device="cpu", model_path="/m", train_files="/t.parquet", cpu_rollout="vllm"), [],
+    launch = plan(SFT, Settings(device="cpu", model_path=M(), train_files=T(SFT), cpu_rollout="vllm"), [],
                   environ={})
     assert "[launch] note: CPU_ROLLOUT=vllm is not used: the sft recipe has no rollout" in launch.describe()
     assert not any("VLLM" in key for key in launch.verl_env)
 
 
 def test_gpu_sft_launch_has_no_rollout_and_no_extension():
-    launch = plan(SFT, Settings(device="gpu", model_path="/m", train_files="/t.parquet"), [],
+    launch = plan(SFT, Settings(device="gpu", model_path=M(), train_files=T(SFT)), [],
                   detect_gpus=lambda: 8, environ={})
     assert launch.verl_env == {} and "VERL_USE_EXTERNAL_MODULES" not in launch.env
     assert not any(RUNTIME_ENV_KEY in a for a in launch.command)
@@ -75,13 +93,13 @@ def test_gpu_sft_launch_has_no_rollout_and_no_extension():
 
 @pytest.mark.parametrize("environ, expected", [({}, "1"), ({"PYTHONUNBUFFERED": ""}, "")])
 def test_launch_runs_python_unbuffered_unless_the_user_chose(environ, expected):
-    launch = plan(OPSD, Settings(device="cpu", model_path="/m", train_files="/t.parquet"), [], environ=environ)
+    launch = plan(OPSD, Settings(device="cpu", model_path=M(), train_files=T()), [], environ=environ)
     assert launch.env["PYTHONUNBUFFERED"] == expected
     assert "PYTHONUNBUFFERED" not in launch.verl_env
 
 
 def test_cpu_hf_launch_lists_the_plugin_first_then_the_extension():
-    launch = plan(GRPO, Settings(device="cpu", model_path="/m", train_files="/t.parquet"), [],
+    launch = plan(GRPO, Settings(device="cpu", model_path=M(), train_files=T()), [],
                   environ={"VERL_USE_EXTERNAL_MODULES": f"my.ext,{EXTENSION}"})
     assert launch.env["VERL_USE_EXTERNAL_MODULES"] == f"recipe.cpu.plugin,{EXTENSION},my.ext"
     assert groups(launch) == ["+platform=cpu"] and launch.command[0] == sys.executable
@@ -91,7 +109,7 @@ def test_cpu_hf_launch_lists_the_plugin_first_then_the_extension():
 @pytest.mark.parametrize("recipe", [OPSD, GRPO])
 def test_cpu_rollout_vllm_is_the_platform_option_the_venv_and_vllms_variables(recipe, tmp_path):
     venv = fake_venv(tmp_path)
-    settings = Settings(device="cpu", model_path="/m", train_files="/t.parquet", cpu_rollout="vllm", vllm_venv=str(venv))
+    settings = Settings(device="cpu", model_path=M(), train_files=T(), cpu_rollout="vllm", vllm_venv=str(venv))
     launch = plan(recipe, settings, [], environ={"VLLM_CPU_KVCACHE_SPACE": "3"})
     assert launch.command[0] == str(venv / "bin" / "python")
     assert groups(launch) == ["+platform=cpu_vllm"]
@@ -106,7 +124,7 @@ def test_cpu_rollout_vllm_is_the_platform_option_the_venv_and_vllms_variables(re
 
 
 def test_sft_ignores_the_cpu_rollout(tmp_path):
-    settings = Settings(device="cpu", model_path="/m", train_files="/t.parquet", cpu_rollout="vllm",
+    settings = Settings(device="cpu", model_path=M(), train_files=T(SFT), cpu_rollout="vllm",
                         vllm_venv=str(tmp_path / "absent"))
     launch = plan(SFT, settings, [], environ={})
     assert groups(launch) == ["+platform=cpu_sft"] and launch.command[0] == sys.executable
@@ -116,7 +134,7 @@ def test_sft_ignores_the_cpu_rollout(tmp_path):
 def test_missing_or_incomplete_venv_names_the_build_command(tmp_path):
     venv = fake_venv(tmp_path)
     (venv / VENV_MARKER).unlink()  # an interrupted build
-    settings = Settings(device="cpu", model_path="/m", train_files="/t.parquet", cpu_rollout="vllm", vllm_venv=str(venv))
+    settings = Settings(device="cpu", model_path=M(), train_files=T(), cpu_rollout="vllm", vllm_venv=str(venv))
     with pytest.raises(ValueError, match=f"no complete vLLM-CPU venv at {venv}.*bash recipe/cpu/vllm_cpu_venv.sh {venv}"):
         plan(GRPO, settings, [], environ={})
 
@@ -124,12 +142,14 @@ def test_missing_or_incomplete_venv_names_the_build_command(tmp_path):
 def test_unsupported_head_dim_is_refused_before_anything_starts(tmp_path):
     venv = fake_venv(tmp_path)
     small = model_dir(tmp_path, hidden_size=64, num_attention_heads=4)  # head_dim 16
-    settings = Settings(device="cpu", model_path=str(small), train_files="/t.parquet", cpu_rollout="vllm",
+    settings = Settings(device="cpu", model_path=str(small), train_files=T(), cpu_rollout="vllm",
                         vllm_venv=str(venv))
     with pytest.raises(ValueError, match="head_dim 16; vLLM-CPU supports"):
         plan(GRPO, settings, [], environ={})
-    ok = model_dir(tmp_path, hidden_size=64, num_attention_heads=4, head_dim=32)
-    assert plan(GRPO, Settings(device="cpu", model_path=str(ok), train_files="/t.parquet", cpu_rollout="vllm",
+    ok = tmp_path / "ok"  # a whole model directory (the launch checks it) whose head size vLLM-CPU supports
+    shutil.copytree(INPUTS.model, ok)
+    (ok / "config.json").write_text(json.dumps({**json.loads((ok / "config.json").read_text()), "head_dim": 32}))
+    assert plan(GRPO, Settings(device="cpu", model_path=str(ok), train_files=T(), cpu_rollout="vllm",
                                vllm_venv=str(venv)), [], environ={}).config.actor_rollout_ref.rollout.name == "vllm"
 
 
@@ -153,7 +173,7 @@ def test_a_venv_built_from_another_main_venv_is_noted(tmp_path):
     venv = fake_venv(tmp_path)
     site = venv / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
-    settings = Settings(device="cpu", model_path="/m", train_files="/t.parquet", cpu_rollout="vllm", vllm_venv=str(venv))
+    settings = Settings(device="cpu", model_path=M(), train_files=T(), cpu_rollout="vllm", vllm_venv=str(venv))
     (site / "zz_opsd_main_venv.pth").write_text("import site; site.addsitedir('/other/venv/lib/python3.11/site-packages')\n")
     note = next(n for n in plan(GRPO, settings, [], environ={}).notes if n.startswith("VLLM_VENV="))
     assert f"built from the main venv of /other/venv/lib/python3.11/site-packages, not this launcher's " \

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from recipe.common.prompts import student_messages
-from recipe.launch.demos import get_demo
+from recipe.launch.demos import get_demo, unbuilt
 from recipe.launch.recipes import get_recipe
 from recipe.launch.run import plan
 from recipe.launch.settings import Settings
@@ -33,8 +33,9 @@ from tests.conftest import requires_smollm2
 
 def real_plan(recipe, tmp_path, argv=(), **settings):
     settings = Settings(device="cpu", cache_dir=str(tmp_path), cpu_demo="real", **settings)
-    build = get_demo("real").load()(recipe, settings, build=False)
-    return plan(get_recipe(recipe), settings, list(argv), demo=build.inputs, environ={}), build
+    build = get_demo("real").load()(recipe, settings, build=False)  # a dry run: what it would build is not checked
+    return plan(get_recipe(recipe), settings, list(argv), demo=build.inputs, environ={},
+                pending=unbuilt(build.inputs)), build
 
 
 @requires_smollm2
@@ -63,9 +64,9 @@ def test_real_demo_plans_smollm2_with_native_modes_and_the_same_problems(recipe,
     assert not any(tmp_path.iterdir())  # build=False: nothing made
 
 
-def test_a_given_model_is_used_and_not_located(tmp_path):
-    launch, build = real_plan("opsd", tmp_path, model_path="/my/model")
-    assert launch.config.actor_rollout_ref.model.path == "/my/model" and build.before_dir is None
+def test_a_given_model_is_used_and_not_located(tmp_path, launch_inputs):
+    launch, build = real_plan("opsd", tmp_path, model_path=str(launch_inputs.model))
+    assert launch.config.actor_rollout_ref.model.path == str(launch_inputs.model) and build.before_dir is None
 
 
 def test_sft_has_no_real_demo(tmp_path):
