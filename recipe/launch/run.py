@@ -29,6 +29,7 @@ from pathlib import Path
 
 from recipe.cpu import vllm_cpu
 from recipe.launch import compose as composer
+from recipe.launch.data_order import DATA_ORDER_FILE, DataOrder, plan_data_order, write_record
 from recipe.launch.overrides import Override, OverrideList
 from recipe.launch.ranks import check_rank_division
 from recipe.launch.recipes import REPO_ROOT, Recipe
@@ -60,6 +61,9 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     verl_env: dict[str, str] = field(default_factory=dict)  # what the launcher added to env (recipe.launch.verl_env)
+    # RL recipes: the rows the run trains on, in order (recipe.launch.data_order), and why not when None
+    data_order: DataOrder | None = None
+    data_order_note: str | None = None
 
     def describe(self) -> str:
         """The header printed once at start: command, environment set, replaced values, the effective settings."""
@@ -67,6 +71,10 @@ class Launch:
         if self.verl_env:
             lines.append("[launch] environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.verl_env.items()))
         lines += [f"[launch] note: {note}" for note in self.notes]
+        if self.data_order is not None:
+            o = self.data_order
+            lines.append(f"[launch] data: {o.rows} rows ({o.steps} steps x {o.batch_size}) of {o.rows_in_dataset}, "
+                         f"order sha256 {o.order_sha256[:16]} (written to {DATA_ORDER_FILE})")
         for key, old, old_source, new, new_source in self.overrides.replaced:
             lines.append(f"[launch] note: {key}={new} ({new_source}) replaces {key}={old} ({old_source})")
         lines.append(f"[launch] effective config (full: {self.config_path}):")
@@ -161,7 +169,9 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     cfg = composer.compose(recipe, overrides.as_list())
     _validate(recipe, settings, cfg, base)
     check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
-    recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
+    checked = recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
+    order, order_note = plan_data_order(checked) if recipe.reward else (None, None)
+    notes += [order_note] if order_note else []
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)
 
@@ -177,7 +187,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     env.setdefault("PYTHONUNBUFFERED", "1")
     return Launch(recipe=recipe, settings=settings, overrides=overrides, config=cfg, ckpt_dir=ckpt,
                   command=recipe.command(python, overrides.as_list(), nproc=nproc),
-                  config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes, verl_env=verl_env)
+                  config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes, verl_env=verl_env,
+                  data_order=order, data_order_note=order_note)
 
 
 @functools.lru_cache(maxsize=None)
@@ -292,7 +303,9 @@ def _record(launch: Launch, *, start: float, returncode: int) -> dict:
               * int(composer.select(launch.config, "trainer.nnodes")),
               "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
               "wall_time_s": round(time.time() - start), "exit_code": returncode,
-              "metrics": launch.env["VERL_FILE_LOGGER_PATH"]}
+              "metrics": launch.env["VERL_FILE_LOGGER_PATH"], "config": str(launch.config_path)}
+    if launch.recipe.reward:
+        record["data_order"] = str(launch.ckpt_dir / DATA_ORDER_FILE)
     with open(launch.ckpt_dir / "run_times.jsonl", "a") as out:
         out.write(json.dumps(record) + "\n")
     return record
@@ -308,6 +321,8 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
     """
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
     launch.config_path.write_text(launch.resolved_yaml())
+    if launch.recipe.reward:
+        write_record(launch.data_order, launch.data_order_note, launch.ckpt_dir)
     start = time.time()
     sink = open(log, "a") if log is not None else None
     launch_id = new_launch_id()
