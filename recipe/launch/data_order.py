@@ -176,7 +176,10 @@ def plan_data_order(cfg, *, load_tokenizer: Callable = _load_tokenizer) -> tuple
     batch = int(data.get("gen_batch_size") or data.train_batch_size)
     steps = cfg.trainer.get("total_training_steps")
     steps = int(steps) if steps is not None else (len(kept) // batch) * int(cfg.trainer.total_epochs)
-    order = [kept[i] for i in sampler_indices(len(kept), shuffle=shuffle, seed=seed, batch_size=batch, steps=steps)]
+    try:
+        order = [kept[i] for i in sampler_indices(len(kept), shuffle=shuffle, seed=seed, batch_size=batch, steps=steps)]
+    except ValueError as err:
+        raise InputError(str(err), file=", ".join(files), hint="more rows, or a smaller data.train_batch_size") from None
     if not filtered and tokenizer is not None:
         read = sorted(set(order))
         lengths = prompt_lengths([prompts[g] for g in read], tokenizer=tokenizer, chat_kwargs=chat_kwargs)

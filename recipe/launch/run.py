@@ -75,6 +75,8 @@ class Launch:
             o = self.data_order
             lines.append(f"[launch] data: {o.rows} rows ({o.steps} steps x {o.batch_size}) of {o.rows_in_dataset}, "
                          f"order sha256 {o.order_sha256[:16]} (written to {DATA_ORDER_FILE})")
+        if self.data_order_note:
+            lines.append(f"[launch] data: {self.data_order_note}")
         for key, old, old_source, new, new_source in self.overrides.replaced:
             lines.append(f"[launch] note: {key}={new} ({new_source}) replaces {key}={old} ({old_source})")
         lines.append(f"[launch] effective config (full: {self.config_path}):")
@@ -171,7 +173,6 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
     checked = recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
     order, order_note = plan_data_order(checked) if recipe.reward else (None, None)
-    notes += [order_note] if order_note else []
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)
 

@@ -107,7 +107,8 @@ def test_verls_filter_on_one_side_shifts_the_order_and_the_pair_is_refused(tiny,
     opsd = _plan(OPSD, tiny, matched, tmp_path / "opsd", "trainer.total_training_steps=1")
     grpo = _plan(GRPO, tiny, parquet, tmp_path / "grpo", "data.filter_overlong_prompts=true", "data.seed=2",
                  "trainer.total_training_steps=1")
-    assert grpo.data_order.rows_in_dataset == 7 and "drops 1 of 8 rows" in " ".join(grpo.notes)
+    assert grpo.data_order.rows_in_dataset == 7 and "drops 1 of 8 rows" in grpo.data_order_note
+    assert "[launch] data: data.filter_overlong_prompts drops 1 of 8 rows" in grpo.describe()
     with pytest.raises(DataMismatch) as err:
         check_same_data(opsd=opsd.data_order.record(), grpo=grpo.data_order.record())
     assert "data.filter_overlong_prompts False vs True" in str(err.value) and "4/4 vs 7/8" in str(err.value)
@@ -169,3 +170,12 @@ def test_the_record_is_written_to_the_run_directory(tmp_path, tiny, parquet):
     why = data_order.write_record(None, "data order not recorded: cannot read ...", tmp_path)
     with pytest.raises(DataMismatch, match="its row order was not recorded"):
         check_same_data(opsd={**json.loads(why.read_text()), "path": str(why)}, grpo=record)
+
+
+def test_fewer_rows_than_one_batch_names_the_file(tok, tmp_path):
+    path = tmp_path / "small.parquet"
+    pd.DataFrame(_rows(n=3, long_row=-1)).to_parquet(path, index=False)
+    cfg = OmegaConf.create({"data": {"train_files": str(path), "max_prompt_length": 1024, "train_batch_size": 4, "seed": 1},
+                            "trainer": {"total_training_steps": 1}, "actor_rollout_ref": {"model": {"path": "unused"}}})
+    with pytest.raises(InputError, match=f"^{path}: the training data has 3 rows, fewer than one batch of 4"):
+        data_order.plan_data_order(cfg, load_tokenizer=lambda model: tok)
