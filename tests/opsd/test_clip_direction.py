@@ -55,7 +55,7 @@ def test_with_the_clip_the_logit_of_the_teacher_favoured_token_falls_and_its_pro
     assert grad[EQ] > 0  # descent lowers the logit of "="
     assert dp[EQ].item() == pytest.approx(0.05 * (0.010952 - 0.008)) == pytest.approx(1.476e-4)  # its probability rises
     # the same numbers from the recipe's loss (full-vocabulary path, clip per vocabulary entry)
-    from recipe.opsd.losses import token_divergence
+    from recipe.opsd.core.losses import token_divergence
 
     z = torch.tensor(PS, dtype=torch.float64).log()[None].requires_grad_(True)
     token_divergence(z, torch.tensor(PT, dtype=torch.float64).log()[None], beta=0.0, clip_tau=TAU).sum().backward()

@@ -336,7 +336,7 @@ def test_topk_presets_are_the_papers_rows(row, hydra_dir):
 
     import torch
 
-    from recipe.opsd.losses import token_divergence
+    from recipe.opsd.core.losses import token_divergence
 
     model, supports = TOPK_TABLE[row]
     # 20 entries: the student's and the teacher's top-4 / top-16 differ
