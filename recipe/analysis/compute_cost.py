@@ -1,4 +1,4 @@
-"""OPSD-vs-GRPO compute table from two runs' step metrics (pure: stdlib only).
+"""OPSD-vs-GRPO compute table from two runs' step metrics (pure: stdlib, and PyYAML to read a launch config).
 
 Both recipes run on verl's legacy ``RayPPOTrainer`` (``trainer.use_v1=false``), so their
 ``timing_s/*`` keys come from the same loop. Phases of one step (seconds):
@@ -14,11 +14,19 @@ Tokens per second = sum of ``perf/total_num_tokens`` (prompt + response tokens o
 the sum of ``timing_s/step``. Peak memory = the largest ``perf/max_memory_allocated_gb`` of any step
 (verl's actor update on an accelerator); where that is absent or 0 (the CPU path) the caller passes
 what it measured instead, with a label saying what it is.
+
+Same data: the paper's comparison trains both methods on "exactly the same 3,200 examples ... in the
+same order". Every RL launch records the rows it trains on (``data_order.json`` in its run directory,
+written by ``recipe.launch.data_order``: the row count and a hash of the order); ``check_same_data``
+refuses a pair whose records differ or are missing. ``loss_aggregation`` names the GRPO run's loss
+aggregation (read from the launch's resolved config) for the table.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 PHASES = ("generation", "teacher", "update", "other")
@@ -35,7 +43,77 @@ PAPER_SETTINGS = (
     ("prompts per step", "64", "64"),
     ("extra forwards", "frozen teacher", "frozen reference (KL) + old log-probs"),
     ("offload", "none stated", "actor parameters + optimizer"),
+    ("GRPO loss aggregation", "-", "1/|y| per response, then the mean (eq. grpo_related)"),
 )
+
+DATA_ORDER_FILE = "data_order.json"  # recipe.launch.data_order.DATA_ORDER_FILE
+
+# verl's loss_agg_mode -> what it weighs (the GRPO row of the table)
+AGGREGATIONS = {
+    "seq-mean-token-mean": "seq-mean-token-mean: each response's token mean, then the mean over responses "
+                           "(the paper's GRPO equation)",
+    "token-mean": "token-mean: every token of the mini-batch weighs the same (DAPO; verl's default)",
+    "seq-mean-token-sum": "seq-mean-token-sum: each response's token sum, then the mean over responses",
+    "seq-mean-token-sum-norm": "seq-mean-token-sum-norm: token sums over a constant length, then the mean",
+    "token-sum": "token-sum: the sum over every token",
+}
+
+
+class DataMismatch(ValueError):
+    """The two runs did not train on the same rows in the same order (or one of them has no record)."""
+
+
+def read_data_order(run_dir: str | Path) -> dict:
+    """The data-order record of a run directory (``data_order.json``, written at launch)."""
+    path = Path(run_dir) / DATA_ORDER_FILE
+    if not path.is_file():
+        raise DataMismatch(f"{path}: no data-order record (runs launched through run_opsd.sh / run_grpo.sh write "
+                           "one; relaunch the run with this version)")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataMismatch(f"{path}: not valid JSON ({err})") from None
+    return {**record, "path": str(path)}
+
+
+def check_same_data(*, opsd: Mapping, grpo: Mapping) -> str:
+    """One line saying both runs trained on the same rows in the same order; ``DataMismatch`` otherwise,
+    naming what differs. ``opsd`` / ``grpo``: ``read_data_order`` records."""
+    for name, rec in (("OPSD", opsd), ("GRPO", grpo)):
+        if not rec.get("order_sha256"):
+            raise DataMismatch(f"{name} run: its row order was not recorded ({rec.get('path', DATA_ORDER_FILE)}: "
+                               f"{rec.get('why') or 'no order_sha256'})")
+    if opsd["rows"] == grpo["rows"] and opsd["order_sha256"] == grpo["order_sha256"]:
+        return f"same data: both runs trained on the same {opsd['rows']} rows in the same order (sha256 {opsd['order_sha256'][:16]})"
+    why = [f"{opsd['rows']} vs {grpo['rows']} rows"] if opsd["rows"] != grpo["rows"] else ["another row order"]
+    if opsd.get("filter_overlong_prompts") != grpo.get("filter_overlong_prompts"):
+        why.append(f"data.filter_overlong_prompts {opsd.get('filter_overlong_prompts')} vs {grpo.get('filter_overlong_prompts')}")
+    if opsd.get("rows_in_dataset") != opsd.get("rows_in_files") or grpo.get("rows_in_dataset") != grpo.get("rows_in_files"):
+        why.append(f"rows kept of the files: {opsd.get('rows_in_dataset')}/{opsd.get('rows_in_files')} vs "
+                   f"{grpo.get('rows_in_dataset')}/{grpo.get('rows_in_files')}")
+    raise DataMismatch(
+        f"the runs did not train on the same data: OPSD {opsd['rows']} rows, order sha256 {opsd['order_sha256'][:16]} "
+        f"({opsd.get('path')}); GRPO {grpo['rows']} rows, order sha256 {grpo['order_sha256'][:16]} ({grpo.get('path')}): "
+        f"{'; '.join(why)} (the matched pair: GRPO +experiment=released_grpo on the source parquet, OPSD "
+        "+experiment=opsd_vs_grpo_matched on its sampler's rows)")
+
+
+def loss_aggregation(config: Mapping) -> str:
+    """The GRPO run's loss aggregation, named and explained, from its resolved launch config (a mapping)."""
+    mode = ((config.get("actor_rollout_ref") or {}).get("actor") or {}).get("loss_agg_mode")
+    if mode is None:
+        return "not recorded"
+    return AGGREGATIONS.get(mode, mode)
+
+
+def read_launch_config(record: Mapping) -> dict:
+    """The resolved config a launch ran with (``run_times.jsonl`` record's ``config``: launch_config*.yaml)."""
+    import yaml
+
+    path = record.get("config")
+    if not path or not Path(path).is_file():
+        return {}
+    return yaml.safe_load(Path(path).read_text()) or {}
 
 
 @dataclass(frozen=True)
@@ -97,8 +175,10 @@ def _num(x: float | None, fmt: str) -> str:
     return "n/a" if x is None else format(x, fmt)
 
 
-def cost_table(*, opsd: RunCost, grpo: RunCost, memory_label: str) -> str:
-    """Markdown table: OPSD, GRPO, OPSD/GRPO per row, then the paper's GPU hours and settings."""
+def cost_table(*, opsd: RunCost, grpo: RunCost, memory_label: str, same_data: str | None = None,
+               grpo_aggregation: str | None = None) -> str:
+    """Markdown table: OPSD, GRPO, OPSD/GRPO per row, then the paper's GPU hours and settings.
+    ``same_data``: the ``check_same_data`` line; ``grpo_aggregation``: ``loss_aggregation`` of the GRPO run."""
     rows = [
         ("training loop, all steps (s)", opsd.loop_s, grpo.loop_s, ".1f"),
         ("device hours (loop x devices)", opsd.device_hours, grpo.device_hours, ".5f"),
@@ -109,6 +189,7 @@ def cost_table(*, opsd: RunCost, grpo: RunCost, memory_label: str) -> str:
     ]
     lines = ["| | OPSD | GRPO | OPSD / GRPO |", "|---|---|---|---|"]
     lines += [f"| {name} | {_num(a, fmt)} | {_num(b, fmt)} | {_ratio(a, b)} |" for name, a, b, fmt in rows]
+    lines += ["", f"Data: {same_data or 'not checked'}", f"GRPO loss aggregation: {grpo_aggregation or 'not recorded'}"]
     lines += ["", "Paper (tab:opsd_grpo_compute, GPU hours of 50 steps):", "",
               "| model | OPSD | GRPO | OPSD / GRPO |", "|---|---|---|---|"]
     lines += [f"| {m} | {o} | {g} | {o / g:.4f} |" for m, (o, g) in PAPER_GPU_HOURS.items()]

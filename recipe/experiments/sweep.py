@@ -279,10 +279,25 @@ def plan_run(
     }
     if dry_run:
         return plan | {"config_yaml": config_yaml}
+    _record_data_order(cfg, ckpt)
     _write_new(run_dir / "config.yaml", config_yaml)
     _write_new(run_dir / "overrides.txt", "\n".join(final.overrides.as_list()) + "\n")
     _write_new(run_dir / "plan.json", json.dumps(plan, indent=2) + "\n")
     return plan
+
+
+def _record_data_order(cfg, ckpt: Path) -> None:
+    """``data_order.json`` in the run's checkpoint directory, as a launch through recipe.launch writes it
+    (recipe.launch.data_order: the rows the run trains on, in order; an over-long prompt is refused here)."""
+    from omegaconf import OmegaConf
+
+    from recipe.launch.data_order import plan_data_order, write_record
+    from recipe.opsd.startup import prepare_config
+
+    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    prepare_config(resolved)  # the student's chat-template mode, as the entry point sets it
+    ckpt.mkdir(parents=True, exist_ok=True)
+    write_record(*plan_data_order(resolved), ckpt)
 
 
 def init_stage_commands(stage: Mapping, *, cfg, run_dir: Path, device: str) -> tuple[list[dict], Path]:

@@ -13,7 +13,8 @@
   sampler (``verl.trainer.ppo.utils.create_rl_sampler`` with ``data.shuffle=True``: torchdata's
   ``RandomSampler`` with a ``torch.Generator`` seeded by ``data.seed``; later epochs continue the
   same generator) written in that order. Valid when GRPO reads the same parquet with no
-  dataset-side filtering (``data.filter_overlong_prompts=False``, ``train_max_samples=-1``).
+  dataset-side filtering (``data.filter_overlong_prompts=False``, grpo_trainer.yaml's value, and
+  ``train_max_samples=-1``); both launches record their rows and order (``recipe.launch.data_order``).
 
 Each output gets a ``<output>.prep.json`` sidecar (step spec + source sha256); an existing output
 is reused only when its sidecar matches, otherwise it is an error (never overwritten silently).

@@ -52,17 +52,18 @@ class Recipe:
                     "-m", self.module, *config, *overrides]
         return [python, "-m", self.module, *config, *overrides]
 
-    def run_startup_checks(self, cfg) -> None:
-        """The recipe's start-up checks on a resolved copy of ``cfg`` (nothing when it has none)."""
-        if self.startup_checks is None:
-            return
+    def run_startup_checks(self, cfg):
+        """The recipe's start-up checks on a resolved copy of ``cfg`` (none when it has none); returns that
+        copy as the checks completed it (e.g. the chat-template switch OPSD derives from its student mode)."""
         import importlib
 
         from omegaconf import OmegaConf
 
-        module, function = self.startup_checks.split(":")
         resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-        getattr(importlib.import_module(module), function)(resolved)
+        if self.startup_checks is not None:
+            module, function = self.startup_checks.split(":")
+            getattr(importlib.import_module(module), function)(resolved)
+        return resolved
 
     def reward_overrides(self) -> list[str]:
         if not self.reward:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from recipe.cpu import vllm_cpu
 from recipe.launch import compose as composer
+from recipe.launch.data_order import DATA_ORDER_FILE, DataOrder, plan_data_order, write_record
 from recipe.launch.overrides import Override, OverrideList
 from recipe.launch.ranks import check_rank_division
 from recipe.launch.recipes import REPO_ROOT, Recipe
@@ -69,6 +70,9 @@ class Launch:
     def finished(self) -> str | None:
         """The line of a relaunch whose run is finished (nothing to train: the launch exits 0)."""
         return self.checked.finished if self.checked else None
+    # RL recipes: the rows the run trains on, in order (recipe.launch.data_order), and why not when None
+    data_order: DataOrder | None = None
+    data_order_note: str | None = None
 
     def describe(self) -> str:
         """The header printed once at start: command, environment set, replaced values, the effective settings."""
@@ -78,6 +82,12 @@ class Launch:
         if self.checked is not None and self.checked.disk is not None:  # recipe.launch.disk
             lines.append(f"[launch] {self.checked.disk.note}")
         lines += [f"[launch] note: {note}" for note in self.notes]
+        if self.data_order is not None:
+            o = self.data_order
+            lines.append(f"[launch] data: {o.rows} rows ({o.steps} steps x {o.batch_size}) of {o.rows_in_dataset}, "
+                         f"order sha256 {o.order_sha256[:16]} (written to {DATA_ORDER_FILE})")
+        if self.data_order_note:
+            lines.append(f"[launch] data: {self.data_order_note}")
         for key, old, old_source, new, new_source in self.overrides.replaced:
             lines.append(f"[launch] note: {key}={new} ({new_source}) replaces {key}={old} ({old_source})")
         lines.append(f"[launch] effective config (full: {self.config_path}):")
@@ -181,7 +191,7 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     _validate(recipe, settings, cfg, base)
     check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
     # model, data, the checkpoint directory (a finished run, another config) and the disk, before the recipe's own
-    checked = None
+    checked, order, order_note = None, None, None
     if startup_checks:
         checked = checks.check_launch(recipe, cfg, overrides=overrides, environ={**environ, **verl_env},
                                       ckpt_dir=ckpt, pending=pending, resume_anyway=settings.resume_with_changes,
@@ -189,7 +199,9 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
         notes += checked.notes
         if resume := checks.resume_overrides(cfg, checked):  # verl would pick another save (or none): name it
             cfg = composer.compose(recipe, overrides.add(resume, source="launcher (the last whole save)").as_list())
-        recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
+        resolved = recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
+        if recipe.reward:
+            order, order_note = plan_data_order(resolved)
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)
 
@@ -206,7 +218,7 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     return Launch(recipe=recipe, settings=settings, overrides=overrides, config=cfg, ckpt_dir=ckpt,
                   command=recipe.command(python, overrides.as_list(), nproc=nproc),
                   config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes, verl_env=verl_env,
-                  checked=checked)
+                  checked=checked, data_order=order, data_order_note=order_note)
 
 
 @functools.lru_cache(maxsize=None)
@@ -322,6 +334,8 @@ def _record(launch: Launch, *, start: float, returncode: int) -> dict:
               "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
               "wall_time_s": round(time.time() - start), "exit_code": returncode,
               "metrics": launch.env["VERL_FILE_LOGGER_PATH"], "config": str(launch.config_path)}
+    if launch.recipe.reward:
+        record["data_order"] = str(launch.ckpt_dir / DATA_ORDER_FILE)
     try:
         with open(launch.ckpt_dir / "run_times.jsonl", "a") as out:
             out.write(json.dumps(record) + "\n")
@@ -354,6 +368,8 @@ def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | No
     if plan_disk is not None:
         disk.prune(launch.ckpt_dir, plan_disk, log=lambda line: print(line, flush=True))
     launch.config_path.write_text(launch.resolved_yaml())
+    if launch.recipe.reward:
+        write_record(launch.data_order, launch.data_order_note, launch.ckpt_dir)
     start = time.time()
     sink = disk.TolerantLog(log) if log is not None else None
     launch_id = new_launch_id()

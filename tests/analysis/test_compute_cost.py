@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from recipe.analysis.compute_cost import cost_table, run_cost, step_phases
+from recipe.analysis.compute_cost import (
+    DataMismatch,
+    check_same_data,
+    cost_table,
+    loss_aggregation,
+    read_data_order,
+    read_launch_config,
+    run_cost,
+    step_phases,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,6 +75,54 @@ def test_cost_table_ratios_and_paper_numbers():
     assert f"| device hours (loop x devices) | {38 / 3600:.5f} | {120 / 3600:.5f} | {38 / 120:.3f} |" in lines
     assert "| Qwen3-1.7B | 0.66 | 114.27 | 0.0058 |" in lines
     assert "| Qwen3-4B | 1.13 | 171.81 | 0.0066 |" in lines
+
+
+def test_cost_table_says_which_data_and_which_grpo_aggregation():
+    table = cost_table(opsd=run_cost(rows=OPSD_ROWS, n_devices=2), grpo=run_cost(rows=GRPO_ROWS, n_devices=4),
+                       memory_label="test", same_data="same data: both runs ...",
+                       grpo_aggregation=loss_aggregation({"actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}}}))
+    lines = table.splitlines()
+    assert "Data: same data: both runs ..." in lines
+    assert "GRPO loss aggregation: token-mean: every token of the mini-batch weighs the same (DAPO; verl's default)" in lines
+    assert "| GRPO loss aggregation | - | 1/|y| per response, then the mean (eq. grpo_related) |" in lines
+    # a caller that passes neither says so
+    bare = cost_table(opsd=run_cost(rows=OPSD_ROWS, n_devices=2), grpo=run_cost(rows=GRPO_ROWS, n_devices=4),
+                      memory_label="test").splitlines()
+    assert "Data: not checked" in bare and "GRPO loss aggregation: not recorded" in bare
+
+
+def test_loss_aggregation_from_the_launch_config(tmp_path):
+    config = tmp_path / "launch_config.yaml"
+    config.write_text("actor_rollout_ref:\n  actor:\n    loss_agg_mode: seq-mean-token-mean\n")
+    assert loss_aggregation(read_launch_config({"config": str(config)})) == (
+        "seq-mean-token-mean: each response's token mean, then the mean over responses (the paper's GRPO equation)")
+    assert loss_aggregation(read_launch_config({})) == "not recorded"  # a launch from before the record had it
+
+
+ORDER = {"format": 1, "rows": 3200, "order_sha256": "a" * 64, "rows_in_files": 9000, "rows_in_dataset": 9000,
+         "filter_overlong_prompts": False}
+
+
+def test_check_same_data_accepts_one_order_and_refuses_another(tmp_path):
+    for name, record in (("opsd", {**ORDER, "rows_in_files": 3200, "rows_in_dataset": 3200}), ("grpo", ORDER)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "data_order.json").write_text(json.dumps(record))
+    opsd, grpo = read_data_order(tmp_path / "opsd"), read_data_order(tmp_path / "grpo")
+    assert opsd["path"] == str(tmp_path / "opsd" / "data_order.json")
+    assert check_same_data(opsd=opsd, grpo=grpo) == (
+        "same data: both runs trained on the same 3200 rows in the same order (sha256 aaaaaaaaaaaaaaaa)")
+    # GRPO's prompt-length filter dropped a row: another order, and the record says why
+    shifted = {**grpo, "order_sha256": "b" * 64, "rows_in_dataset": 8999, "filter_overlong_prompts": True}
+    with pytest.raises(DataMismatch) as err:
+        check_same_data(opsd=opsd, grpo=shifted)
+    message = str(err.value)
+    assert "another row order" in message and "data.filter_overlong_prompts False vs True" in message
+    assert "3200/3200 vs 8999/9000" in message and "released_grpo" in message and "opsd_vs_grpo_matched" in message
+    with pytest.raises(DataMismatch, match="3200 vs 1600 rows"):
+        check_same_data(opsd=opsd, grpo={**grpo, "rows": 1600})
+    # a run without a record (launched before runs recorded their order) is refused, naming the file
+    with pytest.raises(DataMismatch, match="data_order.json: no data-order record"):
+        read_data_order(tmp_path)
 
 
 def test_run_cost_refuses_rows_without_timing():

@@ -55,6 +55,10 @@ def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, check_rollout_weigh
     assert wall[-1]["recipe"] == "grpo" and wall[-1]["exit_code"] == 0 and wall[-1]["n_devices"] == 1
     assert wall[-1]["wall_time_s"] >= run.metrics[2]["timing_s/step"]
     assert Path(wall[-1]["metrics"]) == run.metrics_path
+    # the rows it trained on, in order (recipe.launch.data_order): 2 steps x the demo's batch of 4
+    order = json.loads(Path(wall[-1]["data_order"]).read_text())
+    assert order["rows"] == 8 and len(order["order_sha256"]) == 64 and order["filter_overlong_prompts"] is False
+    assert Path(wall[-1]["config"]).is_file()
 
     # Weight sync: the server loaded the trainer's weights at start-up (step 0) and after each step.
     served = check_rollout_weights(weights_log, ckpt_dir, expected_steps=[0, 1, 2])[0]

@@ -33,6 +33,10 @@ def test_sweep_two_presets_cpu(tiny_model_dir, tiny_data, tmp_path):
         config = (run_dir / "config.yaml").read_text()
         assert f"beta: {beta}" in config  # the resolved config the run trained from
         assert (run_dir / "checkpoints" / "global_step_1" / "actor").is_dir()
+    # each run's rows in order (recipe.launch.data_order): the same data, seed and batch, so one order
+    orders = [json.loads((out / "runs" / name / "checkpoints" / "data_order.json").read_text())
+              for name in ("default", "divergence_jsd")]
+    assert orders[0]["rows"] == 4 and orders[0]["order_sha256"] == orders[1]["order_sha256"]
     rows = json.loads((out / "comparison.json").read_text())
     assert [r["label"] for r in rows] == ["OPSD (default)", "JSD"]
     assert all(r["base"] is not None and r["opsd"] is not None for r in rows)

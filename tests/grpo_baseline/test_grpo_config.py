@@ -16,7 +16,8 @@ def test_grpo_yaml_matches_the_paper_control():
     assert cfg.algorithm.adv_estimator == "grpo"
     assert actor.ppo_epochs == 1  # one PPO epoch per update
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)  # DAPO clip ratios
-    assert actor.loss_agg_mode == "token-mean"
+    # the paper's GRPO equation (eq. grpo_related): 1/|y| per response, then the mean over responses
+    assert actor.loss_agg_mode == "seq-mean-token-mean"
     assert actor.optim.weight_decay == 0.01 and actor.grad_clip == 1.0 and actor.optim.clip_grad == 1.0
     assert actor.entropy_coeff == 0  # no entropy bonus
     assert actor.use_kl_loss and actor.kl_loss_type == "low_var_kl" and actor.kl_loss_coef == 0.01
@@ -28,7 +29,9 @@ def test_grpo_yaml_matches_the_paper_control():
     assert cfg.reward.custom_reward_function.name == "compute_score"
     assert cfg.actor_rollout_ref.model.lora_rank == 0  # full-parameter updates
     # app:sft_grpo_control run size
-    assert cfg.data.max_prompt_length == 1024 and cfg.data.filter_overlong_prompts is True
+    # prompts of at most 1,024 tokens: filtered at data preparation; no dataset-side filter (as OPSD), an
+    # over-long row is refused at launch (tests/launch/test_data_order.py)
+    assert cfg.data.max_prompt_length == 1024 and cfg.data.filter_overlong_prompts is False
     assert cfg.data.train_batch_size == 16 and actor.ppo_mini_batch_size == 8
     assert actor.optim.lr == 5e-7 and cfg.data.max_response_length == 20480
     assert cfg.trainer.total_training_steps == 100 and cfg.trainer.save_freq == 25
@@ -60,3 +63,26 @@ def test_grpo_runs_on_the_opsd_recipes_trainer():
     for overrides in ([], ["+experiment=released_grpo"], ["+demo=tiny"], ["+demo=toy"]):
         assert grpo_config(overrides).trainer.use_v1 is False, overrides
     assert compose(get_recipe("opsd"), []).trainer.use_v1 is False
+
+
+def test_both_aggregations_are_presets():
+    """Item: the paper's equation (the default) and DAPO / verl's token-mean, one preset each; nothing else changes."""
+    base = grpo_config()
+    for name, mode in (("agg_seq_mean_token_mean", "seq-mean-token-mean"), ("agg_token_mean", "token-mean")):
+        cfg = grpo_config([f"+experiment={name}"])
+        assert cfg.actor_rollout_ref.actor.loss_agg_mode == mode
+        cfg.actor_rollout_ref.actor.loss_agg_mode = base.actor_rollout_ref.actor.loss_agg_mode
+        assert cfg == base, name
+    assert grpo_config(["+experiment=[released_grpo,agg_token_mean]"]).actor_rollout_ref.actor.loss_agg_mode == "token-mean"
+
+
+def test_verl_aggregates_the_paper_equation_per_response():
+    """seq-mean-token-mean in verl's agg_loss is 1/G sum_g 1/|y_g| sum_i l_gi (eq. grpo_related); token-mean
+    weighs every token alike: with responses of 1 and 3 tokens they differ."""
+    import torch
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    loss = torch.tensor([[4.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    assert agg_loss(loss, mask, "seq-mean-token-mean").item() == (4 / 1 + 3 / 3) / 2  # 2.5
+    assert agg_loss(loss, mask, "token-mean").item() == (4 + 3) / 4  # 1.75

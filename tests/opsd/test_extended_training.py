@@ -1,13 +1,16 @@
-"""steps_300 as the paper's continuation of the 100-step run (docs/presets.md, "steps_300").
+"""The paper's 300-step run, both readings: ``steps_300_fresh`` (a 300-step run, cosine over 300 updates)
+and ``steps_300_continued`` (the 100-step run resumed at its step 100, no jump of the learning rate).
 
 The learning rates come from verl's own scheduler (``verl.utils.torch_functional.
-get_cosine_schedule_with_warmup``, built as verl's FSDP engine builds it: warmup = int(ratio x total))
-and its resume (``load_state_dict`` of the saved scheduler state into the scheduler the resumed run
-builds, optimizer state with it), the way ``global_step_100`` is continued.
+get_cosine_schedule_with_warmup``; the preset tests build it through verl's FSDP engine,
+``FSDPEngine._build_lr_scheduler``, from each preset's composed optimizer config) and its resume
+(``load_state_dict`` of the saved scheduler state into the scheduler the resumed run builds,
+optimizer state with it), the way ``global_step_100`` is continued.
 """
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -44,7 +47,8 @@ def _cosine(step, total):  # verl's lambda at 0-indexed scheduler step `step`, w
     return PEAK * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
 
 
-def test_continuation_keeps_the_100_step_run_and_then_follows_the_300_step_cosine():
+def test_verl_rebuilds_the_default_schedule_over_300_steps_on_resume():
+    """Why steps_300_continued sets its own schedule: resuming with only the step count raised jumps."""
     main, checkpoint = _run(100, steps=100)
     continued, _ = _run(300, steps=300, resume=checkpoint)
     # steps 1..100 of steps_300 ARE the main run (its global_step_100 is resumed, not retrained)
@@ -61,24 +65,78 @@ def test_continuation_keeps_the_100_step_run_and_then_follows_the_300_step_cosin
     assert fresh[31] == pytest.approx(PEAK) and fresh[11] == pytest.approx(PEAK / 3)
 
 
-def test_steps_300_resumes_the_default_runs_step_100(tmp_path):
+def _preset_lrs(experiment, *, steps, resume=None):
+    """Like ``_run``, with the scheduler verl's FSDP engine builds from the preset's composed optimizer config
+    (the trainer sets its total_training_steps from trainer.total_training_steps)."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    from recipe.launch.compose import compose
+    from recipe.launch.recipes import get_recipe
+
+    cfg = compose(get_recipe("opsd"), [f"+experiment={experiment}"])
+    optim = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.optim)
+    optim.total_training_steps = int(cfg.trainer.total_training_steps)
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([param], lr=optim.lr)
+    scheduler = FSDPEngine._build_lr_scheduler(SimpleNamespace(optimizer_config=optim, rank=1), optimizer)
+    start = 0
+    if resume is not None:
+        optimizer_state, scheduler_state, start = resume
+        optimizer.load_state_dict(optimizer_state)
+        scheduler.load_state_dict(scheduler_state)
+    lrs = {}
+    for step in range(start + 1, steps + 1):
+        lrs[step] = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+    return lrs, (optimizer.state_dict(), scheduler.state_dict(), steps)
+
+
+def test_steps_300_fresh_is_one_300_step_schedule():
+    """Reading (a), "changes the maximum step count to 300": warmup 30, cosine over 300, nothing at step 101."""
+    fresh, _ = _preset_lrs("steps_300_fresh", steps=300)
+    assert fresh[100] == pytest.approx(_cosine(99, 300)) == pytest.approx(0.8467e-6, rel=1e-3)
+    assert fresh[101] == pytest.approx(_cosine(100, 300)) == pytest.approx(0.8431e-6, rel=1e-3)
+    assert fresh[31] == pytest.approx(PEAK) and fresh[300] == pytest.approx(_cosine(299, 300))
+    assert max(abs(fresh[s + 1] - fresh[s]) for s in range(31, 300)) < 0.02 * PEAK
+
+
+@pytest.mark.parametrize("continuation", ["steps_300_continued"])
+def test_the_continuation_has_no_jump_at_step_101(continuation):
+    """Reading (b), "step 100 is the main-text checkpoint ... continue the same run to 300 updates": the
+    default run's step-100 checkpoint resumed; the lr goes on from ~0 without a jump."""
+    main, checkpoint = _preset_lrs("default", steps=100)
+    continued, _ = _preset_lrs(continuation, steps=300, resume=checkpoint)
+    assert main[100] == pytest.approx(3.05e-10, rel=1e-2)  # the end of the 100-step cosine
+    assert continued[101] == pytest.approx(0.0, abs=1e-20)  # the optimizer's saved lr
+    assert continued[102] == pytest.approx(PEAK * (1 + math.cos(math.pi * 101 / 100)) / 2) == pytest.approx(2.467e-10, rel=1e-3)
+    lrs = {**main, **continued}
+    assert max(abs(lrs[s + 1] - lrs[s]) for s in range(90, 300)) < 0.02 * PEAK  # no jump anywhere (0.84e-6 before)
+    assert continued[201] == pytest.approx(PEAK) and continued[300] == pytest.approx(2.467e-10, rel=1e-3)
+
+
+def test_steps_300_continued_resumes_the_default_runs_step_100(tmp_path):
     from recipe.experiments import sweep
 
     plans = sweep.plan_sweep(
-        ["default", "steps_300"], model="qwen3_1p7b", sweep_dir=tmp_path / "sweep", device="gpu", dry_run=True,
+        ["default", "steps_300_continued"], model="qwen3_1p7b", sweep_dir=tmp_path / "sweep", device="gpu", dry_run=True,
         overrides=["data.train_files=/data/train.parquet", "data.val_files=/data/val.parquet"],
         evaluation=sweep.EvalSettings(),
     )
-    default, extended = ({p["name"]: p for p in plans}[name] for name in ("default", "steps_300"))
+    default, extended = ({p["name"]: p for p in plans}[name] for name in ("default", "steps_300_continued"))
     cfg = OmegaConf.create(extended["config_yaml"])
     step_100 = Path(default["run_dir"]) / "checkpoints" / "global_step_100"
     assert (cfg.trainer.resume_mode, cfg.trainer.resume_from_path) == ("resume_path", str(step_100))
     assert Path(OmegaConf.create(default["config_yaml"]).trainer.default_local_dir) == step_100.parent
     assert (cfg.trainer.total_training_steps, cfg.trainer.save_freq) == (300, 50)
     assert sorted(int(s) for s in extended["eval"]["checkpoints"]) == [150, 200, 250, 300]
-    # every other setting is the default run's (the continuation changes the step count only)
+    # every other setting is the default run's (the continuation changes the step count and the schedule's shape)
     base = OmegaConf.create(default["config_yaml"])
-    for key in ("actor_rollout_ref.actor.optim", "data", "opsd", "actor_rollout_ref.rollout.temperature",
+    optim, base_optim = (OmegaConf.to_container(c.actor_rollout_ref.actor.optim) for c in (cfg, base))
+    assert (optim.pop("lr_warmup_steps_ratio"), optim.pop("num_cycles")) == (0.0, 1.5)
+    assert {k: v for k, v in base_optim.items() if k not in ("lr_warmup_steps_ratio", "num_cycles")} == optim
+    for key in ("data", "opsd", "actor_rollout_ref.rollout.temperature",
                 "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.top_k", "actor_rollout_ref.model"):
         assert OmegaConf.select(cfg, key) == OmegaConf.select(base, key), key
 

@@ -51,6 +51,10 @@ EXPECTED = {
     "no_privilege_nth_th_th": {"opsd.teacher_context", "opsd.student_mode", "sweep.eval_mode"},
     "steps_300": {"trainer.total_training_steps", "trainer.save_freq", "trainer.resume_mode", "sweep.eval_every",
                   "sweep.continue_from.run", "sweep.continue_from.step"},
+    "steps_300_fresh": {"trainer.total_training_steps", "trainer.save_freq", "sweep.eval_every"},
+    "steps_300_continued": {"trainer.total_training_steps", "trainer.save_freq", "trainer.resume_mode", "sweep.eval_every",
+                            "sweep.continue_from.run", "sweep.continue_from.step",
+                            "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor_rollout_ref.actor.optim.num_cycles"},
     **{f"rollout_{cap}": RESPONSE for cap in (128, 256, 512, 2048, 4096, 6144)},
     "rollout_1024": set(),
     "pos_first_256": RESPONSE,
@@ -78,6 +82,8 @@ EXPECTED = {
     "advt16": RESPONSE | {"opsd.loss.positions"},
     "topk_4": {"opsd.loss.topk"},
     "topk_16": {"opsd.loss.topk"},
+    "topk_4_rev_kl": {"opsd.loss.topk", "opsd.loss.beta"},
+    "topk_16_rev_kl": {"opsd.loss.topk", "opsd.loss.beta"},
     "temp_s11_t11": set(),
     "temp_s06_t06": STUDENT_TEMP,
     "temp_s06_t11": STUDENT_TEMP,
@@ -296,3 +302,54 @@ def test_model_and_experiment_order_does_not_matter(model, experiment, checks, h
 def test_presets_combine(hydra_dir, default_flat):
     cfg = _compose("+experiment=[context_answer_only,rollout_256]")
     assert _changed(default_flat, _resolved(cfg)) - {"sweep.label"} == RESPONSE | {"opsd.teacher_context"}
+
+
+# Paper tab:topk_loss_macro: model row -> (model preset, {loss support: experiment preset}). The Qwen3 rows use
+# forward KL on the teacher's top-k; "OLMo-3-7B-Think uses reverse KL with student Top-k", whose full-vocabulary
+# row is the reverse-KL run of tab:divergence_macro.
+TOPK_TABLE = {
+    "Qwen3-1.7B": ("qwen3_1p7b", {"Full vocab": "default", "k=16": "topk_16", "k=4": "topk_4"}),
+    "Qwen3-4B-Instruct": ("qwen3_4b_instruct", {"Full vocab": "default", "k=16": "topk_16", "k=4": "topk_4"}),
+    "OLMo-3-7B-Think": ("olmo3_7b_think", {"Full vocab": "divergence_rev_kl", "k=16": "topk_16_rev_kl", "k=4": "topk_4_rev_kl"}),
+}
+
+
+def _topk_by_hand(ps, pt, *, reverse: bool, k, clip_tau):
+    """Clipped KL on the renormalised top-k support, written out: the student's top-k for reverse KL
+    (D_KL(pS~ || pT~)), the teacher's for forward KL (D_KL(pT~ || pS~)); k None = full vocabulary."""
+    import math
+
+    ranked = ps if reverse else pt
+    support = sorted(range(len(ps)), key=lambda v: -ranked[v])[: k or len(ps)]
+    zs, zt = sum(ps[v] for v in support), sum(pt[v] for v in support)
+    total = 0.0
+    for v in support:
+        s, t = ps[v] / zs, pt[v] / zt
+        term = s * math.log(s / t) if reverse else t * math.log(t / s)
+        total += term if clip_tau is None else min(term, clip_tau)
+    return total
+
+
+@pytest.mark.parametrize("row", sorted(TOPK_TABLE))
+def test_topk_presets_are_the_papers_rows(row, hydra_dir):
+    import math
+
+    import torch
+
+    from recipe.opsd.core.losses import token_divergence
+
+    model, supports = TOPK_TABLE[row]
+    # 20 entries: the student's and the teacher's top-4 / top-16 differ
+    ps = [0.30, 0.20, 0.10, 0.08] + [0.02] * 16
+    pt = [0.02, 0.05, 0.10, 0.03, 0.25, 0.20] + [0.35 / 14] * 14
+    for support, experiment in supports.items():
+        cfg = _compose(f"+model={model}", f"+experiment={experiment}")
+        opsd = OPSDConfig.from_hydra(cfg.opsd)
+        k = None if support == "Full vocab" else int(support.removeprefix("k="))
+        assert opsd.loss.topk == k and opsd.loss.clip_tau == 0.05, (row, support)
+        assert opsd.loss.beta == (1.0 if row == "OLMo-3-7B-Think" else 0.0), (row, support)
+        value = token_divergence(torch.tensor([[math.log(p) for p in ps]], dtype=torch.float64),
+                                 torch.tensor([[math.log(p) for p in pt]], dtype=torch.float64),
+                                 beta=opsd.loss.beta, clip_tau=opsd.loss.clip_tau, topk=opsd.loss.topk).item()
+        expected = _topk_by_hand(ps, pt, reverse=row == "OLMo-3-7B-Think", k=k, clip_tau=0.05)
+        assert value == pytest.approx(expected, abs=1e-12), (row, support)
