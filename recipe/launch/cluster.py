@@ -198,8 +198,9 @@ def engine_installed(python: str, engine: str) -> bool:
 
 
 def preflight(*, python: str, device: str, engine: str | None, address: str | None, nnodes: int,
-              gpus_per_node: int, env: Mapping[str, str] | None = None) -> None:
-    """The checks of a launch on a GPU or on a cluster, before verl starts (PreflightError on the first failure)."""
+              gpus_per_node: int, env: Mapping[str, str] | None = None) -> str | None:
+    """The checks of a launch on a GPU or on a cluster, before verl starts (PreflightError on the first
+    failure); returns the line describing the cluster joined (None without one)."""
     if device == "gpu" and engine in ENGINE_EXTRAS and not engine_installed(python, engine):
         raise PreflightError(f"actor_rollout_ref.rollout.name={engine} but {engine} is not installed for {python}: "
                              f"`pip install torch==2.11.0 && pip install -e '{ENGINE_EXTRAS[engine]}'` (docs/cluster.md)")
@@ -207,7 +208,7 @@ def preflight(*, python: str, device: str, engine: str | None, address: str | No
         if nnodes > 1:
             raise PreflightError(f"trainer.nnodes={nnodes} (NNODES) runs on a Ray cluster: start one with "
                                  "`ray start` on every node and set RAY_ADDRESS=<head>:<port> (docs/cluster.md)")
-        return
+        return None
     if not address_answers(address):
         raise PreflightError(f"RAY_ADDRESS={address}: nothing answers there (is `ray start --head --port` running "
                              "on that host, and is the port reachable from here?)")
@@ -224,3 +225,6 @@ def preflight(*, python: str, device: str, engine: str | None, address: str | No
                                 gpus_per_node=gpus_per_node, engine=engine if device == "gpu" else None)
     if problems:
         raise PreflightError(problems[0])
+    gpus = ", ".join(f"{node.ip} ({node.node_id[:8]}) {node.gpus:g}" for node in nodes)
+    return (f"Ray cluster at {address}: {len(nodes)} nodes, GPUs per node: {gpus}; ray {report['ray']} and this "
+            f"project on every node; the launch uses {nnodes} x {gpus_per_node}")
