@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     if dry_run:
         print(launch.resolved_yaml(), end="")
         return 0
-    return execute(launch)["exit_code"]
+    try:
+        return execute(launch)["exit_code"]
+    except config_errors() as err:  # a GPU / cluster launch's pre-flight (recipe.launch.cluster): nothing started
+        print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -128,3 +128,27 @@ def test_a_launch_on_a_joined_cluster_never_kills_a_ray_daemon(tmp_path):
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+@pytest.fixture(scope="module")
+def tiny_inputs(tmp_path_factory):
+    from recipe.models.tiny import build_tiny_model
+    from recipe.toy.demo import write_tiny_data
+
+    root = tmp_path_factory.mktemp("tiny")
+    return build_tiny_model(root / "model", seed=0), write_tiny_data(root / "data")["train"]
+
+
+@pytest.mark.parametrize(("extra", "line"), [
+    ({}, "[launch] error: actor_rollout_ref.rollout.name=vllm but vllm is not installed for "),
+    ({"NNODES": "2"}, "[launch] error: actor_rollout_ref.rollout.name=vllm but vllm"),  # the engine is checked first
+])
+def test_the_launcher_refuses_a_gpu_launch_without_its_engine_in_one_line(tiny_inputs, tmp_path, extra, line):
+    model, train = tiny_inputs
+    env = {**os.environ, "DEVICE": "gpu", "MODEL_PATH": str(model), "TRAIN_FILES": str(train),
+           "CKPT_DIR": str(tmp_path / "ckpt"), "NGPUS": "1", **extra}
+    done = subprocess.run([sys.executable, "-m", "recipe.launch", "opsd", "actor_rollout_ref.rollout.name=vllm"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(line), done.stderr[-2000:]
+    assert not (tmp_path / "ckpt" / "run_times.jsonl").exists()  # nothing started
