@@ -40,6 +40,12 @@ DEFAULT_STEPS = 3
 DATA_BUILDER = "recipe.toy.demo:write_tiny_data"
 # The weight-sync probe's log (recipe/rollout/sync_probe.py): one record per weight push.
 PROBE_LOG_ENV = "OPSD_ROLLOUT_SYNC_PROBE_LOG"
+
+
+def probe_environment(log_path: Path) -> dict[str, str]:
+    """The variables that turn the weight-sync probe on in every process of the launch (every node too:
+    the launcher forwards OPSD_* variables to a joined cluster's workers)."""
+    return {PROBE_LOG_ENV: str(log_path)}
 # In sync, the rollout differs from the pushed weights' float32 forward by far less than one update moves it.
 SYNC_FRACTION = 0.1
 # Small, fixed run sizes: the check measures the machinery, the paper's sizes are the presets'.
@@ -85,19 +91,18 @@ def plan_check(*, model: str, steps: int, cache_dir: Path, overrides: Sequence[s
     import os
 
     environ = dict(os.environ if environ is None else environ)
+    ckpt = cache_dir / "gpu_check" / model.replace("/", "--")
+    environ.update(probe_environment(ckpt / "sync_probe.jsonl"))
     data_dir = cache_dir / "gpu_check" / "data"
     if build_data:
         module, _, function = DATA_BUILDER.partition(":")
         getattr(importlib.import_module(module), function)(data_dir)
-    ckpt = cache_dir / "gpu_check" / model.replace("/", "--")
     settings = Settings(device="gpu", model_path=model, train_files=str(data_dir / "train.parquet"),
                         val_files=str(data_dir / "val.parquet"), steps=steps, ckpt_dir=str(ckpt),
                         cache_dir=str(cache_dir), ngpus=max(detect_gpus(), 1),
                         nnodes=int(environ["NNODES"]) if environ.get("NNODES") else None,
                         ray_address=environ.get("RAY_ADDRESS") or None)
-    launch = plan(get_recipe("opsd"), settings, [*CHECK_OVERRIDES, *overrides], environ=environ, detect_gpus=detect_gpus)
-    launch.env[PROBE_LOG_ENV] = str(ckpt / "sync_probe.jsonl")
-    return launch
+    return plan(get_recipe("opsd"), settings, [*CHECK_OVERRIDES, *overrides], environ=environ, detect_gpus=detect_gpus)
 
 
 def _mean(values: Sequence[float]) -> float:
