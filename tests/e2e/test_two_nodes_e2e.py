@@ -63,12 +63,14 @@ class RayCluster:
         ports = [f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}",
                  f"--runtime-env-agent-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}"]
         with open(self.log, "a") as log:
+            # every node in the same temp dir: `ray start` writes the cluster's address file there, not in
+            # /tmp/ray, where any plain ray.init() on this machine would find and join the cluster
             subprocess.run([python_bin, "start", "--node-ip-address=127.0.0.1", "--num-cpus=32", "--num-gpus=1",
-                            "--disable-usage-stats", *ports, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            f"--temp-dir={self.temp_dir}", "--disable-usage-stats", *ports, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                            check=True, timeout=120)
 
     def start_head(self) -> None:
-        self._start(["--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
+        self._start(["--head", f"--port={self.port}", "--include-dashboard=false",
                      f"--ray-client-server-port={_free_port()}"])
 
     def add_node(self, ray_bin: str = RAY) -> None:
