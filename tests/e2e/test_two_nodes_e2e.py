@@ -58,7 +58,8 @@ class RayCluster:
         self.log = tmp / "ray_start.log"
 
     def _start(self, args: list[str], python_bin: str = RAY) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        # what a node's workers import is that node's Python (a PYTHONPATH of this session would hide a bare node)
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
         env |= {MARK: self.mark, "RAY_DISABLE_USAGE_STATS": "1"}
         ports = [f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}",
                  f"--runtime-env-agent-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}"]
@@ -154,11 +155,18 @@ def test_killing_the_launcher_spares_the_cluster(two_nodes, tiny_run_env, tmp_pa
     assert sorted(two_nodes.daemons()) == daemons
     # Ray ends the job's workers on both nodes once its driver is gone
     deadline = time.monotonic() + 60
-    while (workers := [p for p in pids_with(variable=MARK, value=two_nodes.mark)
-                       if not is_ray_daemon(p) and "ray::" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
-                       and "IDLE" not in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]):
+    while workers := [p for p in pids_with(variable=MARK, value=two_nodes.mark) if _is_job_worker(p)]:
         assert time.monotonic() < deadline, f"job workers still running 60 s after the launcher's SIGTERM: {workers}"
         time.sleep(2)
+
+
+def _is_job_worker(pid: int) -> bool:
+    """A Ray worker process running a task or actor (not an idle pooled worker, not a daemon)."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return False
+    return title.startswith("ray::") and not title.startswith("ray::IDLE") and not is_ray_daemon(pid)
 
 
 def _refused(env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -198,7 +206,8 @@ def test_node_without_the_project_is_refused(two_nodes, tiny_run_env, tmp_path):
     (venv / "bin" / "ray").write_text(f"#!{venv / 'bin' / 'python'}\nfrom ray.scripts.scripts import main\nmain()\n")
     (venv / "bin" / "ray").chmod(0o755)
     check = subprocess.run([str(venv / "bin" / "python"), "-c", "import ray, verl.version; import recipe"],
-                           capture_output=True, text=True, cwd=tmp_path)
+                           capture_output=True, text=True, cwd=tmp_path,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert "No module named 'recipe'" in check.stderr, check.stderr[-500:]
     daemons_before = set(two_nodes.daemons())
     two_nodes.add_node(str(venv / "bin" / "ray"))
