@@ -219,6 +219,9 @@ def preflight(*, python: str, device: str, engine: str | None, address: str | No
             detail = " ".join(report["error"].split())
             raise PreflightError(f"RAY_ADDRESS={address}: the cluster's Ray or Python differs from this launch's "
                                  f"({python}): {detail[:400]}")
+        if "authentication" in report["error"].lower():
+            raise PreflightError(f"RAY_ADDRESS={address}: the cluster wants its authentication token: set RAY_AUTH_MODE=token "
+                                 "and RAY_AUTH_TOKEN (or ~/.ray/auth_token) as on its nodes (Ray's token authentication)")
         raise PreflightError(f"RAY_ADDRESS={address}: could not join the Ray cluster: {first}")
     nodes = [NodeReport(**node) for node in report["nodes"]]
     problems = cluster_problems(address=address, nodes=nodes, ray_version=report["ray"], nnodes=nnodes,

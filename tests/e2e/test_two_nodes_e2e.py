@@ -1,8 +1,10 @@
 """Two Ray nodes on this machine, joined as a user joins a cluster (docs/cluster.md).
 
-A cluster of two raylets on the loopback address started with Ray's own ``ray start`` (one placeholder
-GPU each, in a Ray temp dir of its own so no other ``ray.init`` on the machine finds it), then the
-launcher with ``RAY_ADDRESS`` and ``NNODES=2``:
+A cluster of two raylets on this machine started with Ray's own ``ray start`` (one placeholder GPU
+each, in a Ray temp dir of its own so no other ``ray.init`` on the machine finds it, with a token of
+its own: Ray's token authentication), joined at the loopback address (``RAY_ADDRESS=127.0.0.1:<port>``;
+Ray itself gives each node the machine's own address, never a loopback one), then the launcher with
+``RAY_ADDRESS`` and ``NNODES=2``:
 
 - OPSD and GRPO run 1 step with ``trainer.nnodes=2``: one FSDP rank per node (each node has exactly
   one GPU and the job takes two), FSDP over gloo across the nodes, the teacher on every rank, the
@@ -18,6 +20,8 @@ launcher with ``RAY_ADDRESS`` and ``NNODES=2``:
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,17 +60,19 @@ class RayCluster:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log = tmp / "ray_start.log"
+        # what every node, and every process that joins, needs (Ray 2.60 enables token authentication)
+        self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
     def _start(self, args: list[str], python_bin: str = RAY) -> None:
         # what a node's workers import is that node's Python (a PYTHONPATH of this session would hide a bare node)
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
-        env |= {MARK: self.mark, "RAY_DISABLE_USAGE_STATS": "1"}
+        env |= {MARK: self.mark, "RAY_DISABLE_USAGE_STATS": "1", **self.auth}
         ports = [f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}",
                  f"--runtime-env-agent-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}"]
         with open(self.log, "a") as log:
             # every node in the same temp dir: `ray start` writes the cluster's address file there, not in
             # /tmp/ray, where any plain ray.init() on this machine would find and join the cluster
-            subprocess.run([python_bin, "start", "--node-ip-address=127.0.0.1", "--num-cpus=32", "--num-gpus=1",
+            subprocess.run([python_bin, "start", "--num-cpus=32", "--num-gpus=1",
                             f"--temp-dir={self.temp_dir}", "--disable-usage-stats", *ports, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                            check=True, timeout=120)
 
@@ -82,6 +88,7 @@ class RayCluster:
 
     def stop(self) -> None:
         left = kill_marked(variable=MARK, value=self.mark)  # this cluster's processes only (never `ray stop`)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
         assert not left, left
 
 
@@ -96,8 +103,8 @@ def two_nodes(tmp_path_factory):
         cluster.stop()
 
 
-def _cluster_env(tiny_run_env, ckpt: Path, address: str, **extra: str) -> dict[str, str]:
-    return tiny_run_env(ckpt, RAY_ADDRESS=address, NNODES="2", STEPS="1", **extra)
+def _cluster_env(tiny_run_env, ckpt: Path, cluster: RayCluster, **extra: str) -> dict[str, str]:
+    return tiny_run_env(ckpt, RAY_ADDRESS=cluster.address, NNODES="2", STEPS="1", **cluster.auth, **extra)
 
 
 def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, run_cpu_verl, tiny_run_env, tmp_path):
@@ -107,7 +114,7 @@ def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, ru
                             env=tiny_run_env(tmp_path / "one_node" / "ckpt", STEPS="1", CPU_NUM_RANKS="2"), timeout=400)
     assert one_node.returncode == 0, one_node.tail()
     opsd = run_cpu_verl("recipe/opsd/run_opsd.sh", SAME_SAMPLES, workdir=tmp_path / "opsd", script=True,
-                        env=_cluster_env(tiny_run_env, tmp_path / "opsd" / "ckpt", two_nodes.address), timeout=400)
+                        env=_cluster_env(tiny_run_env, tmp_path / "opsd" / "ckpt", two_nodes), timeout=400)
     assert opsd.returncode == 0, opsd.tail()
     assert "[launch] Ray cluster at 127.0.0.1" in opsd.log and "2 nodes" in opsd.log, opsd.tail()
     assert sorted(opsd.metrics) == [1], opsd.tail()
@@ -120,7 +127,7 @@ def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, ru
     assert sorted(two_nodes.daemons()) == sorted(daemons)
 
     grpo = run_cpu_verl("recipe/grpo_baseline/run_grpo.sh", ["trainer.save_freq=-1"], workdir=tmp_path / "grpo",
-                        script=True, env=_cluster_env(tiny_run_env, tmp_path / "grpo" / "ckpt", two_nodes.address),
+                        script=True, env=_cluster_env(tiny_run_env, tmp_path / "grpo" / "ckpt", two_nodes),
                         timeout=400)
     assert grpo.returncode == 0, grpo.tail()
     assert sorted(grpo.metrics) == [1], grpo.tail()
@@ -133,7 +140,7 @@ def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, ru
 def test_killing_the_launcher_spares_the_cluster(two_nodes, tiny_run_env, tmp_path):
     """SIGTERM to the launcher once verl runs: the launch's processes end, the cluster's daemons stay."""
     daemons = sorted(two_nodes.daemons())
-    env = {**os.environ, **_cluster_env(tiny_run_env, tmp_path / "ckpt", two_nodes.address, STEPS="50"),
+    env = {**os.environ, **_cluster_env(tiny_run_env, tmp_path / "ckpt", two_nodes, STEPS="50"),
            "PYTHON": sys.executable}
     log = tmp_path / "launch.log"
     with open(log, "w") as out:
@@ -186,8 +193,9 @@ def _refused(env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_bad_cluster_input_fails_before_verl_with_one_line(two_nodes, tiny_run_env, tmp_path):
     silent = f"127.0.0.1:{_free_port()}"
     cases = {
-        "nothing answers": (_cluster_env(tiny_run_env, tmp_path / "a", silent), f"RAY_ADDRESS={silent}: nothing answers"),
-        "NNODES > nodes": (tiny_run_env(tmp_path / "b", RAY_ADDRESS=two_nodes.address, NNODES="3"),
+        "nothing answers": (tiny_run_env(tmp_path / "a", RAY_ADDRESS=silent, NNODES="2"),
+                            f"RAY_ADDRESS={silent}: nothing answers"),
+        "NNODES > nodes": (tiny_run_env(tmp_path / "b", RAY_ADDRESS=two_nodes.address, NNODES="3", **two_nodes.auth),
                            "trainer.nnodes=3 (NNODES) needs 3 nodes with 1 GPU(s) each"),
     }
     for name, (env, line) in cases.items():
@@ -212,7 +220,7 @@ def test_node_without_the_project_is_refused(two_nodes, tiny_run_env, tmp_path):
     daemons_before = set(two_nodes.daemons())
     two_nodes.add_node(str(venv / "bin" / "ray"))
     try:
-        done = _refused(tiny_run_env(tmp_path / "ckpt", RAY_ADDRESS=two_nodes.address, NNODES="2"))
+        done = _refused(tiny_run_env(tmp_path / "ckpt", RAY_ADDRESS=two_nodes.address, NNODES="2", **two_nodes.auth))
         assert "cannot import this project (recipe)" in done.error, done.error
     finally:  # the bare node's daemons only; the two-node cluster stays for the other tests
         for pid in set(two_nodes.daemons()) - daemons_before:
