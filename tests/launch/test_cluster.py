@@ -152,3 +152,24 @@ def test_the_launcher_refuses_a_gpu_launch_without_its_engine_in_one_line(tiny_i
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith(line), done.stderr[-2000:]
     assert not (tmp_path / "ckpt" / "run_times.jsonl").exists()  # nothing started
+
+
+@pytest.mark.parametrize(("error", "line"), [
+    ("RuntimeError: Version mismatch: The cluster was started with:\n    Ray: 2.59.0\n    Python: 3.11.7\n"
+     "This process on node 10.0.0.9 was started with:\n    Ray: 2.60.0\n    Python: 3.11.7",
+     "RAY_ADDRESS=10.0.0.1:6379: the cluster's Ray or Python differs from this launch's (/py): RuntimeError: Version "
+     "mismatch: The cluster was started with: Ray: 2.59.0 Python: 3.11.7 This process on node 10.0.0.9 was started "
+     "with: Ray: 2.60.0 Python: 3.11.7"),
+    ("AuthenticationError: RPC error: InvalidAuthToken: Authentication token is missing or incorrect",
+     "RAY_ADDRESS=10.0.0.1:6379: the cluster wants its authentication token: set RAY_AUTH_MODE=token and "
+     "RAY_AUTH_TOKEN (or ~/.ray/auth_token) as on its nodes (Ray's token authentication)"),
+])
+def test_a_cluster_that_refuses_the_probe_is_one_line(monkeypatch, error, line):
+    """What the probe's ray.init raises (Ray's own version check, its token check) becomes the launch's line."""
+    from recipe.launch import cluster
+
+    monkeypatch.setattr(cluster, "address_answers", lambda address: True)
+    monkeypatch.setattr(cluster, "probe_cluster", lambda **kwargs: {"error": error})
+    with pytest.raises(PreflightError) as refused:
+        preflight(python="/py", device="cpu", engine="hf", address="10.0.0.1:6379", nnodes=2, gpus_per_node=1)
+    assert refused.value.line == f"[launch] error: {line}"
