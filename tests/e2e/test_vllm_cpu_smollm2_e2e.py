@@ -5,7 +5,7 @@ real pretrained model: Llama architecture, tied embeddings, vocabulary 49,152, h
 as a user does (docs/vllm_cpu.md)::
 
     CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 MODEL_PATH=<smollm2> bash recipe/opsd/run_opsd.sh \\
-        actor_rollout_ref.rollout.dtype=float32 opsd.student_mode=null opsd.teacher_mode=null
+        actor_rollout_ref.rollout.dtype=float32 opsd.student_mode=native opsd.teacher_mode=native
 
 After every weight push (start-up, then each step) the rollout's log-probs of its own samples equal a
 float32 forward of the trainer's pushed weights (the weight-sync probe), and each update moves them by
@@ -31,7 +31,7 @@ SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_
 SYNC_TOLERANCE = 1e-4
 MIN_UPDATE_EFFECT = 10 * SYNC_TOLERANCE
 # the recipe's own options a template without a thinking switch needs (OPSD), or a reward a fresh model can earn (GRPO)
-RECIPE_ARGS = {"opsd": ["opsd.student_mode=null", "opsd.teacher_mode=null"],
+RECIPE_ARGS = {"opsd": ["opsd.student_mode=native", "opsd.teacher_mode=native"],
                "grpo": [f"reward.custom_reward_function.path={DIGIT_REWARD}"]}
 
 
