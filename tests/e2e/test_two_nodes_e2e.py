@@ -41,7 +41,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MARK = "OPSD_TEST_RAY_CLUSTER"
 RAY = str(Path(sys.executable).with_name("ray"))
 # Greedy rollouts: the one-node and two-node runs sample the same tokens whatever replica serves a prompt.
-SAME_SAMPLES = ["actor_rollout_ref.rollout.temperature=0", "trainer.save_freq=-1", "trainer.val_before_train=false"]
+SAME_SAMPLES = ["actor_rollout_ref.rollout.temperature=0", "trainer.save_freq=-1", "trainer.val_before_train=false",
+                "trainer.log_fingerprints=true"]
 STEP1_KEYS = ("opsd/loss", "opsd/fwd_kl", "actor/grad_norm")
 
 
