@@ -330,11 +330,12 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
     """
     joined = bool(launch.settings.ray_address) and not launch.recipe.torchrun
     if launch.settings.device == "gpu" or joined:
-        joined_line = cluster.preflight(python=launch.command[0], device=launch.settings.device,
-                          engine=composer.select(launch.config, "actor_rollout_ref.rollout.name"),
-                          address=launch.settings.ray_address if joined else None,
-                          nnodes=int(composer.select(launch.config, "trainer.nnodes")),
-                          gpus_per_node=int(composer.select(launch.config, "trainer.n_gpus_per_node")), env=launch.env)
+        joined_line = cluster.preflight(
+            python=launch.command[0], device=launch.settings.device,
+            engine=composer.select(launch.config, "actor_rollout_ref.rollout.name"),
+            address=launch.settings.ray_address if joined else None,
+            nnodes=int(composer.select(launch.config, "trainer.nnodes")),
+            gpus_per_node=int(composer.select(launch.config, "trainer.n_gpus_per_node")), env=launch.env)
         if joined_line:
             print(f"[launch] {joined_line}", flush=True)
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
