@@ -172,10 +172,12 @@ def probe_cluster(*, python: str, address: str, engine: str | None, timeout_s: f
                                env=dict(os.environ if env is None else env), start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    except BaseException as error:  # a timeout, or the launcher interrupted: the probe goes too
         os.killpg(process.pid, 9)
         process.wait()
-        raise PreflightError(f"RAY_ADDRESS={address}: the Ray cluster did not answer within {timeout_s:.0f} s")
+        if isinstance(error, subprocess.TimeoutExpired):
+            raise PreflightError(f"RAY_ADDRESS={address}: the Ray cluster did not answer within {timeout_s:.0f} s")
+        raise
     lines = [line for line in output.splitlines() if line.startswith("PROBE ")]
     if not lines:
         raise PreflightError(f"RAY_ADDRESS={address}: asking the Ray cluster failed: {output.strip()[-500:]}")

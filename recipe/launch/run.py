@@ -294,6 +294,20 @@ def _kill_orphans(launch_id: str, joined_cluster: bool = False) -> None:
               f"workers){f'; still alive: {left}' if left else ''}", flush=True)
 
 
+def _preflight(launch: Launch, joined: bool) -> None:
+    """A launch on a GPU or on a cluster: recipe.launch.cluster's checks, and the cluster joined printed."""
+    if launch.settings.device != "gpu" and not joined:
+        return
+    joined_line = cluster.preflight(
+        python=launch.command[0], device=launch.settings.device,
+        engine=composer.select(launch.config, "actor_rollout_ref.rollout.name"),
+        address=launch.settings.ray_address if joined else None,
+        nnodes=int(composer.select(launch.config, "trainer.nnodes")),
+        gpus_per_node=int(composer.select(launch.config, "trainer.n_gpus_per_node")), env=launch.env)
+    if joined_line:
+        print(f"[launch] {joined_line}", flush=True)
+
+
 def _raise_on_sigterm():
     """In the main thread: SIGTERM raises SystemExit(143), so a killed launcher still kills its launch.
     Returns the previous handler (None when not in the main thread)."""
@@ -329,15 +343,13 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
     ``recipe.launch.cluster.preflight`` (its PreflightError: one line, nothing started).
     """
     joined = bool(launch.settings.ray_address) and not launch.recipe.torchrun
-    if launch.settings.device == "gpu" or joined:
-        joined_line = cluster.preflight(
-            python=launch.command[0], device=launch.settings.device,
-            engine=composer.select(launch.config, "actor_rollout_ref.rollout.name"),
-            address=launch.settings.ray_address if joined else None,
-            nnodes=int(composer.select(launch.config, "trainer.nnodes")),
-            gpus_per_node=int(composer.select(launch.config, "trainer.n_gpus_per_node")), env=launch.env)
-        if joined_line:
-            print(f"[launch] {joined_line}", flush=True)
+    previous_sigterm = _raise_on_sigterm()
+    try:
+        _preflight(launch, joined)
+    except BaseException:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        raise
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
     launch.config_path.write_text(launch.resolved_yaml())
     start = time.time()
@@ -347,7 +359,6 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
                                start_new_session=True, text=True,
                                stdout=subprocess.PIPE if sink else None, stderr=subprocess.STDOUT if sink else None)
     watchdog = threading.Timer(timeout_s, _kill, args=(process, launch_id, joined)) if timeout_s else None
-    previous_sigterm = _raise_on_sigterm()
     try:
         if watchdog:
             watchdog.start()
