@@ -41,8 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MARK = "OPSD_TEST_RAY_CLUSTER"
 RAY = str(Path(sys.executable).with_name("ray"))
 # Greedy rollouts: the one-node and two-node runs sample the same tokens whatever replica serves a prompt.
-SAME_SAMPLES = ["actor_rollout_ref.rollout.temperature=0", "trainer.save_freq=-1", "trainer.val_before_train=false",
-                "trainer.log_fingerprints=true"]
+SAME_SAMPLES = ["actor_rollout_ref.rollout.temperature=0", "trainer.save_freq=-1", "trainer.val_before_train=false"]
 STEP1_KEYS = ("opsd/loss", "opsd/fwd_kl", "actor/grad_norm")
 
 
@@ -121,9 +120,6 @@ def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, ru
     assert sorted(opsd.metrics) == [1], opsd.tail()
     for key in STEP1_KEYS:
         assert opsd.metrics[1][key] == pytest.approx(one_node.metrics[1][key], rel=1e-5, abs=1e-7), key
-    # the teacher (frozen initial model) is the same on both ranks of both runs
-    assert opsd.metrics[1]["opsd/teacher_param_checksum"] == pytest.approx(
-        one_node.metrics[1]["opsd/teacher_param_checksum"], rel=1e-12)
     # the launch ended; the user's cluster did not
     assert set(daemons) <= set(two_nodes.daemons())
 
