@@ -68,7 +68,7 @@ def test_forwarded_environment_is_the_launchs_not_the_users_whole_environment():
 
 
 def test_a_gpu_launch_with_ray_address_joins_and_gives_every_worker_its_environment():
-    settings = Settings(device="gpu", model_path="Qwen/Qwen3-1.7B", train_files="/d/train.parquet", ngpus=8, nnodes=2,
+    settings = Settings(device="gpu", model_path="Qwen/Qwen3-1.7B", train_files="/d/train.parquet", ngpus=4, nnodes=2,
                         ray_address="10.0.0.1:6379", ckpt_dir="/shared/ckpt")
     launch = plan(OPSD, settings, [], detect_gpus=lambda: 0)
     ray_init = launch.config.ray_kwargs.ray_init
@@ -76,7 +76,7 @@ def test_a_gpu_launch_with_ray_address_joins_and_gives_every_worker_its_environm
     env_vars = ray_init.runtime_env.env_vars
     assert env_vars.VERL_USE_EXTERNAL_MODULES == "recipe.rollout.extension"
     assert env_vars.VERL_FILE_LOGGER_PATH == "/shared/ckpt/metrics.jsonl"
-    assert (launch.config.trainer.nnodes, launch.config.trainer.n_gpus_per_node) == (2, 8)
+    assert (launch.config.trainer.nnodes, launch.config.trainer.n_gpus_per_node) == (2, 4)
     # without RAY_ADDRESS the launch starts Ray itself, as before
     local = plan(OPSD, Settings(device="gpu", model_path="m", train_files="/d/t.parquet"), [], detect_gpus=lambda: 0)
     assert "address" not in local.config.ray_kwargs.ray_init
