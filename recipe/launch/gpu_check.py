@@ -61,14 +61,15 @@ KNOWN_SHAPES = {"Qwen/Qwen3-0.6B": dict(hidden_size=1024, num_hidden_layers=28, 
                                         vocab_size=151936, tie_word_embeddings=True, model_type="qwen3")}
 
 
-def model_config(model: str) -> dict | None:
-    """The model's config.json: a local directory's, else the Hub's (cache first), else a known shape."""
+def model_config(model: str, *, offline: bool = False) -> dict | None:
+    """The model's config.json: a local directory's, else the Hub's (``offline``: the local cache only),
+    else a known shape."""
     if (Path(model) / "config.json").is_file():
         return json.loads((Path(model) / "config.json").read_text())
     try:
         from huggingface_hub import hf_hub_download
 
-        return json.loads(Path(hf_hub_download(model, "config.json")).read_text())
+        return json.loads(Path(hf_hub_download(model, "config.json", local_files_only=offline)).read_text())
     except Exception:  # offline, unknown id: the prediction falls back to a known shape, or none
         return KNOWN_SHAPES.get(model)
 
@@ -169,7 +170,7 @@ def run_check(*, model: str = DEFAULT_MODEL, steps: int = DEFAULT_STEPS, cache_d
         return 2
     launch = plan_check(model=model, steps=steps, cache_dir=cache_dir, overrides=overrides, build_data=not dry_run,
                         detect_gpus=detect_gpus)
-    predicted = predicted_peak_gib(launch.config, model_config(model), name=model)
+    predicted = predicted_peak_gib(launch.config, model_config(model, offline=dry_run), name=model)
     print(launch.describe(), flush=True)
     print(f"[gpu_check] {steps} OPSD steps of {model}; weight-sync probe log {launch.env[PROBE_LOG_ENV]}; memory model "
           f"(actor update per GPU): {'n/a' if predicted is None else f'{predicted:.1f} GiB'}", flush=True)
