@@ -231,6 +231,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "RAY_ADDRESS=<head-ip>:6379 NNODES=2 NGPUS=8 …": gpu(CLUSTER),
     "python scripts/gpu_check.py": gpu("3 OPSD steps on GPUs; its --dry-run runs here"),
     "python scripts/gpu_check.py --dry-run": RUN,
+    "python -m pytest -m e2e tests/e2e/test_two_nodes_e2e.py -s": suite(),
     "RAY_ADDRESS=<head-ip>:6379 NNODES=2 python scripts/gpu_check.py --model Qwen/Qwen3-1.7B": gpu(CLUSTER),
 }
 
