@@ -103,8 +103,8 @@ def two_nodes(tmp_path_factory):
         cluster.stop()
 
 
-def _cluster_env(tiny_run_env, ckpt: Path, cluster: RayCluster, **extra: str) -> dict[str, str]:
-    return tiny_run_env(ckpt, RAY_ADDRESS=cluster.address, NNODES="2", STEPS="1", **cluster.auth, **extra)
+def _cluster_env(tiny_run_env, ckpt: Path, cluster: RayCluster, *, steps: int = 1) -> dict[str, str]:
+    return tiny_run_env(ckpt, RAY_ADDRESS=cluster.address, NNODES="2", STEPS=str(steps), **cluster.auth)
 
 
 def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, run_cpu_verl, tiny_run_env, tmp_path):
@@ -137,7 +137,7 @@ def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, ru
 def test_killing_the_launcher_spares_the_cluster(two_nodes, tiny_run_env, tmp_path):
     """SIGTERM to the launcher once verl runs: the launch's processes end, the cluster's daemons stay."""
     daemons = set(two_nodes.daemons())
-    env = {**os.environ, **_cluster_env(tiny_run_env, tmp_path / "ckpt", two_nodes, STEPS="50"),
+    env = {**os.environ, **_cluster_env(tiny_run_env, tmp_path / "ckpt", two_nodes, steps=50),
            "PYTHON": sys.executable}
     log = tmp_path / "launch.log"
     with open(log, "w") as out:
