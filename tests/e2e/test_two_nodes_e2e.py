@@ -64,7 +64,7 @@ class RayCluster:
         self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
     def _start(self, args: list[str], python_bin: str = RAY) -> None:
-        # what a node's workers import is that node's Python (a PYTHONPATH of this session would hide a bare node)
+        # what a node's workers import is that node's Python (an inherited PYTHONPATH would hide a bare node)
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
         env |= {MARK: self.mark, "RAY_DISABLE_USAGE_STATS": "1", **self.auth}
         ports = [f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}",
