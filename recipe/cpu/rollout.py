@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generator, Optional
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 import torch
 
 from recipe.cpu.hf_generate import SampleParams, sample_batch
@@ -240,9 +241,13 @@ class HFReplica(RolloutReplica):
             )
         name = server_actor_name(self.config.name, self.replica_rank, 0, self.name_suffix)
         max_batch = self.config.max_num_seqs
+        placement = {}
+        if getattr(self, "workers", None):  # on its FSDP worker's node, as verl's vLLM servers: one per node
+            node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
+            placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
         server = (
             ray.remote(self.server_class)
-            .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency)
+            .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency, **placement)
             .remote(self.config, self.model_config, self.replica_rank, max_batch)
         )
         await server.ready.remote()

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         record = execute(launch)
-    except config_errors() as err:  # another launch holds the checkpoint directory (recipe.launch.lock)
+    except config_errors() as err:  # the directory is locked (recipe.launch.lock), a GPU / cluster pre-flight refusal
         print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
         return 2
     if record.get("disk_full"):  # the trainer stopped on a full disk: one line (recipe.launch.disk)

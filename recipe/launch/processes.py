@@ -6,6 +6,10 @@ kill of the launch's group leaves them running (holding memory, and GPUs on a cl
 process of a launch inherits its environment, so the launcher marks it with ``LAUNCH_ID_ENV`` and
 ``kill_launch`` kills every process on this node whose environment carries the mark (Linux
 ``/proc``). Workers on other nodes of a ``ray start`` cluster are the job's and end with it.
+
+A launch that joined a cluster the user started (``RAY_ADDRESS``, recipe.launch.cluster) owns no Ray
+daemon: ``kill_launch(..., joined_cluster=True)`` never kills one (``is_ray_daemon``), even if it
+carried the mark; Ray itself ends the job's workers on every node when the driver dies.
 """
 
 from __future__ import annotations
@@ -37,11 +41,37 @@ def pids_with(*, variable: str, value: str, proc: Path = Path("/proc")) -> list[
     return pids
 
 
-def kill_marked(*, variable: str, value: str, attempts: int = 20, wait_s: float = 0.5) -> list[int]:
-    """SIGKILL every process marked ``variable=value`` until none is left (new ones may start while
-    the first die); returns the processes still alive after ``attempts`` rounds (empty: all gone)."""
+# The daemons `ray start` runs on a node (ray 2.60): executables, scripts, and process titles.
+RAY_DAEMON_EXECUTABLES = ("raylet", "gcs_server")
+RAY_DAEMON_SCRIPTS = ("log_monitor.py", "autoscaler/_private/monitor.py", "dashboard/dashboard.py",
+                      "dashboard/agent.py", "runtime_env/agent/main.py", "ray_process_reaper.py",
+                      "ray/util/client/server")
+RAY_DAEMON_TITLES = ("ray-dashboard-",)
+
+
+def is_ray_daemon(pid: int, *, proc: Path = Path("/proc")) -> bool:
+    """True for a Ray cluster daemon (raylet, GCS, dashboard, log monitor, agents), from its command line."""
+    try:
+        argv = [a.decode(errors="replace") for a in (proc / str(pid) / "cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return False
+    if not argv:
+        return False
+    return (Path(argv[0]).name in RAY_DAEMON_EXECUTABLES or argv[0].startswith(RAY_DAEMON_TITLES)
+            or any(arg.endswith(RAY_DAEMON_SCRIPTS) or "ray/util/client/server" in arg for arg in argv[1:3]))
+
+
+def kill_marked(*, variable: str, value: str, attempts: int = 20, wait_s: float = 0.5,
+                spare=lambda pid: False) -> list[int]:
+    """SIGKILL every process marked ``variable=value`` (but those ``spare(pid)`` keeps) until none is
+    left (new ones may start while the first die); returns the processes still alive after
+    ``attempts`` rounds (empty: all gone)."""
+
+    def marked() -> list[int]:
+        return [pid for pid in pids_with(variable=variable, value=value) if pid != os.getpid() and not spare(pid)]
+
     for _ in range(attempts):
-        pids = [pid for pid in pids_with(variable=variable, value=value) if pid != os.getpid()]
+        pids = marked()
         if not pids:
             return []
         for pid in pids:
@@ -50,13 +80,14 @@ def kill_marked(*, variable: str, value: str, attempts: int = 20, wait_s: float 
             except ProcessLookupError:
                 pass
         time.sleep(wait_s)
-    return [pid for pid in pids_with(variable=variable, value=value) if pid != os.getpid()]
+    return marked()
 
 
-def kill_launch(process_group: int, launch_id: str) -> list[int]:
-    """Kill the launch's process group, then every process of the launch outside it (Ray)."""
+def kill_launch(process_group: int, launch_id: str, *, joined_cluster: bool = False) -> list[int]:
+    """Kill the launch's process group, then every process of the launch outside it (Ray); a launch
+    that joined a cluster spares every Ray daemon (the cluster is the user's)."""
     try:
         os.killpg(process_group, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    return kill_marked(variable=LAUNCH_ID_ENV, value=launch_id)
+    return kill_marked(variable=LAUNCH_ID_ENV, value=launch_id, spare=is_ray_daemon if joined_cluster else lambda pid: False)

