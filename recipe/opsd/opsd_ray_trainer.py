@@ -22,10 +22,10 @@ weight sync to the rollout servers, validation, checkpoints, logging -- is verl'
   ``trainer.total_training_steps``, e.g. beta-OPSD's teacher weight) go to the actor.
 
 The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
-With ``opsd.loss.task_weight`` > 0 the trainer grades every rollout with the one grader and
-sends each response's GRPO group advantage to the actor (``_add_task_advantages``); with
-``opsd.loss.sft_weight`` > 0 it sends each row's student prompt + reference solution + EOS
-(``_add_sft_inputs``) for the SFT term (docs/core_math.md "Mixed objectives").
+With ``opsd.loss.task_weight`` > 0 (or an objective that ``needs_task_reward``: RLSD) the trainer
+grades every rollout with the one grader and sends each response's GRPO group advantage to the actor
+(``_add_task_advantages``); with ``opsd.loss.sft_weight`` > 0 it sends each row's student prompt +
+reference solution + EOS (``_add_sft_inputs``) for the SFT term (docs/core_math.md "Mixed objectives").
 """
 
 from __future__ import annotations
@@ -204,8 +204,8 @@ class RayOPSDTrainer(RayPPOTrainer):
             [ids[: int(n)] for ids, n in zip(batch.batch["responses"], lengths)], skip_special_tokens=True
         )
         if "reward_model" not in batch.non_tensor_batch:
-            raise ValueError("opsd.loss.task_weight > 0 grades the rollouts against the parquet's "
-                             "reward_model.ground_truth column, which this data set does not have")
+            raise ValueError("the task reward (opsd.loss.task_weight > 0, objective rlsd) grades the rollouts against "
+                             "the parquet's reward_model.ground_truth column, which this data set does not have")
         truths = [info["ground_truth"] for info in batch.non_tensor_batch["reward_model"]]
         rewards_B = torch.tensor([compute_score("", text, truth)["score"] for text, truth in zip(texts, truths)],
                                  dtype=torch.float32)
@@ -466,7 +466,7 @@ class RayOPSDTrainer(RayPPOTrainer):
                     self._check_student_prompts(batch)
                     self._add_teacher_inputs(batch)
                     batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
-                    if self.opsd.loss.task_weight > 0:  # the grader's GRPO advantage
+                    if self.objective.uses_task_reward():  # the grader's GRPO advantage (a task weight, RLSD)
                         metrics.update(self._add_task_advantages(batch))
                     if self.sft_inputs is not None:  # the SFT rows (opsd.loss.sft_weight)
                         metrics.update(self._add_sft_inputs(batch))
