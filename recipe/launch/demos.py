@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipe.launch.recipes import Recipe
-from recipe.launch.run import DemoInputs, execute, plan
+from recipe.analysis.monitor_actions import STOPPED_EXIT_CODE
+from recipe.launch.rollback import execute_with_actions
+from recipe.launch.run import DemoInputs, plan
 from recipe.launch.settings import Settings
 
 
@@ -173,9 +175,10 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
     log = launch.ckpt_dir / "train.log"
     print(f"[launch] training {steps} steps; verl's output: {log}", flush=True)
-    record = execute(launch, log=log, on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps),
-                     timeout_s=timeout_s)
-    if record["exit_code"] != 0:
+    record = execute_with_actions(
+        launch, replan=lambda extra: plan(recipe, settings, argv + extra, demo=build.inputs), log=log,
+        on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps), timeout_s=timeout_s)
+    if record["exit_code"] not in (0, STOPPED_EXIT_CODE):  # a monitor stop saved its step: merged and evaluated
         raise TrainingFailed(f"{recipe.name} training failed (exit {record['exit_code']}); the end of {log}:\n"
                              + log.read_text()[-3000:], exit_code=record["exit_code"])
     metrics = read_jsonl_metrics(record["metrics"])
@@ -203,9 +206,9 @@ def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bo
         print(launch.resolved_yaml(), end="")
         return 0
     result = train_demo(recipe, settings, argv, build)
-    if result["before"] is not None:
+    if result["before"] is not None and result["after"] is not None:
         step_times = [row["timing_s/step"] for row in result["metrics"] if "timing_s/step" in row]
         print(before_after_table(build.display(result["before"]), build.display(result["after"]), recipe=recipe.name,
                                  steps=result["steps"], record=result["record"], step_times=step_times),
               end="", flush=True)
-    return 0
+    return result["record"]["exit_code"]
