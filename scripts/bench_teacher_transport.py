@@ -5,7 +5,7 @@ default this checkout), and whether step 1 computes the same loss in both.
     /work/bin/heavy python scripts/bench_teacher_transport.py --before dc3fddf --after 0523b7a \\
         --response-length 1024 --steps 3                                  # tiny random Qwen3
     /work/bin/heavy python scripts/bench_teacher_transport.py --before dc3fddf --after 0523b7a \\
-        --model "$(python scripts/fetch_smollm2.py --quiet)" --native-mode --response-length 256 --steps 3
+        --model "$(python -m recipe.models.smollm2 --quiet)" --native-mode --response-length 256 --steps 3
 
 Every checkout runs its own ``recipe/opsd/run_opsd.sh`` on the CPU (1 rank) with the same model,
 data, seed and overrides, one after the other. Every response is forced to the full length (the model
