@@ -420,7 +420,10 @@ def build_parser():
     parser.add_argument("--signal-prompts", type=int, default=32, help="prompts of the frozen signals (2 rollouts each)")
     parser.add_argument("--no-frozen", action="store_true", help="skip the frozen signals")
     parser.add_argument("--validate", action="store_true",
-                        help="then run every cell in full and compare (a CPU demo: its held-out evaluation)")
+                        help="run cells in full and compare (a CPU demo: its held-out evaluation); with an existing "
+                             "probe.json in --out-dir the probe is not run again")
+    parser.add_argument("--validate-cells", nargs="+", type=int, default=None,
+                        help="indices (probe.json order) of the cells to run in full (default: all)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[42], help="data seeds of the --validate runs")
     parser.add_argument("overrides", nargs="*", help="hydra overrides of every cell (after --)")
     cli.add_debug_argument(parser)
@@ -439,29 +442,46 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.steps < 4:
         raise cli.InputError(f"--steps {args.steps}: the probe compares two windows of at least 2 steps; use >= 4")
-    cli.refuse_overwrite([args.out_dir / "probe.json"], overwrite=False, other="another --out-dir")
+    done = args.out_dir / "probe.json"
+    if not args.validate:
+        cli.refuse_overwrite([done], overwrite=False, other="another --out-dir")
     recipe = get_recipe("opsd")
     settings = Settings.from_environ(os.environ)
     demo = demo_for(recipe, settings) if settings.demo is not None else None
     if args.validate and demo is None:
         raise cli.InputError("--validate evaluates held-out problems before and after each full run: a CPU demo's "
                              "(CPU_DEMO=toy or real) evaluation; with MODEL_PATH / TRAIN_FILES run the probe without it")
-    inputs = demo.load()(recipe.name, settings).inputs if demo is not None else None
-    base = plan(recipe, settings, list(args.overrides), demo=inputs).config
-    opsd = base.opsd
-    cells = grid(contexts=args.contexts or [opsd.teacher_context],
-                 modes=args.modes or [f"{opsd.student_mode}:{opsd.teacher_mode}"],
-                 clip_taus=args.clip_taus or [str(opsd.loss.clip_tau)],
-                 temperatures=args.temperatures or [float(base.actor_rollout_ref.rollout.temperature)])
-    probe = run_probe(cells, recipe=recipe, settings=settings, demo_inputs=inputs, extra=list(args.overrides),
-                      steps=args.steps, batch=args.batch, out_dir=args.out_dir, signal_prompts=args.signal_prompts,
-                      frozen=not args.no_frozen)
-    if args.validate:
-        runs = full_runs(cells, recipe=recipe, settings=settings, demo=demo, extra=list(args.overrides),
-                         seeds=args.seeds, out_dir=args.out_dir)
-        result = agreement(probe, runs)
-        text = agreement_table(result)
-        (args.out_dir / "validation.json").write_text(json.dumps({"runs": runs, **result}, indent=1, default=str) + "\n")
-        (args.out_dir / "validation.md").write_text(text + "\n")
-        print(text)
+    if done.is_file():
+        probe = json.loads(done.read_text())
+        cells = [Cell(**c["cell"]) for c in probe["cells"]]
+        extra = probe["extra_overrides"]
+    else:
+        inputs = demo.load()(recipe.name, settings).inputs if demo is not None else None
+        extra = list(args.overrides)
+        base = plan(recipe, settings, extra, demo=inputs).config
+        opsd = base.opsd
+        cells = grid(contexts=args.contexts or [opsd.teacher_context],
+                     modes=args.modes or [f"{opsd.student_mode}:{opsd.teacher_mode}"],
+                     clip_taus=args.clip_taus or [str(opsd.loss.clip_tau)],
+                     temperatures=args.temperatures or [float(base.actor_rollout_ref.rollout.temperature)])
+        probe = run_probe(cells, recipe=recipe, settings=settings, demo_inputs=inputs, extra=extra, steps=args.steps,
+                          batch=args.batch, out_dir=args.out_dir, signal_prompts=args.signal_prompts,
+                          frozen=not args.no_frozen)
+    if not args.validate:
+        return 0
+    chosen = [cells[i] for i in (args.validate_cells if args.validate_cells is not None else range(len(cells)))]
+    log_file = args.out_dir / "full_runs.jsonl"
+    runs = [json.loads(line) for line in log_file.read_text().splitlines()] if log_file.is_file() else []
+    for cell in chosen:
+        seeds = [seed for seed in args.seeds if not any(r["name"] == cell.name and r["seed"] == seed for r in runs)]
+        for run in full_runs([cell], recipe=recipe, settings=settings, demo=demo, extra=extra, seeds=seeds,
+                             out_dir=args.out_dir):
+            runs.append(run)
+            with open(log_file, "a") as handle:
+                handle.write(json.dumps(run, default=str) + "\n")
+    result = agreement(probe, runs)
+    text = agreement_table(result)
+    (args.out_dir / "validation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (args.out_dir / "validation.md").write_text(text + "\n")
+    print(text)
     return 0
