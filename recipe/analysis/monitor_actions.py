@@ -25,7 +25,7 @@ from recipe.opsd.core.monitor import (
 )
 
 __all__ = ["ACTIONS_FILE", "ROLLBACK_OVERRIDES", "STOPPED_EXIT_CODE", "MonitorAction", "read_actions", "whole_saves", "new_actions",
-           "relaunch_overrides", "set_aside", "rotate_stale_log", "TRACKER"]
+           "relaunch_overrides", "rollback_changes", "set_aside", "rotate_stale_log", "TRACKER"]
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's record of the newest save
 SET_ASIDE = "rolled_back"  # <ckpt>/rolled_back/rollback_<k>/global_step_<s>: the saves a rollback abandoned
@@ -87,6 +87,13 @@ def set_aside(ckpt_dir: str | Path, *, after_step: int, rollback: int) -> list[P
     elif tracker.exists():
         tracker.unlink()
     return moved
+
+
+def rollback_changes(ckpt_dir: str | Path) -> set[str]:
+    """The config keys the logged rollbacks of ``ckpt_dir`` changed: what a resume of its saves may differ in from the
+    launch that wrote them (the learning-rate scale changes no key: the trainer applies it)."""
+    return {ROLLBACK_OVERRIDES[record["setting"]] for record in read_actions(str(ckpt_dir))
+            if record.get("action") == "rollback" and record.get("setting") in ROLLBACK_OVERRIDES}
 
 
 def rotate_stale_log(ckpt_dir: str | Path) -> Path | None:

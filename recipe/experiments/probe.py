@@ -237,6 +237,21 @@ def table(cells: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def frozen_table(signals: dict[str, dict[str, Any]]) -> str:
+    """Markdown: the frozen signals of each cell (``--frozen-only``)."""
+    lines = ["| cell | fwd KL | D>.05 % | HE20 KL % | KL decay | p(eos) T / S (ratio) | clipped mass | rollout length |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, fz in signals.items():
+        if "skipped" in fz:
+            lines.append(f"| {name} | {fz['skipped']} |||||||")
+            continue
+        eos = "-" if fz.get("eos_teacher") is None else \
+            f"{fz['eos_teacher']:.2f} / {fz['eos_student']:.2f} ({fz['eos_ratio']:.2f})"
+        lines.append(f"| {name} | {_f(fz['fwd_kl'])} | {_f(fz['d_gt_005'])} | {_f(fz['he20_kl'])} | {_f(fz['kl_decay'], 2)} "
+                     f"| {eos} | {_f(fz['clipped_teacher_mass'], 2)} | {fz['mean_length']:.1f} |")
+    return "\n".join(lines)
+
+
 def reasons_text(cells: Sequence[dict[str, Any]]) -> str:
     out = []
     for c in cells:
@@ -419,6 +434,8 @@ def build_parser():
     parser.add_argument("--batch", type=int, default=None, help="prompts per step of the K steps (default: the config's)")
     parser.add_argument("--signal-prompts", type=int, default=32, help="prompts of the frozen signals (2 rollouts each)")
     parser.add_argument("--no-frozen", action="store_true", help="skip the frozen signals")
+    parser.add_argument("--frozen-only", action="store_true",
+                        help="the frozen signals of every cell only (frozen.json, frozen.md): a cheap first pass")
     parser.add_argument("--validate", action="store_true",
                         help="run cells in full and compare (a CPU demo: its held-out evaluation); with an existing "
                              "probe.json in --out-dir the probe is not run again")
@@ -464,6 +481,18 @@ def main(argv: list[str] | None = None) -> int:
                      modes=args.modes or [f"{opsd.student_mode}:{opsd.teacher_mode}"],
                      clip_taus=args.clip_taus or [str(opsd.loss.clip_tau)],
                      temperatures=args.temperatures or [float(base.actor_rollout_ref.rollout.temperature)])
+        if args.frozen_only:
+            full = plan(recipe, settings, extra, demo=inputs)
+            rollout = base.actor_rollout_ref.rollout
+            signals = frozen_signals(str(full.overrides.get(recipe.model_key)), str(full.overrides.get(recipe.train_key)),
+                                     cells, cap=int(base.data.max_response_length), top_p=float(rollout.top_p),
+                                     top_k=int(rollout.top_k), num_prompts=args.signal_prompts)
+            args.out_dir.mkdir(parents=True, exist_ok=True)
+            (args.out_dir / "frozen.json").write_text(json.dumps(signals, indent=1) + "\n")
+            text = frozen_table(signals)
+            (args.out_dir / "frozen.md").write_text(text + "\n")
+            print(text)
+            return 0
         probe = run_probe(cells, recipe=recipe, settings=settings, demo_inputs=inputs, extra=extra, steps=args.steps,
                           batch=args.batch, out_dir=args.out_dir, signal_prompts=args.signal_prompts,
                           frozen=not args.no_frozen)

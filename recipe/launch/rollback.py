@@ -17,8 +17,9 @@ A launch that starts from scratch first moves an earlier run's action log aside 
 this run's). Every action is a console line here (``[launch] monitor ...``) and an ``opsd_monitor/action_*``
 metric of its step in the trainer's log.
 
-The relaunch resumes a save written with another ``opsd.loss.clip_tau``: ``rollback_changes`` names the keys
-a rollback changed, the documented exception of the resume check's "same config" rule.
+The relaunch resumes a save written with another ``opsd.loss.clip_tau``:
+``recipe.analysis.monitor_actions.rollback_changes`` names the keys the logged rollbacks changed, the documented
+exception of the resume check's "same config" rule.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from recipe.analysis.monitor_actions import (
-    ROLLBACK_OVERRIDES,
     STOPPED_EXIT_CODE,
     new_actions,
     read_actions,
@@ -36,7 +36,7 @@ from recipe.analysis.monitor_actions import (
     set_aside,
 )
 from recipe.common.checkpoints import choose_resume_dir
-from recipe.launch.run import Launch, execute
+from recipe.launch.run import Launch, execute, next_free_path
 
 RESUME_KEYS = ("trainer.resume_mode=", "trainer.resume_from_path=")
 
@@ -50,12 +50,6 @@ def _resumes(launch: Launch) -> bool:
     except Exception:  # an unreadable save: the launch's own checks report it
         return True
     return folder is not None
-
-
-def rollback_changes(ckpt_dir: str | Path) -> set[str]:
-    """The config keys the logged rollbacks of ``ckpt_dir`` changed (what a resume of it may differ in)."""
-    return {ROLLBACK_OVERRIDES[record["setting"]] for record in read_actions(str(ckpt_dir))
-            if record.get("action") == "rollback" and record.get("setting") in ROLLBACK_OVERRIDES}
 
 
 def execute_with_actions(launch: Launch, *, replan: Callable[[list[str]], Launch], log: Path | None = None,
@@ -92,4 +86,7 @@ def execute_with_actions(launch: Launch, *, replan: Callable[[list[str]], Launch
               f"steps {action.window[0]}-{action.window[1]}): relaunching from "
               f"{'the initial model' if target == 0 else f'step {target}'} with {change}; "
               f"{len(moved)} later save(s) moved to {launch.ckpt_dir / 'rolled_back'}", flush=True)
+        metrics = Path(launch.env["VERL_FILE_LOGGER_PATH"])
         launch = replan(extra)
+        if Path(launch.env["VERL_FILE_LOGGER_PATH"]) == metrics:  # a path the caller fixed: verl would truncate it
+            launch.env["VERL_FILE_LOGGER_PATH"] = str(next_free_path(metrics.with_suffix(""), "jsonl"))

@@ -37,7 +37,8 @@ def saves(monkeypatch):
 
 def _launch(ckpt: Path, overrides=()):
     config = SimpleNamespace(trainer={"resume_mode": "auto", "resume_from_path": None})
-    return SimpleNamespace(ckpt_dir=ckpt, config=config, overrides=list(overrides))
+    return SimpleNamespace(ckpt_dir=ckpt, config=config, overrides=list(overrides),
+                           env={"VERL_FILE_LOGGER_PATH": str(ckpt / "metrics.jsonl")})
 
 
 def _rollback(step, window, *, k=1, setting="lr_scale", value=0.5):
@@ -59,6 +60,8 @@ def test_a_rollback_relaunches_from_the_last_whole_save_before_the_window_then_a
 
     def fake_execute(launch, **_):
         launches.append(launch)
+        Path(launch.env["VERL_FILE_LOGGER_PATH"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(launch.env["VERL_FILE_LOGGER_PATH"]).write_text("{}")
         script[len(launches) - 1]()
         return {"exit_code": 0}
 
@@ -77,7 +80,9 @@ def test_a_rollback_relaunches_from_the_last_whole_save_before_the_window_then_a
     assert "[launch] monitor rollback 1 at step 30 (collapse warning over steps 21-30): relaunching from step 20 with " \
            "opsd.loss.clip_tau=0.2" in out
     assert "[launch] monitor stop at step 40: after 1 rollback(s)" in out and "exit code 4" in out
-    assert rollback.rollback_changes(ckpt) == {"opsd.loss.clip_tau"}
+    assert monitor_actions.rollback_changes(ckpt) == {"opsd.loss.clip_tau"}
+    # the relaunch logs to a new metrics file (verl's file logger truncates the one it is given)
+    assert [Path(la.env["VERL_FILE_LOGGER_PATH"]).name for la in launches] == ["metrics.jsonl", "metrics.1.jsonl"]
 
 
 def test_no_save_before_the_window_restarts_from_the_initial_model(tmp_path, saves):
