@@ -166,7 +166,7 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
 def probe_overrides(config, *, steps: int, batch: int | None) -> list[str]:
     """The K-step launch of a cell whose full run is ``config``: its first K steps with the full run's warmup,
     then a constant learning rate (a cosine schedule over K steps would decay to 0), no checkpoint, the
-    collapse monitor's windows scaled to K."""
+    collapse monitor's windows scaled to K, no pre-flight gate (a one-time check of the full run)."""
     optim = config.actor_rollout_ref.actor.optim
     total = int(config.trainer.total_training_steps)
     warmup = int(optim.get("lr_warmup_steps") or 0)
@@ -178,7 +178,7 @@ def probe_overrides(config, *, steps: int, batch: int | None) -> list[str]:
            f"actor_rollout_ref.actor.optim.lr_warmup_steps={max(warmup, 0)}",
            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
            "opsd.diagnostics.monitor.early_start=1", f"opsd.diagnostics.monitor.early_end={early}",
-           f"opsd.diagnostics.monitor.recent_window={late}"]
+           f"opsd.diagnostics.monitor.recent_window={late}", "opsd.diagnostics.preflight=false"]
     if batch is not None:
         out.append(f"data.train_batch_size={batch}")
     return out

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # the hook forces the warning; the real collapse thresholds are out of reach of the tiny model's 5 steps
 ARGS = ["trainer.save_freq=2", "opsd.diagnostics.monitor.early_end=1", "opsd.diagnostics.monitor.recent_window=1",
-        "opsd.diagnostics.monitor.entropy_ratio_threshold=100", "opsd.diagnostics.monitor.grad_norm_ratio_threshold=100",
+        "++opsd.diagnostics.monitor.entropy_ratio_threshold=100", "++opsd.diagnostics.monitor.grad_norm_ratio_threshold=100",
         "opsd.diagnostics.monitor.rollback_on=[collapse]", "opsd.diagnostics.monitor.rollback_value=0.5",
         "opsd.diagnostics.monitor.max_rollbacks=1"]
 
