@@ -9,8 +9,8 @@ grid of cells -- teacher context x reasoning modes (student:teacher) x clip tau 
    first quarter of the rollout cap), the teacher's probability of the student's end-of-turn token where
    the student ended its turn, and the teacher mass the clip removes;
 2. runs each cell for K monitored OPSD steps through the launcher (``recipe.launch.run.plan`` /
-   ``execute``): the cell's own config, batch and data order -- its full run's first K steps, with the
-   full run's warmup and then a constant learning rate, no checkpoint;
+   ``execute``): the cell's own config, batch and data order at the full run's peak learning rate from the
+   first step (``probe_overrides``), no checkpoint;
 3. classifies each cell (``recipe.analysis.compatibility``: gain / ineffective length growth / stable
    degradation / collapse / no measurable effect, every indicator with its threshold and its source) and
    recommends a cell or says that none is compatible.
@@ -52,11 +52,11 @@ class Cell:
     @property
     def name(self) -> str:
         tau = "none" if self.clip_tau is None else f"{self.clip_tau:g}"
-        return f"{self.context}|{self.student_mode}:{self.teacher_mode}|tau={tau}|T={self.temperature:g}"
+        return f"{self.context}, {self.student_mode}:{self.teacher_mode}, tau={tau}, T={self.temperature:g}"
 
     @property
     def slug(self) -> str:
-        return self.name.replace("|", "_").replace(":", "-").replace("=", "")
+        return self.name.replace(", ", "_").replace(":", "-").replace("=", "")
 
     def overrides(self) -> list[str]:
         tau = "null" if self.clip_tau is None else f"{self.clip_tau:g}"
@@ -115,7 +115,7 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
     quarter = max(1, cap // 4)
-    windows = ((0, quarter), (quarter, 2 * quarter), (2 * quarter, 3 * quarter), (3 * quarter, cap))
+    windows = ((0, quarter), (quarter, 2 * quarter), (2 * quarter, 3 * quarter), (3 * quarter, cap))  # absolute, shown
     out: dict[str, dict[str, Any]] = {}
     groups: dict[tuple[str, float], list[Cell]] = {}
     for cell in cells:
@@ -142,11 +142,12 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
             token_signals = scored[cell.clip_tau if cell.clip_tau is not None else taus[0]][condition]
             report = sa.condition_report(token_signals, tokenizer, config=base, num_rollouts=len(rollouts))
             summary = report["summary"]
-            means = [w["mean"] for w in report["position_windows"] if w["count"]]
+            relative = (100 * token_signals["position"] // token_signals["rollout"].bincount()[token_signals["rollout"]])
+            quarters = signals.position_windows(token_signals["fwd_kl"], relative, windows=((0, 25), (75, 100)))
             out[cell.name] = {
                 "fwd_kl": summary["fwd_kl"], "d_gt_005": summary["d_gt_005"], "he20_kl": summary["he20_kl"],
                 "agree": summary["agree"], "student_entropy": summary["student_entropy"],
-                "kl_decay": means[-1] / means[0] if len(means) > 1 and means[0] > 0 else None,
+                "kl_decay": quarters[1]["mean"] / quarters[0]["mean"] if quarters[0]["mean"] > 0 else None,
                 "position_windows": [{k: w[k] for k in ("lo", "hi", "mean", "count")} for w in report["position_windows"]],
                 "clipped_teacher_mass": summary["clipped_teacher_mass"] if cell.clip_tau is not None else 0.0,
                 "clip_frac": summary["clip_frac"] if cell.clip_tau is not None else 0.0,
@@ -164,18 +165,14 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
 
 # ---------------------------------------------------------------------------------------------- K monitored steps
 def probe_overrides(config, *, steps: int, batch: int | None) -> list[str]:
-    """The K-step launch of a cell whose full run is ``config``: its first K steps with the full run's warmup,
-    then a constant learning rate (a cosine schedule over K steps would decay to 0), no checkpoint, the
-    collapse monitor's windows scaled to K, no pre-flight gate (a one-time check of the full run)."""
-    optim = config.actor_rollout_ref.actor.optim
-    total = int(config.trainer.total_training_steps)
-    warmup = int(optim.get("lr_warmup_steps") or 0)
-    if warmup <= 0:
-        warmup = int(float(optim.get("lr_warmup_steps_ratio") or 0.0) * total)
+    """The K-step launch of a cell whose full run is ``config``: its batch, data order and peak learning rate from
+    the first step (no warmup: in the warmup of a full run the first K steps barely move the student; a cosine
+    schedule over K steps would decay to 0), no checkpoint, the collapse monitor's windows scaled to K, no
+    pre-flight gate (a one-time check the full run makes)."""
     early, late = compatibility.windows(steps)
     out = [f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.resume_mode=disable",
            "trainer.test_freq=-1", "trainer.val_before_train=false",
-           f"actor_rollout_ref.actor.optim.lr_warmup_steps={max(warmup, 0)}",
+           "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
            "opsd.diagnostics.monitor.early_start=1", f"opsd.diagnostics.monitor.early_end={early}",
            f"opsd.diagnostics.monitor.recent_window={late}", "opsd.diagnostics.preflight=false"]

@@ -57,7 +57,8 @@ def test_one_trace_per_regime():
     predicted = _verdict(trace(kl=lambda s: 0.2 if s <= 6 else 0.1))
     assert (predicted.verdict, predicted.basis) == ("gain", "predicted")
     assert _verdict(trace(reward=lambda s: 0.4 if s <= 6 else 0.2)).verdict == "stable degradation"
-    assert _verdict(trace(kl=lambda s: 0.1 if s <= 6 else 0.12)).verdict == "stable degradation"
+    assert _verdict(trace(kl=lambda s: 0.1 if s <= 6 else 0.2)).verdict == "stable degradation"
+    assert _verdict(trace(kl=lambda s: 0.1 if s <= 6 else 0.12)).verdict == "no measurable effect"  # within noise
     growth = _verdict(trace(length=lambda s: 20.0 if s <= 6 else 40.0))
     assert growth.verdict == "ineffective length growth" and growth.reasons[0].indicator == "length ratio"
     assert _verdict(trace(capped=lambda s: 0.0 if s <= 6 else 0.5)).verdict == "ineffective length growth"

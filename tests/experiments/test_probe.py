@@ -17,22 +17,23 @@ from recipe.experiments import probe
 def test_grid_is_every_combination_with_its_overrides():
     cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["no_think:no_think"], clip_taus=["none", "0.05"],
                        temperatures=[1.0])
-    assert [c.name for c in cells] == ["full_solution|no_think:no_think|tau=none|T=1", "full_solution|no_think:no_think|tau=0.05|T=1",
-                                       "unrelated|no_think:no_think|tau=none|T=1", "unrelated|no_think:no_think|tau=0.05|T=1"]
+    assert [c.name for c in cells] == ["full_solution, no_think:no_think, tau=none, T=1",
+                                       "full_solution, no_think:no_think, tau=0.05, T=1",
+                                       "unrelated, no_think:no_think, tau=none, T=1", "unrelated, no_think:no_think, tau=0.05, T=1"]
     assert cells[0].overrides() == ["opsd.teacher_context=full_solution", "opsd.student_mode=no_think",
                                     "opsd.teacher_mode=no_think", "opsd.loss.clip_tau=null",
                                     "actor_rollout_ref.rollout.temperature=1", "opsd.loss.student_temperature=1"]
-    assert "|" not in cells[1].slug and ":" not in cells[1].slug
+    assert cells[1].slug == "full_solution_no_think-no_think_tau0.05_T1"
     with pytest.raises(ValueError, match="student:teacher"):
         probe.grid(contexts=["full_solution"], modes=["think"], clip_taus=["none"], temperatures=[1.0])
 
 
-def test_the_k_step_launch_keeps_the_full_runs_warmup_and_then_a_constant_rate():
+def test_the_k_step_launch_runs_at_the_peak_learning_rate_without_a_checkpoint():
     config = OmegaConf.create({"trainer": {"total_training_steps": 150},
                                "actor_rollout_ref": {"actor": {"optim": {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.1}}}})
     out = probe.probe_overrides(config, steps=12, batch=None)
-    assert "actor_rollout_ref.actor.optim.lr_warmup_steps=15" in out
-    assert "actor_rollout_ref.actor.optim.lr_scheduler_type=constant" in out
+    assert {"actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
+            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant", "opsd.diagnostics.preflight=false"} <= set(out)
     assert {"trainer.total_training_steps=12", "trainer.save_freq=-1", "opsd.diagnostics.monitor.early_end=4",
             "opsd.diagnostics.monitor.recent_window=4"} <= set(out)
     assert "data.train_batch_size=16" in probe.probe_overrides(config, steps=12, batch=16)
