@@ -414,6 +414,15 @@ def agreement_table(result: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+def _cell_axes(spec: str) -> dict[str, list[str]]:
+    parts = spec.split(",")
+    if len(parts) != 4:
+        from recipe.common import cli
+
+        raise cli.InputError(f"--cell {spec!r} must be CONTEXT,STUDENT:TEACHER,TAU,T, e.g. full_solution,native:native,none,1.1")
+    return {"contexts": [parts[0]], "modes": [parts[1]], "clip_taus": [parts[2]], "temperatures": [float(parts[3])]}
+
+
 def build_parser():
     import argparse
 
@@ -427,6 +436,8 @@ def build_parser():
     parser.add_argument("--clip-taus", nargs="+", default=None, help="per-entry clip values, none = no clip (default: the config's)")
     parser.add_argument("--temperatures", nargs="+", type=float, default=None,
                         help="rollout and loss temperatures (default: the config's)")
+    parser.add_argument("--cell", action="append", default=None, metavar="CONTEXT,STUDENT:TEACHER,TAU,T",
+                        help="one cell (repeatable) instead of the grid of the four axes, e.g. full_solution,native:native,none,0.7")
     parser.add_argument("--steps", type=int, default=12, help="monitored OPSD steps per cell (K >= 4)")
     parser.add_argument("--batch", type=int, default=None, help="prompts per step of the K steps (default: the config's)")
     parser.add_argument("--signal-prompts", type=int, default=32, help="prompts of the frozen signals (2 rollouts each)")
@@ -474,10 +485,13 @@ def main(argv: list[str] | None = None) -> int:
         extra = list(args.overrides)
         base = plan(recipe, settings, extra, demo=inputs).config
         opsd = base.opsd
-        cells = grid(contexts=args.contexts or [opsd.teacher_context],
-                     modes=args.modes or [f"{opsd.student_mode}:{opsd.teacher_mode}"],
-                     clip_taus=args.clip_taus or [str(opsd.loss.clip_tau)],
-                     temperatures=args.temperatures or [float(base.actor_rollout_ref.rollout.temperature)])
+        if args.cell:
+            cells = [cell for spec in args.cell for cell in grid(**_cell_axes(spec))]
+        else:
+            cells = grid(contexts=args.contexts or [opsd.teacher_context],
+                         modes=args.modes or [f"{opsd.student_mode}:{opsd.teacher_mode}"],
+                         clip_taus=args.clip_taus or [str(opsd.loss.clip_tau)],
+                         temperatures=args.temperatures or [float(base.actor_rollout_ref.rollout.temperature)])
         if args.frozen_only:
             full = plan(recipe, settings, extra, demo=inputs)
             rollout = base.actor_rollout_ref.rollout

@@ -97,3 +97,32 @@ def test_the_cli_refuses_few_steps_and_a_validation_without_a_demo(tmp_path, mon
     monkeypatch.setattr("recipe.launch.settings.Settings.demo", property(lambda self: None))
     with pytest.raises(cli.InputError, match="--validate evaluates held-out problems"):
         probe.main(["--out-dir", str(tmp_path), "--validate"])
+
+
+def test_an_explicit_cell_list_replaces_the_grid():
+    axes = probe._cell_axes("full_solution,native:native,none,0.7")
+    assert [c.name for c in probe.grid(**axes)] == ["full_solution, native:native, tau=none, T=0.7"]
+    from recipe.common import cli
+
+    with pytest.raises(cli.InputError, match="CONTEXT,STUDENT:TEACHER,TAU,T"):
+        probe._cell_axes("full_solution,none")
+
+
+def test_frozen_signals_of_a_tiny_model(tmp_path):
+    """The frozen pass on the tiny random model and data: one sampling per (student mode, temperature), every cell
+    summarised, the clip diagnostics only for a clipped cell, the KL's decay over relative positions."""
+    from recipe.models.tiny import build_tiny_model
+    from recipe.toy.demo import write_tiny_data
+
+    model = build_tiny_model(tmp_path / "model", seed=0)
+    data = write_tiny_data(tmp_path / "data")
+    cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["no_think:no_think"], clip_taus=["none", "0.05"],
+                       temperatures=[1.0])
+    out = probe.frozen_signals(str(model), str(data["train"]), cells, cap=16, top_p=1.0, top_k=-1, num_prompts=4,
+                               log=lambda *_: None)
+    assert set(out) == {c.name for c in cells}
+    clipped, unclipped = out[cells[1].name], out[cells[0].name]
+    assert unclipped["fwd_kl"] == clipped["fwd_kl"] > 0 and unclipped["clipped_teacher_mass"] == 0.0
+    assert clipped["clipped_teacher_mass"] >= 0.0 and clipped["rollouts"] == 8
+    assert unclipped["kl_decay"] is None or unclipped["kl_decay"] >= 0
+    assert out[cells[2].name]["fwd_kl"] != unclipped["fwd_kl"]  # another teacher context, the same rollouts
