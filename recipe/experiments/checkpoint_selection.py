@@ -6,7 +6,7 @@ of ``ckpt_dir`` (the saves a rollback abandoned are under ``rolled_back/`` and n
 ``<ckpt_dir>/selection/step_<s>/model``, evaluates it with ``evaluate(model_dir, out_dir)`` (a CPU demo's
 evaluation: per-problem scores under ``per_problem[metric]``), and returns the table: step, the metric,
 its change against ``before`` with the interval (``recipe.evaluation.stats.paired_bootstrap``, problems
-resampled), and the best step. Choosing the maximum over several checkpoints on the same problems
+resampled), and the best step (0: no save beats the start, keep the initial model). Choosing the maximum over several checkpoints on the same problems
 favours a lucky one; the interval of the chosen checkpoint is optimistic by that selection (use another
 split to choose when the difference matters).
 
@@ -51,9 +51,12 @@ def select_checkpoint(ckpt_dir: str | Path, *, evaluate: Callable[[Path, Path], 
             f"[{100 * ci.low:+.1f}, {100 * ci.high:+.1f}] vs the start)")
     if not rows:
         raise FileNotFoundError(f"no whole global_step_<s> save in {ckpt_dir} to select from")
-    best = max(rows, key=lambda r: (r[metric], r["step"]))
+    # the start is a candidate too: a run none of whose saves beats it keeps its initial model
+    start = {"step": 0, metric: before[metric], "change": 0.0, "low": 0.0, "high": 0.0,
+             "mean_length": before.get("mean_length")}
+    best = max([start, *rows], key=lambda r: (r[metric], r["step"]))
     result = {"metric": metric, "start": before[metric], "rows": rows, "best": best["step"],
-              "best_model": str(root / f"step_{best['step']}" / "model")}
+              "best_model": str(root / f"step_{best['step']}" / "model") if best["step"] else "the initial model"}
     root.mkdir(parents=True, exist_ok=True)
     (root / "selection.json").write_text(json.dumps(result, indent=1) + "\n")
     log(f"[select] best checkpoint: step {best['step']} ({metric} {100 * best[metric]:.1f}% vs {100 * before[metric]:.1f}% "
