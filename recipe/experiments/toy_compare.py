@@ -1,4 +1,4 @@
-"""OPSD vs GRPO on the toy student: the toy demo of both recipes, one table (docs/toy_world.md).
+"""OPSD vs GRPO (and RLSD) on the toy student: the toy demo of both recipes, one table (docs/toy_world.md).
 
 Statistics: each accuracy change gets a 95% paired bootstrap interval over the held-out
 problems (``recipe.evaluation.stats``: the same problems resampled for both sides), after vs
@@ -29,7 +29,16 @@ from recipe.common import cli
 from recipe.evaluation import stats
 from recipe.toy.demo import change_interval
 
-METHODS = ("opsd", "grpo")
+METHODS = ("opsd", "grpo", "rlsd")
+# RLSD (recipe/opsd/core/objectives/rlsd.py) is the OPSD recipe with the RLSD objective, on the GRPO control's toy
+# settings where the OPSD recipe has its own: learning rate, sampling temperature, DAPO's clip-higher, token-mean
+# aggregation, gradient clip 1.0, weight decay 0.01 (no reference-KL term: the OPSD recipe has none).
+RECIPE_OF = {"rlsd": "opsd"}
+METHOD_OVERRIDES = {"rlsd": (
+    "+experiment=objective_rlsd", "actor_rollout_ref.actor.optim.lr=5e-5", "actor_rollout_ref.rollout.temperature=0.6",
+    "opsd.loss.student_temperature=0.6", "opsd.loss.clip_ratio_high=0.28", "opsd.loss.loss_agg_mode=token-mean",
+    "actor_rollout_ref.actor.grad_clip=1.0", "actor_rollout_ref.actor.optim.clip_grad=1.0",
+    "actor_rollout_ref.actor.optim.weight_decay=0.01")}
 
 
 def run_method(method: str, *, cache: str | Path, run_dir: str | Path, steps: int | None = None,
@@ -47,8 +56,10 @@ def run_method(method: str, *, cache: str | Path, run_dir: str | Path, steps: in
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {list(METHODS)}")
     settings = Settings(device="cpu", cache_dir=str(cache), ckpt_dir=str(run_dir), steps=steps, cpu_demo="toy")
-    build = toy(method, settings, eval_n=eval_n, eval_limit=eval_limit)
-    result = train_demo(get_recipe(method), settings, list(extra), build, timeout_s=timeout_s)
+    recipe = RECIPE_OF.get(method, method)
+    build = toy(recipe, settings, eval_n=eval_n, eval_limit=eval_limit)
+    result = train_demo(get_recipe(recipe), settings, [*METHOD_OVERRIDES.get(method, ()), *extra], build,
+                        timeout_s=timeout_s)
     metrics = result["metrics"]
     return {"before": result["before"], "after": result["after"],
             "train": {"wall_time_s": result["record"]["wall_time_s"], "steps": len(metrics), "metrics": metrics,
@@ -92,18 +103,20 @@ def table(before: dict, results: dict[str, dict], *, eval_n: int) -> str:
             f"| {before['mean_length']:.1f} -> {after['mean_length']:.1f} | {trained['steps']} "
             f"| {trained['wall_time_s']:.0f} | {_mean(times):.2f} | {_mean(times[1:]):.2f} |"
         )
-    if set(results) == set(METHODS):
+    if {"opsd", "grpo"} <= set(results):
         opsd, grpo = results["opsd"]["train"], results["grpo"]["train"]
         lines.append("")
         lines.append(f"OPSD/GRPO compute ratio (1 CPU device each): time per step "
                      f"{_mean(opsd['step_times_s']) / _mean(grpo['step_times_s']):.2f} "
                      f"({_mean(opsd['step_times_s'][1:]) / _mean(grpo['step_times_s'][1:]):.2f} after step 1), "
                      f"launch wall time {opsd['wall_time_s'] / grpo['wall_time_s']:.2f}")
-        opsd_after, grpo_after = results["opsd"]["after"], results["grpo"]["after"]
+    pairs = [(a, b) for a, b in (("opsd", "grpo"), ("rlsd", "grpo"), ("opsd", "rlsd")) if {a, b} <= set(results)]
+    lines += [""] if pairs and not lines[-1] == "" else []
+    for a, b in pairs:
         for metric, title in (("greedy", "greedy acc"), (f"avg@{n}", f"Avg@{n}")):
-            interval = change_interval(grpo_after, [opsd_after], metric)
+            interval = change_interval(results[b]["after"], [results[a]["after"]], metric)
             if interval is not None:
-                lines.append(f"OPSD - GRPO after training, {title}: {100 * interval.estimate:+.1f} pts, "
+                lines.append(f"{a.upper()} - {b.upper()} after training, {title}: {100 * interval.estimate:+.1f} pts, "
                              f"95% CI {interval.points()} (paired by problem)")
     lines.append(f"(held-out problems: {before['n_problems']}; greedy = top-k 1; Avg@{n}/Pass@{n}: T 1.0, "
                  f"no-think mode, recipe.evaluation.harness; 95% CI: paired percentile bootstrap over problems, "
@@ -113,7 +126,8 @@ def table(before: dict, results: dict[str, dict], *, eval_n: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="OPSD and/or GRPO on the toy student: before/after table.")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=["opsd", "grpo"],
+                        help="rlsd: the OPSD recipe with the RLSD objective on the GRPO control's settings")
     parser.add_argument("--steps", type=int, default=None, help="default: the toy presets' (150)")
     parser.add_argument("--eval-n", type=int, default=4)
     parser.add_argument("--eval-limit", type=int, default=None, help="evaluate only the first N held-out problems")

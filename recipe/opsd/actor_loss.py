@@ -172,7 +172,7 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, objective=None,
         global_sequences=int(data[LOSS_SEQUENCES_KEY]), horizon=response_mask_bR.shape[-1],
     ).mul_(dp_size)
     reference = data["reference_hidden"].to(device=device, dtype=dtype) if objective.needs_reference_forward else None
-    task_advantages_b = data[TASK_ADVANTAGES_KEY].to(device) if loss_config.task_weight > 0 else None
+    task_advantages_b = data[TASK_ADVANTAGES_KEY].to(device) if objective.uses_task_reward() else None
     step_values = {name: float(data[STEP_VALUE_PREFIX + name]) for name in objective.step_value_names}
     out = objective.loss(ObjectiveBatch(
         student_hidden_bRH=student_hidden_bRH, student_weight_VH=student_weight_VH, student_bias_V=student_bias_V,

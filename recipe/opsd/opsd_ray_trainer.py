@@ -22,10 +22,10 @@ weight sync to the rollout servers, validation, checkpoints, logging -- is verl'
   ``trainer.total_training_steps``, e.g. beta-OPSD's teacher weight) go to the actor.
 
 The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
-With ``opsd.loss.task_weight`` > 0 the trainer grades every rollout with the one grader and
-sends each response's GRPO group advantage to the actor (``_add_task_advantages``); with
-``opsd.loss.sft_weight`` > 0 it sends each row's student prompt + reference solution + EOS
-(``_add_sft_inputs``) for the SFT term (docs/core_math.md "Mixed objectives").
+With ``opsd.loss.task_weight`` > 0 (or an objective that ``needs_task_reward``: RLSD) the trainer
+grades every rollout with the one grader and sends each response's GRPO group advantage to the actor
+(``_add_task_advantages``); with ``opsd.loss.sft_weight`` > 0 it sends each row's student prompt +
+reference solution + EOS (``_add_sft_inputs``) for the SFT term (docs/core_math.md "Mixed objectives").
 """
 
 from __future__ import annotations
@@ -204,8 +204,8 @@ class RayOPSDTrainer(RayPPOTrainer):
             [ids[: int(n)] for ids, n in zip(batch.batch["responses"], lengths)], skip_special_tokens=True
         )
         if "reward_model" not in batch.non_tensor_batch:
-            raise ValueError("opsd.loss.task_weight > 0 grades the rollouts against the parquet's "
-                             "reward_model.ground_truth column, which this data set does not have")
+            raise ValueError("the task reward (opsd.loss.task_weight > 0, objective rlsd) grades the rollouts against "
+                             "the parquet's reward_model.ground_truth column, which this data set does not have")
         truths = [info["ground_truth"] for info in batch.non_tensor_batch["reward_model"]]
         rewards_B = torch.tensor([compute_score("", text, truth)["score"] for text, truth in zip(texts, truths)],
                                  dtype=torch.float32)
@@ -328,7 +328,8 @@ class RayOPSDTrainer(RayPPOTrainer):
             return result
         with open(path) as handle:
             self.monitor.load_state_dict(json.load(handle))
-        if self.monitor.should_stop and self.monitor.stop_signature not in self.opsd.diagnostics.monitor.stop_on:
+        acting = (*self.opsd.diagnostics.monitor.stop_on, *self.opsd.diagnostics.monitor.rollback_on)
+        if self.monitor.should_stop and self.monitor.stop_signature not in acting:
             # the signature that stopped the run is no longer a stop condition: the user chose to go on
             self.monitor.should_stop, self.monitor.stop_reason, self.monitor.stop_signature = False, None, None
         print(f"[opsd] collapse monitor resumed with {len(self.monitor.history)} logged steps")
@@ -388,6 +389,7 @@ class RayOPSDTrainer(RayPPOTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
+        self._resume_monitor_actions()  # rollbacks so far, the learning-rate factor in force
         # logged with every step: a step logged by an earlier launch above this one was replayed
         resumed_from_step = self.global_steps
         if self.monitor is not None and self.monitor.should_stop:
@@ -466,7 +468,7 @@ class RayOPSDTrainer(RayPPOTrainer):
                     self._check_student_prompts(batch)
                     self._add_teacher_inputs(batch)
                     batch.batch["opsd_loss_mask"] = self._loss_positions(batch)
-                    if self.opsd.loss.task_weight > 0:  # the grader's GRPO advantage
+                    if self.objective.uses_task_reward():  # the grader's GRPO advantage (a task weight, RLSD)
                         metrics.update(self._add_task_advantages(batch))
                     if self.sft_inputs is not None:  # the SFT rows (opsd.loss.sft_weight)
                         metrics.update(self._add_sft_inputs(batch))
@@ -574,7 +576,7 @@ class RayOPSDTrainer(RayPPOTrainer):
         ``raise_on_stop`` the checkpoint of the step is saved before the error propagates."""
         if self.monitor is None:
             return False
-        seen = len(self.monitor.events)
+        seen, acted = len(self.monitor.events), self.monitor.action
         try:
             metrics.update(self.monitor.update(metrics, step=self.global_steps))
         except TrainingCollapseError:
@@ -585,6 +587,8 @@ class RayOPSDTrainer(RayPPOTrainer):
             # The warnings also go to the console as "[opsd]" lines (the launcher's condensed output shows them).
             for event in self.monitor.events[seen:]:
                 print(f"[opsd] collapse monitor ({event.signature}): {event.message}", flush=True)
+        if self.monitor.action is not None and self.monitor.action is not acted:
+            self._record_monitor_action(self.monitor.action)
         return self.monitor.should_stop
 
     def _log_rollouts(self, batch: DataProto, timing_raw: dict, rollout_data_dir: str) -> None:
@@ -595,3 +599,46 @@ class RayOPSDTrainer(RayPPOTrainer):
             scores, extra = torch.zeros_like(batch.batch["response_mask"], dtype=torch.float32), {}
         batch.batch["token_level_scores"] = scores
         self._log_rollout_data(batch, extra, timing_raw, rollout_data_dir)
+
+    # ------------------------------------------------------------------ collapse-monitor actions
+    # (opsd.diagnostics.monitor stop_on / rollback_on: recipe.opsd.core.monitor; the relaunch: recipe.launch.rollback)
+    def _record_monitor_action(self, action) -> None:
+        """Log the monitor's stop / rollback request in the checkpoint directory (the launcher acts on it when this
+        launch ends; the caller saves the step's checkpoint) and print it."""
+        from recipe.opsd.core.monitor import append_action
+
+        append_action(self.config.trainer.default_local_dir, action)
+        print(f"[opsd] {action.line()}", flush=True)
+
+    def _resume_monitor_actions(self) -> None:
+        """The rollbacks logged before this launch and, with ``rollback_setting=lr_scale``, the learning rate: the
+        restored optimizer and scheduler are scaled to rollback_value ** rollbacks of the configured schedule
+        (verl restores the saved schedule whatever the config's lr says)."""
+        from recipe.opsd.core.monitor import learning_rate_scale, read_actions, rollbacks_done
+
+        if self.monitor is None:
+            return
+        self.monitor.rollbacks = rollbacks_done(read_actions(self.config.trainer.default_local_dir))
+        want = learning_rate_scale(self.opsd.diagnostics.monitor, self.monitor.rollbacks)
+        if want != self.monitor.lr_scale:
+            factor, ranks = want / self.monitor.lr_scale, self.actor_rollout_wg.world_size
+            self.actor_rollout_wg.execute_with_func_generator(
+                _scale_learning_rate, DataProto.from_dict(tensors={"rank": torch.arange(ranks)}, meta_info={"factor": factor}))
+            print(f"[opsd] collapse monitor action: learning rate x{factor:g} from step {self.global_steps + 1} "
+                  f"(rollback {self.monitor.rollbacks}: x{want:g} of the configured schedule)", flush=True)
+            self.monitor.lr_scale = want
+
+
+def _scale_learning_rate(worker, data: DataProto) -> DataProto:
+    """On every actor worker (verl's ``execute_with_func_generator``): multiply the optimizer's learning rates and
+    the scheduler's base rates by ``data.meta_info["factor"]`` (verl 0.9.1's engine worker: ``actor.engine``)."""
+    factor = float(data.meta_info["factor"])
+    engine = worker.actor.engine
+    for group in engine.optimizer.param_groups:
+        group["lr"] *= factor
+        if "initial_lr" in group:
+            group["initial_lr"] *= factor
+    scheduler = engine.lr_scheduler
+    scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+    scheduler._last_lr = [group["lr"] for group in engine.optimizer.param_groups]
+    return data

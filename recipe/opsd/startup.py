@@ -183,13 +183,17 @@ def _check_objective(config, opsd: OPSDConfig) -> None:
     the update's own forward (the rollout policy only with one update per batch)."""
     loss = opsd.loss
     n = int(config.actor_rollout_ref.rollout.n)
-    if loss.task_weight > 0 and n < 2:
+    objective = loss.build_objective()
+    if objective.uses_task_reward() and n < 2:
+        what = f"opsd.loss.task_weight={loss.task_weight}" if loss.task_weight > 0 else \
+            f"opsd.loss.objective={loss.objective} (its direction is the task reward)"
+        fix = "or set task_weight=0" if loss.task_weight > 0 else "e.g. actor_rollout_ref.rollout.n=4"
         raise ValueError(
-            f"opsd.loss.task_weight={loss.task_weight} needs actor_rollout_ref.rollout.n > 1 (the GRPO "
-            f"advantage compares the rollouts of one prompt; with n={n} it is 0), or set task_weight=0"
+            f"{what} needs actor_rollout_ref.rollout.n > 1 (the GRPO advantage compares the rollouts of one "
+            f"prompt; with n={n} it is 0), {fix}"
         )
     actor = config.actor_rollout_ref.actor
-    policy_gradient = loss.build_objective().uses_policy_gradient or loss.task_weight > 0
+    policy_gradient = objective.uses_policy_gradient or loss.task_weight > 0
     if policy_gradient and (actor.ppo_mini_batch_size != config.data.train_batch_size or actor.get("ppo_epochs", 1) != 1):
         print(
             "[opsd] note: the policy-gradient objective takes pS_old from each update's own forward; with several "

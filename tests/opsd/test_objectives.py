@@ -251,15 +251,16 @@ def test_weighted_sum_ignores_zero_weight_garbage():
 def test_the_registry_knows_each_objective_and_what_it_needs():
     from recipe.opsd.core.objectives import get_objective, objective_names
 
-    assert objective_names() == ["divergence", "sampled_token", "purified", "beta_opsd"]
+    assert objective_names() == ["divergence", "sampled_token", "purified", "beta_opsd", "rlsd"]
     needs = {name: (cls.needs_reference_forward, cls.uses_policy_gradient, cls.supports_topk,
-                    cls.supports_task_reward, cls.supports_sft, cls.step_value_names)
+                    cls.supports_task_reward, cls.supports_sft, cls.needs_task_reward, cls.step_value_names)
              for name, cls in ((n, get_objective(n)) for n in objective_names())}
     assert needs == {
-        "divergence": (False, False, True, True, True, ()),
-        "sampled_token": (False, True, False, True, True, ()),
-        "purified": (True, False, False, False, False, ()),
-        "beta_opsd": (False, False, False, False, False, ("teacher_weight",)),
+        "divergence": (False, False, True, True, True, False, ()),
+        "sampled_token": (False, True, False, True, True, False, ()),
+        "purified": (True, False, False, False, False, False, ()),
+        "beta_opsd": (False, False, False, False, False, False, ("teacher_weight",)),
+        "rlsd": (False, True, False, False, False, True, ()),
     }
     with pytest.raises(ValueError, match="opsd.loss.objective must be one of"):
         get_objective("reverse_kl")

@@ -74,8 +74,8 @@ def test_student_mode_sets_enable_thinking_and_cannot_disagree():
         ("opsd.loss.positions=advt:0", "opsd.loss.positions"),
         ("+opsd.loss.params.pmi_strength=1", "opsd.loss.params"),
         # the collapse monitor's options are typed and validated with the rest (before Ray starts)
-        ("+opsd.diagnostics.monitor.recent_window=0", "opsd.diagnostics.monitor.recent_window"),
-        ("+opsd.diagnostics.monitor.stop_on=[colapse]", "opsd.diagnostics.monitor.stop_on"),
+        ("opsd.diagnostics.monitor.recent_window=0", "opsd.diagnostics.monitor.recent_window"),
+        ("opsd.diagnostics.monitor.stop_on=[colapse]", "opsd.diagnostics.monitor.stop_on"),
         ("+opsd.diagnostics.monitor.window=5", "opsd.diagnostics.monitor.window"),
     ],
 )
@@ -181,8 +181,8 @@ def test_position_kinds():
 def test_monitor_options_become_a_monitor_config():
     from recipe.opsd.core.monitor import MonitorConfig
 
-    opsd = prepare_config(_compose(["+opsd.diagnostics.monitor.stop_on=[collapse]",
-                                    "+opsd.diagnostics.monitor.early_end=5"]))
+    opsd = prepare_config(_compose(["opsd.diagnostics.monitor.stop_on=[collapse]",
+                                    "opsd.diagnostics.monitor.early_end=5"]))
     assert opsd.diagnostics.monitor == MonitorConfig(enabled=True, stop_on=("collapse",), early_end=5)
     assert prepare_config(_compose(["opsd.diagnostics.monitor.enabled=false"])).diagnostics.monitor.enabled is False
 

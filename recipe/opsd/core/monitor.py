@@ -25,8 +25,17 @@ of a fixed *early* window (default steps 1-10). It warns (``logging.warning``) o
 - ``boxed``: rollout boxed-answer rate at most ``boxed_rate_ratio_threshold`` times its
   early mean (only when the early rate is at least ``min_early_boxed_rate``),
 
-returns ``opsd_monitor/...`` metrics for the logger, and sets ``should_stop`` (or raises
-``TrainingCollapseError``) when a signature listed in ``stop_on`` fires.
+returns ``opsd_monitor/...`` metrics for the logger, and acts on a signature as configured:
+
+- ``stop_on``: the run saves a checkpoint and stops (``should_stop``; or ``TrainingCollapseError``
+  with ``raise_on_stop``); the launcher exits with ``STOPPED_EXIT_CODE``;
+- ``rollback_on``: the run saves and stops with a rollback request (``MonitorAction``, appended to
+  ``<checkpoint dir>/monitor_actions.jsonl``); the launcher relaunches from the last checkpoint
+  before the warning window (``rollback_target``) with one setting changed (``rollback_setting``:
+  the learning rate times ``rollback_value`` per rollback, or ``opsd.loss.clip_tau`` set to it);
+  after ``max_rollbacks`` rollbacks the same warning stops the run instead.
+
+Every action is an ``opsd_monitor/action_*`` metric of its step and a console line.
 
 Usage inside a trainer::
 
@@ -39,8 +48,10 @@ Offline over a run's logs: ``python scripts/monitor_run.py run.log``.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -68,6 +79,15 @@ ROLE_LABELS: dict[str, str] = {
 }
 SIGNATURES = ("collapse", "length", "boxed")
 MONITOR_PREFIX = "opsd_monitor"
+# What a rollback changes before the relaunch: the learning rate (scaled by rollback_value per rollback,
+# applied by the trainer to the restored optimizer) or opsd.loss.clip_tau (set to rollback_value: a relaunch
+# override, ROLLBACK_OVERRIDES).
+ROLLBACK_SETTINGS = ("lr_scale", "clip_tau")
+ROLLBACK_OVERRIDES = {"clip_tau": "opsd.loss.clip_tau"}
+# The action log the trainer appends to in its checkpoint directory (one json object per line).
+ACTIONS_FILE = "monitor_actions.jsonl"
+# The launcher's exit code when the monitor stopped a run (2: bad input, 3: non-finite stop).
+STOPPED_EXIT_CODE = 4
 
 
 class TrainingCollapseError(RuntimeError):
@@ -96,6 +116,11 @@ class MonitorConfig:
         min_early_boxed_rate: the boxed check runs only if the early boxed rate is >= this.
         stop_on: signatures (subset of ``collapse``, ``length``, ``boxed``) that set
             ``should_stop``.
+        rollback_on: signatures that roll the run back (none of ``stop_on``).
+        rollback_setting: what a rollback changes: ``lr_scale`` | ``clip_tau`` (``ROLLBACK_SETTINGS``).
+        rollback_value: lr_scale: the factor (> 0) the learning rate is multiplied by at each rollback;
+            clip_tau: the new ``opsd.loss.clip_tau`` (> 0, or None: no clip).
+        max_rollbacks: rollbacks allowed in one run; a rollback signature firing after that many stops it.
         raise_on_stop: raise ``TrainingCollapseError`` instead of only setting ``should_stop``.
         warn_every: while a signature stays active, repeat its warning every this many steps.
         metric_keys: role -> metric name overrides (roles: see ``DEFAULT_METRIC_KEYS``), e.g.
@@ -114,6 +139,10 @@ class MonitorConfig:
     boxed_rate_ratio_threshold: float = 0.5
     min_early_boxed_rate: float = 0.05
     stop_on: tuple[str, ...] = ()
+    rollback_on: tuple[str, ...] = ()
+    rollback_setting: str = "lr_scale"
+    rollback_value: float | None = 0.5
+    max_rollbacks: int = 1
     raise_on_stop: bool = False
     warn_every: int = 10
     metric_keys: dict[str, str] = field(default_factory=dict)
@@ -149,6 +178,25 @@ class MonitorConfig:
         unknown = [name for name in self.stop_on if name not in SIGNATURES]
         if unknown:
             raise ValueError(f"opsd.diagnostics.monitor.stop_on has unknown entries {unknown}; allowed: {list(SIGNATURES)}")
+        if isinstance(self.rollback_on, str):
+            raise ValueError(f"opsd.diagnostics.monitor.rollback_on must be a list of names, got the string {self.rollback_on!r}")
+        self.rollback_on = tuple(self.rollback_on)
+        unknown = [name for name in self.rollback_on if name not in SIGNATURES]
+        if unknown:
+            raise ValueError(f"opsd.diagnostics.monitor.rollback_on has unknown entries {unknown}; allowed: {list(SIGNATURES)}")
+        both = sorted(set(self.rollback_on) & set(self.stop_on))
+        if both:
+            raise ValueError(f"opsd.diagnostics.monitor: {both} in both stop_on and rollback_on; one action per warning")
+        if self.rollback_setting not in ROLLBACK_SETTINGS:
+            raise ValueError(f"opsd.diagnostics.monitor.rollback_setting must be one of {list(ROLLBACK_SETTINGS)}, "
+                             f"got {self.rollback_setting!r}")
+        value = self.rollback_value
+        if not (value is None and self.rollback_setting == "clip_tau") and (not _is_number(value) or value <= 0):
+            allowed = "a number > 0 or null (no clip)" if self.rollback_setting == "clip_tau" else "a number > 0"
+            raise ValueError(f"opsd.diagnostics.monitor.rollback_value must be {allowed} with rollback_setting="
+                             f"{self.rollback_setting}, got {value!r}")
+        if isinstance(self.max_rollbacks, bool) or not isinstance(self.max_rollbacks, int) or self.max_rollbacks < 0:
+            raise ValueError(f"opsd.diagnostics.monitor.max_rollbacks must be an int >= 0, got {self.max_rollbacks!r}")
         self.metric_keys = dict(self.metric_keys)
         unknown = [role for role in self.metric_keys if role not in DEFAULT_METRIC_KEYS]
         if unknown:
@@ -170,6 +218,80 @@ class MonitorEvent:
     message: str
 
 
+@dataclass(frozen=True)
+class MonitorAction:
+    """What the monitor asks for at ``step`` because ``signature`` fired over ``window`` (first, last step).
+
+    kind: ``stop`` | ``rollback``. A rollback names the change (``setting``, ``value``) and its number
+    (``rollback``: 1 for the first of the run); the launcher resumes from ``rollback_target`` of the
+    steps saved before ``window[0]``.
+    """
+
+    step: int
+    kind: str
+    signature: str
+    window: tuple[int, int]
+    reason: str
+    setting: str | None = None
+    value: float | None = None
+    rollback: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """The action log's line (``ACTIONS_FILE``)."""
+        return {"step": self.step, "action": self.kind, "signature": self.signature, "window": list(self.window),
+                "setting": self.setting, "value": self.value, "rollback": self.rollback, "reason": self.reason}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "MonitorAction":
+        return cls(step=int(record["step"]), kind=str(record["action"]), signature=str(record["signature"]),
+                   window=(int(record["window"][0]), int(record["window"][1])), reason=str(record.get("reason", "")),
+                   setting=record.get("setting"), value=record.get("value"), rollback=int(record.get("rollback", 0)))
+
+    def line(self) -> str:
+        """The console line of the action."""
+        if self.kind == "rollback":
+            change = (f"learning rate x{self.value:g}" if self.setting == "lr_scale"
+                      else f"{ROLLBACK_OVERRIDES.get(self.setting, self.setting)}={self.value}")
+            return (f"collapse monitor action at step {self.step}: rollback {self.rollback} ({self.signature} warning over "
+                    f"steps {self.window[0]}-{self.window[1]}): save, stop, resume from the last checkpoint before step "
+                    f"{self.window[0]} with {change}")
+        return f"collapse monitor action at step {self.step}: stop ({self.reason})"
+
+
+def rollback_target(saved_steps: Iterable[int], *, window_start: int) -> int:
+    """The newest saved step before the warning window (``< window_start``); 0 = the initial model."""
+    before = [int(s) for s in saved_steps if 0 < int(s) < window_start]
+    return max(before, default=0)
+
+
+def append_action(directory: str, action: MonitorAction) -> str:
+    """Append ``action``'s record to ``<directory>/ACTIONS_FILE``; returns the file's path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, ACTIONS_FILE)
+    with open(path, "a") as handle:
+        handle.write(json.dumps(action.record()) + "\n")
+    return path
+
+
+def read_actions(directory: str) -> list[dict[str, Any]]:
+    """The records of ``<directory>/ACTIONS_FILE`` in order ([] without one)."""
+    path = os.path.join(directory, ACTIONS_FILE)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def rollbacks_done(records: Iterable[Mapping[str, Any]]) -> int:
+    """How many rollbacks an action log holds."""
+    return sum(1 for record in records if record.get("action") == "rollback")
+
+
+def learning_rate_scale(config: "MonitorConfig", rollbacks: int) -> float:
+    """The learning-rate factor in force after ``rollbacks`` rollbacks (1 unless rollback_setting is lr_scale)."""
+    return float(config.rollback_value) ** rollbacks if config.rollback_setting == "lr_scale" else 1.0
+
+
 class TrainingDynamicsMonitor:
     """Online early-vs-recent window monitor; see the module docstring."""
 
@@ -182,6 +304,11 @@ class TrainingDynamicsMonitor:
         self.stop_signature: str | None = None
         self._active_since: dict[str, int] = {}
         self._last_warned: dict[str, int] = {}
+        # the action this run asked for (stop / rollback) and the rollbacks before it (the action log's count)
+        self.action: MonitorAction | None = None
+        self.rollbacks = 0
+        # the learning-rate factor the trainer applied to the optimizer of this run (saved with each checkpoint)
+        self.lr_scale = 1.0
 
     # ------------------------------------------------------------------ update
     def update(self, metrics: Mapping[str, Any], *, step: int | None = None) -> dict[str, float]:
@@ -208,14 +335,38 @@ class TrainingDynamicsMonitor:
         for signature, message in fired:
             self._warn(step, signature, message)
         stop = [signature for signature, _ in fired if signature in self.config.stop_on]
-        if stop and not self.should_stop:
-            self.should_stop = True
-            self.stop_signature = stop[0]
-            self.stop_reason = f"step {step}: {stop[0]} signature (MonitorConfig.stop_on={list(self.config.stop_on)})"
+        rollback = [signature for signature, _ in fired if signature in self.config.rollback_on]
+        acted = None
+        if not self.should_stop and (stop or rollback):
+            acted = self._act(step, stop[0] if stop else rollback[0], rollback=not stop)
         out[f"{MONITOR_PREFIX}/should_stop"] = float(self.should_stop)
+        out[f"{MONITOR_PREFIX}/action_stop"] = float(acted is not None and acted.kind == "stop")
+        out[f"{MONITOR_PREFIX}/action_rollback"] = float(acted is not None and acted.kind == "rollback")
+        out[f"{MONITOR_PREFIX}/rollbacks"] = float(self.rollbacks + (acted is not None and acted.kind == "rollback"))
+        out[f"{MONITOR_PREFIX}/lr_scale"] = self.lr_scale
         if stop and self.config.raise_on_stop:
             raise TrainingCollapseError(dict(fired)[stop[0]])
         return out
+
+    def _act(self, step: int, signature: str, *, rollback: bool) -> MonitorAction:
+        """Set ``should_stop`` and ``action`` for ``signature`` (a stop, a rollback, or a stop after max_rollbacks)."""
+        cfg = self.config
+        recent = self.recent_rows()
+        window = (int(recent[0]["step"]), int(recent[-1]["step"]))
+        self.should_stop, self.stop_signature = True, signature
+        if rollback and self.rollbacks < cfg.max_rollbacks:
+            self.stop_reason = (f"step {step}: {signature} signature, rollback {self.rollbacks + 1} of at most "
+                                f"{cfg.max_rollbacks} (MonitorConfig.rollback_on={list(cfg.rollback_on)})")
+            self.action = MonitorAction(step=step, kind="rollback", signature=signature, window=window,
+                                        reason=self.stop_reason, setting=cfg.rollback_setting, value=cfg.rollback_value,
+                                        rollback=self.rollbacks + 1)
+        else:
+            self.stop_reason = (f"step {step}: {signature} signature after {self.rollbacks} rollback(s), the most "
+                                f"MonitorConfig.max_rollbacks={cfg.max_rollbacks} allows" if rollback else
+                                f"step {step}: {signature} signature (MonitorConfig.stop_on={list(cfg.stop_on)})")
+            self.action = MonitorAction(step=step, kind="stop", signature=signature, window=window,
+                                        reason=self.stop_reason, rollback=self.rollbacks)
+        return self.action
 
     # ------------------------------------------------------------------ windows
     def early_rows(self) -> list[dict[str, float]]:
@@ -321,6 +472,7 @@ class TrainingDynamicsMonitor:
             "stop_signature": self.stop_signature,
             "active_since": dict(self._active_since),
             "last_warned": dict(self._last_warned),
+            "lr_scale": self.lr_scale,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -331,6 +483,7 @@ class TrainingDynamicsMonitor:
         self.stop_signature = state.get("stop_signature")
         self._active_since = dict(state["active_since"])
         self._last_warned = dict(state["last_warned"])
+        self.lr_scale = float(state.get("lr_scale", 1.0))
 
 
 # ---------------------------------------------------------------------- offline helpers

@@ -15,7 +15,10 @@ on a name:
   and sends with the batch (beta-OPSD's teacher weight), logged as ``opsd/<name>``;
 - ``supports_topk`` / ``supports_task_reward`` / ``supports_sft`` / ``uses_policy_gradient``:
   which shared settings (``opsd.loss.topk``, ``task_weight``, ``sft_weight``) it accepts, checked
-  when the config is built.
+  when the config is built;
+- ``needs_task_reward``: the grader's GRPO advantage is part of the objective itself (RLSD), so the
+  glue grades the rollouts and hands ``ObjectiveBatch.task_advantages_b`` over at any task weight
+  (``uses_task_reward()``: this, or a task weight > 0).
 
 A new objective is one module with a decorated class plus one experiment preset::
 
@@ -111,6 +114,7 @@ class Objective:
     supports_task_reward: ClassVar[bool] = False
     supports_sft: ClassVar[bool] = False
     uses_policy_gradient: ClassVar[bool] = False
+    needs_task_reward: ClassVar[bool] = False
     step_value_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, loss_config):
@@ -134,6 +138,11 @@ class Objective:
     @classmethod
     def check(cls, loss_config, *, teacher_context: str) -> None:
         """Settings this objective cannot run with (beyond its ``supports_*`` attributes); raise ValueError."""
+
+    def uses_task_reward(self) -> bool:
+        """Whether the glue grades the rollouts and sends each one's GRPO advantage (``needs_task_reward``
+        or ``opsd.loss.task_weight`` > 0)."""
+        return self.needs_task_reward or self.loss_config.task_weight > 0
 
     def signals_in_loss_pass(self) -> bool:
         """Whether :meth:`loss` computes the token diagnostics in its own vocabulary pass."""

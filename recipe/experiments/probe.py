@@ -1,0 +1,527 @@
+"""The compatibility probe: which regime an OPSD setup is in, for the price of a few steps.
+
+For one model and training parquet (the launcher's: ``MODEL_PATH`` / ``TRAIN_FILES``, or a CPU demo) and a
+grid of cells -- teacher context x reasoning modes (student:teacher) x clip tau x temperature -- it
+
+1. measures the frozen signals the paper ties to outcomes on the training problems
+   (``recipe.analysis.signal_analysis``: the same rollouts rescored per teacher condition): initial forward
+   KL, D > .05, the highest-entropy 20%'s KL share, the decay of the KL over response positions (last /
+   first quarter of the rollout cap), the teacher's probability of the student's end-of-turn token where
+   the student ended its turn, and the teacher mass the clip removes;
+2. runs each cell for K monitored OPSD steps through the launcher (``recipe.launch.run.plan`` /
+   ``execute``): the cell's own config, batch and data order at the full run's peak learning rate from the
+   first step (``probe_overrides``), no checkpoint;
+3. classifies each cell (``recipe.analysis.compatibility``: gain / ineffective length growth / stable
+   degradation / collapse / no measurable effect, every indicator with its threshold and its source) and
+   recommends a cell or says that none is compatible.
+
+Outputs in ``--out-dir``: ``probe.json`` (everything, with each cell's cost), ``probe.md`` (the console
+table, the thresholds, the recommendation) and ``probe.png`` (the K-step traces). ``--validate`` then runs
+each cell in full (the demo's before/after held-out evaluation, ``--seeds``) and adds the outcome, a paired
+bootstrap interval of the accuracy change and the agreement (``validation.json``, ``validation.md``).
+
+    CPU_DEMO=toy python scripts/probe.py --out-dir probe_toy --contexts full_solution unrelated --clip-taus none 0.05
+    CPU_DEMO=real python scripts/probe.py --out-dir probe_real --clip-taus 0.05 none --temperatures 1.1 0.7
+    MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet python scripts/probe.py --out-dir probe -- +model=qwen3_1p7b
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipe.analysis import compatibility
+
+NONE = ("none", "null")
+
+
+@dataclass(frozen=True)
+class Cell:
+    context: str
+    student_mode: str
+    teacher_mode: str
+    clip_tau: float | None
+    temperature: float
+
+    @property
+    def name(self) -> str:
+        tau = "none" if self.clip_tau is None else f"{self.clip_tau:g}"
+        return f"{self.context}, {self.student_mode}:{self.teacher_mode}, tau={tau}, T={self.temperature:g}"
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace(", ", "_").replace(":", "-").replace("=", "")
+
+    def overrides(self) -> list[str]:
+        tau = "null" if self.clip_tau is None else f"{self.clip_tau:g}"
+        return [f"opsd.teacher_context={self.context}", f"opsd.student_mode={self.student_mode}",
+                f"opsd.teacher_mode={self.teacher_mode}", f"opsd.loss.clip_tau={tau}",
+                f"actor_rollout_ref.rollout.temperature={self.temperature:g}",
+                f"opsd.loss.student_temperature={self.temperature:g}"]
+
+
+def grid(*, contexts, modes, clip_taus, temperatures) -> list[Cell]:
+    """Every combination; ``modes`` as ``student:teacher``, a clip tau of ``none`` / ``null`` = no clip."""
+    cells = []
+    for context in contexts:
+        for pair in modes:
+            student, sep, teacher = pair.partition(":")
+            if not sep:
+                raise ValueError(f"--modes {pair!r} must be student:teacher, e.g. think:think or native:native")
+            for tau in clip_taus:
+                for temperature in temperatures:
+                    clip = None if str(tau).lower() in NONE else float(tau)
+                    cells.append(Cell(context, student, teacher, clip, float(temperature)))
+    return cells
+
+
+# ---------------------------------------------------------------------------------------------- frozen signals
+def eos_probabilities(token_signals, rollouts, eos_ids: Sequence[int]) -> dict[str, float | None]:
+    """Mean student and teacher probability of the end-of-turn token where the student ended its turn (the
+    last position of each rollout that finished with an eos id), and their ratio."""
+    import torch
+
+    last = {}
+    for row, (rollout, position) in enumerate(zip(token_signals["rollout"].tolist(), token_signals["position"].tolist())):
+        last[rollout] = (row, position)
+    rows = [row for r, (row, pos) in last.items()
+            if rollouts[r].finish_reason == "stop" and int(token_signals["sampled_id"][row]) in set(eos_ids)]
+    if not rows:
+        return {"eos_student": None, "eos_teacher": None, "eos_ratio": None, "eos_rollouts": 0}
+    index = torch.as_tensor(rows)
+    student = float(token_signals["student_logp"][index].double().exp().mean())
+    teacher = float(token_signals["teacher_logp"][index].double().exp().mean())
+    return {"eos_student": student, "eos_teacher": teacher, "eos_ratio": teacher / student if student > 0 else None,
+            "eos_rollouts": len(rows)}
+
+
+def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, cap: int, top_p: float, top_k: int,
+                   num_prompts: int, seed: int = 42, log=print) -> dict[str, dict[str, Any]]:
+    """``{cell name: frozen summary}``; rollouts sampled once per (student mode, temperature), scored per teacher
+    condition (and per clip tau for the clip diagnostics)."""
+    from recipe.analysis import signal_analysis as sa
+    from recipe.common.prompts import student_style
+    from recipe.opsd.core import signals
+
+    tokenizer = sa.load_tokenizer(model_path)
+    model = sa.load_model(model_path)
+    rows = sa.load_rows(train_file)
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
+    quarter = max(1, cap // 4)
+    windows = ((0, quarter), (quarter, 2 * quarter), (2 * quarter, 3 * quarter), (3 * quarter, cap))  # absolute, shown
+    out: dict[str, dict[str, Any]] = {}
+    groups: dict[tuple[str, float], list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.student_mode, cell.temperature), []).append(cell)
+    for (student_mode, temperature), members in groups.items():
+        start = time.time()
+        scorable = [c for c in members if student_style(c.context) is None]
+        for cell in set(members) - set(scorable):
+            out[cell.name] = {"skipped": f"context {cell.context} changes the student prompt: no shared rollouts"}
+        if not scorable:
+            continue
+        conditions = sorted({f"{c.context}:{c.teacher_mode}" for c in scorable})
+        taus = sorted({c.clip_tau for c in scorable if c.clip_tau is not None}) or [signals.HIGH_KL_THRESHOLD]
+        base = sa.SignalAnalysisConfig(num_prompts=num_prompts, rollouts_per_prompt=2, temperature=temperature,
+                                       top_p=top_p, top_k=top_k, max_new_tokens=cap, seed=seed, student_mode=student_mode,
+                                       conditions=tuple(conditions), windows=windows, clip_tau=taus[0])
+        items, _ = sa.build_prompt_items(rows, tokenizer, config=base)
+        rollouts = sa.sample_rollouts(model, tokenizer, items, config=base)
+        scored = {tau: sa.score_rollouts(model, items, rollouts, config=dataclasses.replace(base, clip_tau=tau))
+                  for tau in taus}
+        lengths = [len(r.response_ids) for r in rollouts]
+        for cell in scorable:
+            condition = f"{cell.context}:{cell.teacher_mode}"
+            token_signals = scored[cell.clip_tau if cell.clip_tau is not None else taus[0]][condition]
+            report = sa.condition_report(token_signals, tokenizer, config=base, num_rollouts=len(rollouts))
+            summary = report["summary"]
+            relative = (100 * token_signals["position"] // token_signals["rollout"].bincount()[token_signals["rollout"]])
+            quarters = signals.position_windows(token_signals["fwd_kl"], relative, windows=((0, 25), (75, 100)))
+            out[cell.name] = {
+                "fwd_kl": summary["fwd_kl"], "d_gt_005": summary["d_gt_005"], "he20_kl": summary["he20_kl"],
+                "agree": summary["agree"], "student_entropy": summary["student_entropy"],
+                "kl_decay": quarters[1]["mean"] / quarters[0]["mean"] if quarters[0]["mean"] > 0 else None,
+                "position_windows": [{k: w[k] for k in ("lo", "hi", "mean", "count")} for w in report["position_windows"]],
+                "clipped_teacher_mass": summary["clipped_teacher_mass"] if cell.clip_tau is not None else 0.0,
+                "clip_frac": summary["clip_frac"] if cell.clip_tau is not None else 0.0,
+                **eos_probabilities(token_signals, rollouts, eos_ids),
+                "rollouts": len(rollouts), "mean_length": sum(lengths) / len(lengths),
+                "capped": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+            }
+        seconds = time.time() - start
+        for cell in scorable:
+            out[cell.name]["seconds_shared"] = seconds / len(scorable)
+        log(f"[probe] frozen signals: {len(items)} prompts x 2 rollouts, {student_mode}, T {temperature:g}, "
+            f"{len(conditions)} teacher condition(s): {seconds:.0f} s")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- K monitored steps
+def probe_overrides(config, *, steps: int, batch: int | None) -> list[str]:
+    """The K-step launch of a cell whose full run is ``config``: its batch, data order and peak learning rate from
+    the first step (no warmup: in the warmup of a full run the first K steps barely move the student; a cosine
+    schedule over K steps would decay to 0), no checkpoint, the collapse monitor's windows scaled to K, no
+    pre-flight gate (a one-time check the full run makes)."""
+    early, late = compatibility.windows(steps)
+    out = [f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+           "trainer.test_freq=-1", "trainer.val_before_train=false",
+           "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
+           "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
+           "opsd.diagnostics.monitor.early_start=1", f"opsd.diagnostics.monitor.early_end={early}",
+           f"opsd.diagnostics.monitor.recent_window={late}", "opsd.diagnostics.preflight=false"]
+    if batch is not None:
+        out.append(f"data.train_batch_size={batch}")
+    return out
+
+
+def run_cell_steps(cell: Cell, *, recipe, settings, demo_inputs, extra: Sequence[str], steps: int, batch: int | None,
+                   out_dir: Path, timeout_s: float | None = None) -> dict[str, Any]:
+    """Plan the cell's full run (for its schedule), then launch its K steps; the logged rows and the cost."""
+    from recipe.analysis.run_logs import read_jsonl_metrics
+    from recipe.launch.run import execute, plan
+
+    argv = [*extra, *cell.overrides()]
+    full = plan(recipe, settings, argv, demo=demo_inputs)
+    cfg = full.config
+    run_dir = out_dir / "cells" / cell.slug
+    launch = plan(recipe, dataclasses.replace(settings, ckpt_dir=str(run_dir), steps=None),
+                  [*argv, *probe_overrides(cfg, steps=steps, batch=batch)], demo=demo_inputs)
+    record = execute(launch, log=run_dir / "train.log", timeout_s=timeout_s)
+    if record["exit_code"] != 0:
+        raise RuntimeError(f"the probe launch of {cell.name} failed (exit {record['exit_code']}); log "
+                           f"{run_dir / 'train.log'}:\n" + (run_dir / "train.log").read_text()[-3000:])
+    rows = read_jsonl_metrics(record["metrics"])
+    pcfg = launch.config
+    return {"rows": rows, "wall_time_s": record["wall_time_s"],
+            "step_times_s": [r["timing_s/step"] for r in rows if "timing_s/step" in r],
+            "rollouts_per_step": int(pcfg.data.train_batch_size) * int(pcfg.actor_rollout_ref.rollout.n),
+            "full_steps": int(cfg.trainer.total_training_steps), "cap": int(cfg.data.max_response_length),
+            "top_p": float(cfg.actor_rollout_ref.rollout.top_p), "top_k": int(cfg.actor_rollout_ref.rollout.top_k),
+            "model": str(launch.overrides.get(recipe.model_key)), "train_file": str(launch.overrides.get(recipe.train_key))}
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _f(value, digits=3, signed=False) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-" if value is None else f"{value}"
+    return f"{value:+.{digits}g}" if signed else f"{value:.{digits}g}"
+
+
+def table(cells: Sequence[dict[str, Any]]) -> str:
+    """Markdown: frozen signals, K-step indicators and the verdict per cell."""
+    lines = ["| cell | fwd KL | D>.05 % | HE20 KL % | KL decay | p(eos) T / S | clipped mass | reward early -> late (z) "
+             "| length x | capped + | boxed x | entropy x | grad x | KL x | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        fz, ind = c.get("frozen") or {}, c["indicators"]
+        eos = "-" if fz.get("eos_teacher") is None else f"{fz['eos_teacher']:.2f} / {fz['eos_student']:.2f}"
+        reward = "-" if ind.get("reward_early") is None else (
+            f"{100 * ind['reward_early']:.1f} -> {100 * ind['reward_late']:.1f} ({_f(ind['reward_z'], 2, True)})")
+        verdict = c["verdict"]
+        lines.append(
+            f"| {c['name']} | {_f(fz.get('fwd_kl'))} | {_f(fz.get('d_gt_005'), 3)} | {_f(fz.get('he20_kl'), 3)} "
+            f"| {_f(fz.get('kl_decay'), 2)} | {eos} | {_f(fz.get('clipped_teacher_mass'), 2)} | {reward} "
+            f"| {_f(ind.get('length_ratio'), 3)} | {_f(ind.get('capped_increase'), 2, True)} "
+            f"| {_f(ind.get('boxed_rate_ratio'), 3)} | {_f(ind.get('entropy_ratio'), 3)} | {_f(ind.get('grad_norm_ratio'), 3)} "
+            f"| {_f(ind.get('kl_ratio'), 3)} | **{verdict['verdict']}** ({verdict['basis']}) |")
+    return "\n".join(lines)
+
+
+def frozen_table(signals: dict[str, dict[str, Any]]) -> str:
+    """Markdown: the frozen signals of each cell (``--frozen-only``)."""
+    lines = ["| cell | fwd KL | D>.05 % | HE20 KL % | KL decay | p(eos) T / S (ratio) | clipped mass | rollout length |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, fz in signals.items():
+        if "skipped" in fz:
+            lines.append(f"| {name} | {fz['skipped']} |||||||")
+            continue
+        eos = "-" if fz.get("eos_teacher") is None else \
+            f"{fz['eos_teacher']:.2f} / {fz['eos_student']:.2f} ({fz['eos_ratio']:.2f})"
+        lines.append(f"| {name} | {_f(fz['fwd_kl'])} | {_f(fz['d_gt_005'])} | {_f(fz['he20_kl'])} | {_f(fz['kl_decay'], 2)} "
+                     f"| {eos} | {_f(fz['clipped_teacher_mass'], 2)} | {fz['mean_length']:.1f} |")
+    return "\n".join(lines)
+
+
+def reasons_text(cells: Sequence[dict[str, Any]]) -> str:
+    out = []
+    for c in cells:
+        parts = [f"{r['indicator']} {_f(r['value'], 3)} [{r['threshold']}]" for r in c["verdict"]["reasons"]]
+        out.append(f"- {c['name']}: {c['verdict']['verdict']} because " + "; ".join(parts))
+    return "\n".join(out)
+
+
+def plot(cells: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Four panels of the K-step traces per cell: reward, length, student entropy, forward KL."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = ((compatibility.REWARD_KEY, "on-policy reward"), ("response_length/mean", "rollout length"),
+              ("opsd/student_entropy", "student entropy"), (compatibility.KL_KEY, "forward KL (unclipped)"))
+    fig = Figure(figsize=(12, 7))
+    FigureCanvasAgg(fig)
+    for i, (key, title) in enumerate(panels):
+        ax = fig.add_subplot(2, 2, i + 1)
+        for c in cells:
+            steps = [r["step"] for r in c["rows"] if r.get(key) is not None]
+            ax.plot(steps, [r[key] for r in c["rows"] if r.get(key) is not None], marker="o", ms=3,
+                    label=f"{c['name']} ({c['verdict']['verdict']})")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    fig.axes[0].legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Sequence[str], steps: int,
+              batch: int | None, out_dir: Path, signal_prompts: int, frozen: bool = True, log=print) -> dict[str, Any]:
+    """The probe over ``cells`` (module docstring); writes probe.json / probe.md / probe.png and returns the result."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for cell in cells:
+        log(f"[probe] {cell.name}: {steps} monitored steps")
+        ran = run_cell_steps(cell, recipe=recipe, settings=settings, demo_inputs=demo_inputs, extra=extra, steps=steps,
+                             batch=batch, out_dir=out_dir)
+        indicators = compatibility.step_indicators(ran["rows"], rollouts_per_step=ran["rollouts_per_step"])
+        results.append({"name": cell.name, "cell": dataclasses.asdict(cell), "overrides": cell.overrides(), **ran,
+                        "indicators": indicators})
+    first = results[0]
+    signals = {}
+    if frozen:
+        signals = frozen_signals(first["model"], first["train_file"], cells, cap=first["cap"], top_p=first["top_p"],
+                                 top_k=first["top_k"], num_prompts=signal_prompts, log=log)
+    for result in results:
+        result["frozen"] = signals.get(result["name"])
+        result["verdict"] = compatibility.classify(result["indicators"], result["frozen"]).as_dict()
+        per_step = sum(result["step_times_s"]) / max(len(result["step_times_s"]), 1)
+        frozen_s = (result["frozen"] or {}).get("seconds_shared", 0.0)
+        result["cost"] = {"launch_s": result["wall_time_s"], "frozen_s": round(frozen_s, 1),
+                          "cell_s": round(result["wall_time_s"] + frozen_s, 1), "step_s": round(per_step, 2),
+                          "probe_steps": steps, "full_steps": result["full_steps"]}
+    recommendation = compatibility.recommend(results)
+    summary = {"steps": steps, "batch": batch, "extra_overrides": list(extra), "signal_prompts": signal_prompts,
+               "thresholds": {k: dataclasses.asdict(v) for k, v in compatibility.THRESHOLDS.items()},
+               "recommendation": recommendation, "cells": results}
+    text = "\n\n".join([table(results), reasons_text(results),
+                        f"recommendation: {recommendation['cell'] or 'none'} ({recommendation['why']})",
+                        "thresholds:\n" + compatibility.thresholds_table()])
+    (out_dir / "probe.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    (out_dir / "probe.md").write_text(text + "\n")
+    plot(results, out_dir / "probe.png")
+    log(text)
+    log(f"[probe] wrote {out_dir / 'probe.json'}, {out_dir / 'probe.md'}, {out_dir / 'probe.png'}")
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def _eval_file(eval_dir: Path) -> Path:
+    """The greedy evaluation's results.json of a demo's evaluation directory (toy: ``greedy/``; real: itself)."""
+    for path in (eval_dir / "greedy" / "results.json", eval_dir / "results.json"):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no results.json of a greedy evaluation under {eval_dir}")
+
+
+def _greedy(eval_dir: Path) -> dict[str, Any]:
+    results = json.loads(_eval_file(eval_dir).read_text())
+    macro = results["macro"]
+    scores = {pid: score for per in results["per_problem"].values() for pid, score in per.items()}
+    return {"accuracy": macro["avg@1"], "mean_length": macro.get("mean_length"), "boxed_rate": macro.get("boxed_rate"),
+            "per_problem": scores}
+
+
+def full_runs(cells: Sequence[Cell], *, recipe, settings, demo, extra: Sequence[str], seeds: Sequence[int], out_dir: Path,
+              log=print) -> list[dict[str, Any]]:
+    """Each cell's full run per seed (``data.seed`` = the actor's data-loader seed), trained and evaluated before /
+    after by the demo (``recipe.launch.demos.train_demo``); the greedy held-out evaluations."""
+    from recipe.launch.demos import train_demo
+
+    runs = []
+    for cell in cells:
+        for seed in seeds:
+            run_dir = out_dir / "full" / f"{cell.slug}_seed{seed}"
+            build = demo.load()(recipe.name, dataclasses.replace(settings, ckpt_dir=str(run_dir)))
+            start = time.time()
+            result = train_demo(recipe, dataclasses.replace(settings, ckpt_dir=str(run_dir)),
+                                [*extra, *cell.overrides(), f"data.seed={seed}",
+                                 f"actor_rollout_ref.actor.data_loader_seed={seed}"], build)
+            before_dir = build.before_dir or Path(run_dir) / "eval" / "before"
+            runs.append({"name": cell.name, "seed": seed, "run_dir": str(run_dir), "wall_time_s": round(time.time() - start),
+                         "train_s": result["record"]["wall_time_s"], "before": _greedy(Path(before_dir)),
+                         "after": _greedy(Path(run_dir) / "eval" / "after"),
+                         "monitor_warnings": sorted({k.split("/")[1].removesuffix("_warning") for r in result["metrics"]
+                                                     for k, v in r.items() if k.endswith("_warning") and v})})
+            log(f"[probe] full run {cell.name} seed {seed}: greedy {100 * runs[-1]['before']['accuracy']:.1f} -> "
+                f"{100 * runs[-1]['after']['accuracy']:.1f}%")
+    return runs
+
+
+def agreement(probe: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per cell: the probe's verdict, the full runs' outcome (paired bootstrap interval of the greedy accuracy change
+    over the held-out problems and the seeds, length and boxed-rate change) and whether they agree."""
+    from recipe.evaluation import stats
+
+    rows = []
+    for cell in probe["cells"]:
+        mine = [r for r in runs if r["name"] == cell["name"]]
+        if not mine:
+            continue
+        before = mine[0]["before"]
+        ids = sorted(before["per_problem"])
+        ci = stats.paired_bootstrap(base_SP=[before["per_problem"][p] for p in ids],
+                                    ckpt_SP=[[r["after"]["per_problem"][p] for p in ids] for r in mine])
+        mean = lambda key: sum(r["after"][key] for r in mine) / len(mine) if all(  # noqa: E731
+            r["after"].get(key) is not None for r in mine) else None
+        change = {"estimate": ci.estimate, "low": ci.low, "high": ci.high}
+        result = compatibility.outcome(change=change, length_before=before["mean_length"], length_after=mean("mean_length"),
+                                       boxed_before=before["boxed_rate"], boxed_after=mean("boxed_rate"))
+        verdict = cell["verdict"]["verdict"]
+        rows.append({"name": cell["name"], "verdict": verdict, "basis": cell["verdict"]["basis"], "outcome": result,
+                     "agree": verdict == result, "compatible_agree": (verdict == "gain") == (result == "gain"),
+                     "seeds": [r["seed"] for r in mine], "accuracy_before": before["accuracy"],
+                     "accuracy_after": [r["after"]["accuracy"] for r in mine], "change": change,
+                     "length_before": before["mean_length"], "length_after": mean("mean_length"),
+                     "boxed_before": before["boxed_rate"], "boxed_after": mean("boxed_rate"),
+                     "probe_cost_s": cell["cost"]["cell_s"], "full_train_s": [r["train_s"] for r in mine]})
+    return {"rows": rows, "agree": sum(r["agree"] for r in rows), "compatible_agree": sum(r["compatible_agree"] for r in rows),
+            "cells": len(rows)}
+
+
+def agreement_table(result: dict[str, Any]) -> str:
+    lines = ["| cell | probe verdict | full run: greedy before -> after (%) | change, 95% CI (pts) | length before -> after "
+             "| boxed before -> after (%) | outcome | agree | probe cost / full training (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        after = ", ".join(f"{100 * a:.1f}" for a in r["accuracy_after"])
+        c = r["change"]
+        boxed = "-" if r["boxed_before"] is None or r["boxed_after"] is None else \
+            f"{100 * r['boxed_before']:.0f} -> {100 * r['boxed_after']:.0f}"
+        train = sum(r["full_train_s"]) / len(r["full_train_s"])
+        lines.append(f"| {r['name']} | {r['verdict']} ({r['basis']}) | {100 * r['accuracy_before']:.1f} -> {after} "
+                     f"| {100 * c['estimate']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}] "
+                     f"| {_f(r['length_before'])} -> {_f(r['length_after'])} | {boxed} | {r['outcome']} "
+                     f"| {'yes' if r['agree'] else 'no'} | {r['probe_cost_s']:.0f} / {train:.0f} ({100 * r['probe_cost_s'] / train:.0f}%) |")
+    lines.append(f"\nagreement: {result['agree']} of {result['cells']} cells (gain vs not gain: "
+                 f"{result['compatible_agree']} of {result['cells']})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _cell_axes(spec: str) -> dict[str, list[str]]:
+    parts = spec.split(",")
+    if len(parts) != 4:
+        from recipe.common import cli
+
+        raise cli.InputError(f"--cell {spec!r} must be CONTEXT,STUDENT:TEACHER,TAU,T, e.g. full_solution,native:native,none,1.1")
+    return {"contexts": [parts[0]], "modes": [parts[1]], "clip_taus": [parts[2]], "temperatures": [float(parts[3])]}
+
+
+def build_parser():
+    import argparse
+
+    from recipe.common import cli
+
+    parser = argparse.ArgumentParser(prog="python scripts/probe.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", required=True, type=Path, help="probe.json, probe.md, probe.png and the launches")
+    parser.add_argument("--contexts", nargs="+", default=None, help="teacher contexts (default: the config's)")
+    parser.add_argument("--modes", nargs="+", default=None, help="student:teacher reasoning modes (default: the config's)")
+    parser.add_argument("--clip-taus", nargs="+", default=None, help="per-entry clip values, none = no clip (default: the config's)")
+    parser.add_argument("--temperatures", nargs="+", type=float, default=None,
+                        help="rollout and loss temperatures (default: the config's)")
+    parser.add_argument("--cell", action="append", default=None, metavar="CONTEXT,STUDENT:TEACHER,TAU,T",
+                        help="one cell (repeatable) instead of the grid of the four axes, e.g. full_solution,native:native,none,0.7")
+    parser.add_argument("--steps", type=int, default=12, help="monitored OPSD steps per cell (K >= 4)")
+    parser.add_argument("--batch", type=int, default=None, help="prompts per step of the K steps (default: the config's)")
+    parser.add_argument("--signal-prompts", type=int, default=32, help="prompts of the frozen signals (2 rollouts each)")
+    parser.add_argument("--no-frozen", action="store_true", help="skip the frozen signals")
+    parser.add_argument("--frozen-only", action="store_true",
+                        help="the frozen signals of every cell only (frozen.json, frozen.md): a cheap first pass")
+    parser.add_argument("--validate", action="store_true",
+                        help="run cells in full and compare (a CPU demo: its held-out evaluation); with an existing "
+                             "probe.json in --out-dir the probe is not run again")
+    parser.add_argument("--validate-cells", nargs="+", type=int, default=None,
+                        help="indices (probe.json order) of the cells to run in full (default: all)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[42], help="data seeds of the --validate runs")
+    parser.add_argument("overrides", nargs="*", help="hydra overrides of every cell (after --)")
+    cli.add_debug_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    from recipe.common import cli
+    from recipe.launch.demos import demo_for
+    from recipe.launch.recipes import get_recipe
+    from recipe.launch.run import plan
+    from recipe.launch.settings import Settings
+
+    args = build_parser().parse_args(argv)
+    if args.steps < 4:
+        raise cli.InputError(f"--steps {args.steps}: the probe compares two windows of at least 2 steps; use >= 4")
+    done = args.out_dir / "probe.json"
+    if not args.validate:
+        cli.refuse_overwrite([done], overwrite=False, other="another --out-dir")
+    recipe = get_recipe("opsd")
+    settings = Settings.from_environ(os.environ)
+    demo = demo_for(recipe, settings) if settings.demo is not None else None
+    if args.validate and demo is None:
+        raise cli.InputError("--validate evaluates held-out problems before and after each full run: a CPU demo's "
+                             "(CPU_DEMO=toy or real) evaluation; with MODEL_PATH / TRAIN_FILES run the probe without it")
+    if done.is_file():
+        probe = json.loads(done.read_text())
+        cells = [Cell(**c["cell"]) for c in probe["cells"]]
+        extra = probe["extra_overrides"]
+    else:
+        inputs = demo.load()(recipe.name, settings).inputs if demo is not None else None
+        extra = list(args.overrides)
+        base = plan(recipe, settings, extra, demo=inputs).config
+        opsd = base.opsd
+        if args.cell:
+            cells = [cell for spec in args.cell for cell in grid(**_cell_axes(spec))]
+        else:
+            cells = grid(contexts=args.contexts or [opsd.teacher_context],
+                         modes=args.modes or [f"{opsd.student_mode}:{opsd.teacher_mode}"],
+                         clip_taus=args.clip_taus or [str(opsd.loss.clip_tau)],
+                         temperatures=args.temperatures or [float(base.actor_rollout_ref.rollout.temperature)])
+        if args.frozen_only:
+            full = plan(recipe, settings, extra, demo=inputs)
+            rollout = base.actor_rollout_ref.rollout
+            signals = frozen_signals(str(full.overrides.get(recipe.model_key)), str(full.overrides.get(recipe.train_key)),
+                                     cells, cap=int(base.data.max_response_length), top_p=float(rollout.top_p),
+                                     top_k=int(rollout.top_k), num_prompts=args.signal_prompts)
+            args.out_dir.mkdir(parents=True, exist_ok=True)
+            (args.out_dir / "frozen.json").write_text(json.dumps(signals, indent=1) + "\n")
+            text = frozen_table(signals)
+            (args.out_dir / "frozen.md").write_text(text + "\n")
+            print(text)
+            return 0
+        probe = run_probe(cells, recipe=recipe, settings=settings, demo_inputs=inputs, extra=extra, steps=args.steps,
+                          batch=args.batch, out_dir=args.out_dir, signal_prompts=args.signal_prompts,
+                          frozen=not args.no_frozen)
+    if not args.validate:
+        return 0
+    chosen = [cells[i] for i in (args.validate_cells if args.validate_cells is not None else range(len(cells)))]
+    log_file = args.out_dir / "full_runs.jsonl"
+    runs = [json.loads(line) for line in log_file.read_text().splitlines()] if log_file.is_file() else []
+    for cell in chosen:
+        seeds = [seed for seed in args.seeds if not any(r["name"] == cell.name and r["seed"] == seed for r in runs)]
+        for run in full_runs([cell], recipe=recipe, settings=settings, demo=demo, extra=extra, seeds=seeds,
+                             out_dir=args.out_dir):
+            runs.append(run)
+            with open(log_file, "a") as handle:
+                handle.write(json.dumps(run, default=str) + "\n")
+    result = agreement(probe, runs)
+    text = agreement_table(result)
+    (args.out_dir / "validation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (args.out_dir / "validation.md").write_text(text + "\n")
+    print(text)
+    return 0

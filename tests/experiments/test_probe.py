@@ -1,0 +1,128 @@
+"""The probe's own pieces (recipe.experiments.probe): the grid, the K-step launch's overrides, the end-of-turn
+probabilities, the tables and the agreement with full runs; the launches are exercised by the e2e test."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from recipe.analysis.signal_analysis import Rollout
+from recipe.experiments import probe
+
+
+def test_grid_is_every_combination_with_its_overrides():
+    cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["no_think:no_think"], clip_taus=["none", "0.05"],
+                       temperatures=[1.0])
+    assert [c.name for c in cells] == ["full_solution, no_think:no_think, tau=none, T=1",
+                                       "full_solution, no_think:no_think, tau=0.05, T=1",
+                                       "unrelated, no_think:no_think, tau=none, T=1", "unrelated, no_think:no_think, tau=0.05, T=1"]
+    assert cells[0].overrides() == ["opsd.teacher_context=full_solution", "opsd.student_mode=no_think",
+                                    "opsd.teacher_mode=no_think", "opsd.loss.clip_tau=null",
+                                    "actor_rollout_ref.rollout.temperature=1", "opsd.loss.student_temperature=1"]
+    assert cells[1].slug == "full_solution_no_think-no_think_tau0.05_T1"
+    with pytest.raises(ValueError, match="student:teacher"):
+        probe.grid(contexts=["full_solution"], modes=["think"], clip_taus=["none"], temperatures=[1.0])
+
+
+def test_the_k_step_launch_runs_at_the_peak_learning_rate_without_a_checkpoint():
+    config = OmegaConf.create({"trainer": {"total_training_steps": 150},
+                               "actor_rollout_ref": {"actor": {"optim": {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.1}}}})
+    out = probe.probe_overrides(config, steps=12, batch=None)
+    assert {"actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
+            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant", "opsd.diagnostics.preflight=false"} <= set(out)
+    assert {"trainer.total_training_steps=12", "trainer.save_freq=-1", "opsd.diagnostics.monitor.early_end=4",
+            "opsd.diagnostics.monitor.recent_window=4"} <= set(out)
+    assert "data.train_batch_size=16" in probe.probe_overrides(config, steps=12, batch=16)
+
+
+def test_eos_probabilities_read_the_last_position_of_rollouts_that_ended_their_turn():
+    # rollout 0 ended with eos (id 9) at position 2, rollout 1 hit the cap, rollout 2 ended with eos at position 0
+    signals = {"rollout": torch.tensor([0, 0, 0, 1, 1, 2]), "position": torch.tensor([0, 1, 2, 0, 1, 0]),
+               "sampled_id": torch.tensor([4, 5, 9, 4, 4, 9]),
+               "student_logp": torch.tensor([0.0, 0.0, math.log(0.9), 0.0, 0.0, math.log(0.7)]),
+               "teacher_logp": torch.tensor([0.0, 0.0, math.log(0.3), 0.0, 0.0, math.log(0.5)])}
+    rollouts = [Rollout(0, [4, 5, 9], "stop"), Rollout(0, [4, 4], "length"), Rollout(1, [9], "stop")]
+    out = probe.eos_probabilities(signals, rollouts, [9])
+    assert out["eos_student"] == pytest.approx(0.8) and out["eos_teacher"] == pytest.approx(0.4)
+    assert out["eos_ratio"] == pytest.approx(0.5) and out["eos_rollouts"] == 2
+    assert probe.eos_probabilities(signals, [Rollout(0, [4], "length")] * 3, [9])["eos_ratio"] is None
+
+
+def _cell(name, verdict):
+    return {"name": name, "verdict": {"verdict": verdict, "basis": "observed", "reasons": [
+        {"indicator": "on-policy reward z (late - early)", "value": 2.5, "threshold": "t (value 2)", "source": "s",
+         "rule": "r"}]}, "indicators": {"reward_early": 0.1, "reward_late": 0.2, "reward_z": 2.5, "length_ratio": 1.0},
+            "frozen": {"fwd_kl": 0.14, "eos_teacher": 0.4, "eos_student": 0.9}, "cost": {"cell_s": 40.0}}
+
+
+def test_tables_show_indicators_and_reasons():
+    text = probe.table([_cell("a", "gain")])
+    assert "| a | 0.14 |" in text and "0.40 / 0.90" in text and "10.0 -> 20.0 (+2.5)" in text and "**gain** (observed)" in text
+    assert probe.reasons_text([_cell("a", "gain")]) == "- a: gain because on-policy reward z (late - early) 2.5 [t (value 2)]"
+
+
+def test_agreement_against_full_runs_uses_the_paired_bootstrap():
+    scores = {f"p{i}": float(i % 2) for i in range(40)}  # 50% before
+    better = {pid: 1.0 for pid in scores}
+    same = dict(scores)
+    runs = [{"name": "a", "seed": 1, "train_s": 400, "before": {"accuracy": 0.5, "mean_length": 20.0, "boxed_rate": 0.9,
+                                                                 "per_problem": scores},
+             "after": {"accuracy": 1.0, "mean_length": 21.0, "boxed_rate": 0.9, "per_problem": better}},
+            {"name": "b", "seed": 1, "train_s": 400, "before": {"accuracy": 0.5, "mean_length": 20.0, "boxed_rate": 0.9,
+                                                                 "per_problem": scores},
+             "after": {"accuracy": 0.5, "mean_length": 20.0, "boxed_rate": 0.9, "per_problem": same}}]
+    result = probe.agreement({"cells": [_cell("a", "gain"), _cell("b", "gain")]}, runs)
+    a, b = result["rows"]
+    assert a["outcome"] == "gain" and a["agree"] and a["change"]["estimate"] == pytest.approx(0.5)
+    assert b["outcome"] == "no measurable effect" and not b["agree"] and not b["compatible_agree"]
+    assert (result["agree"], result["cells"]) == (1, 2)
+    text = probe.agreement_table(result)
+    assert "| a | gain (observed) | 50.0 -> 100.0 | +50.0 [" in text and "40 / 400 (10%)" in text
+    assert "agreement: 1 of 2 cells" in text
+
+
+def test_the_cli_refuses_few_steps_and_a_validation_without_a_demo(tmp_path, monkeypatch):
+    from recipe.common import cli
+
+    monkeypatch.setenv("DEVICE", "cpu")
+    with pytest.raises(cli.InputError, match="--steps 3"):
+        probe.main(["--out-dir", str(tmp_path), "--steps", "3"])
+    monkeypatch.setenv("MODEL_PATH", str(tmp_path))
+    monkeypatch.setenv("TRAIN_FILES", str(tmp_path / "t.parquet"))
+    monkeypatch.setattr(probe, "run_probe", lambda *a, **k: pytest.fail("no probe"))
+    monkeypatch.setattr("recipe.launch.settings.Settings.demo", property(lambda self: None))
+    with pytest.raises(cli.InputError, match="--validate evaluates held-out problems"):
+        probe.main(["--out-dir", str(tmp_path), "--validate"])
+
+
+def test_an_explicit_cell_list_replaces_the_grid():
+    axes = probe._cell_axes("full_solution,native:native,none,0.7")
+    assert [c.name for c in probe.grid(**axes)] == ["full_solution, native:native, tau=none, T=0.7"]
+    from recipe.common import cli
+
+    with pytest.raises(cli.InputError, match="CONTEXT,STUDENT:TEACHER,TAU,T"):
+        probe._cell_axes("full_solution,none")
+
+
+def test_frozen_signals_of_a_tiny_model(tmp_path):
+    """The frozen pass on the tiny random model and data: one sampling per (student mode, temperature), every cell
+    summarised, the clip diagnostics only for a clipped cell, the KL's decay over relative positions."""
+    from recipe.models.tiny import build_tiny_model
+    from recipe.toy.demo import write_tiny_data
+
+    model = build_tiny_model(tmp_path / "model", seed=0)
+    data = write_tiny_data(tmp_path / "data")
+    cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["no_think:no_think"], clip_taus=["none", "0.05"],
+                       temperatures=[1.0])
+    out = probe.frozen_signals(str(model), str(data["train"]), cells, cap=16, top_p=1.0, top_k=-1, num_prompts=4,
+                               log=lambda *_: None)
+    assert set(out) == {c.name for c in cells}
+    clipped, unclipped = out[cells[1].name], out[cells[0].name]
+    assert unclipped["fwd_kl"] == clipped["fwd_kl"] > 0 and unclipped["clipped_teacher_mass"] == 0.0
+    assert clipped["clipped_teacher_mass"] >= 0.0 and clipped["rollouts"] == 8
+    assert unclipped["kl_decay"] is None or unclipped["kl_decay"] >= 0
+    assert out[cells[2].name]["fwd_kl"] != unclipped["fwd_kl"]  # another teacher context, the same rollouts
