@@ -29,6 +29,7 @@ from pathlib import Path
 
 from recipe.cpu import vllm_cpu
 from recipe.launch import compose as composer
+from recipe.launch.async_modes import launch_recipe
 from recipe.launch.overrides import Override, OverrideList
 from recipe.launch.ranks import check_rank_division
 from recipe.launch.recipes import REPO_ROOT, Recipe
@@ -162,6 +163,7 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     _validate(recipe, settings, cfg, base)
     check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
     recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
+    recipe = launch_recipe(recipe, cfg)  # an async_training block: checked; GRPO's async entry point
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)
 
