@@ -57,9 +57,9 @@ def write_tiny_data(out_dir: str | Path, task: TaskConfig = TINY_TASK) -> dict[s
     return paths
 
 
-def _mode(enable_thinking) -> str | None:
-    """The reasoning mode of a chat-template ``enable_thinking`` value (unset: the template's own)."""
-    return None if enable_thinking is None else ("think" if enable_thinking else "no_think")
+def _mode(enable_thinking) -> str:
+    """The reasoning mode of a chat-template ``enable_thinking`` value (unset: the template's own, ``native``)."""
+    return "native" if enable_thinking is None else ("think" if enable_thinking else "no_think")
 
 
 def row_lengths(recipe: str, cfg, files: dict[str, Path], tokenizer) -> list[tuple[str, str, int, int]]:
