@@ -24,7 +24,7 @@ ALLOWED = {
     "recipe.launch": {"recipe.common", "recipe.cpu", "recipe.analysis", "recipe.models", "recipe.async_rl"},
     "recipe.toy": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models", "data_prep"},
     "recipe.experiments": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models",
-                           "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "data_prep"},
+                           "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "recipe.async_rl", "data_prep"},
     "recipe.grpo_baseline": set(),
     "recipe.sft": set(),
     # bench-only code (the loss benchmark's reference kernels): nothing above imports it

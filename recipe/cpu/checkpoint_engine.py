@@ -57,9 +57,15 @@ class WeightMailbox:
         return await self._slot(key)
 
 
+_MAILBOX = []  # this process's handle: a named actor lives while its creator holds a handle
+
+
 def mailbox():
-    """The job's mailbox actor (created on first use; no CPU reserved)."""
-    return ray.remote(WeightMailbox).options(name=MAILBOX_NAME, get_if_exists=True, num_cpus=0).remote()
+    """The job's mailbox actor (created on first use by the process that builds the topology, which
+    keeps it alive; no CPU reserved)."""
+    if not _MAILBOX:
+        _MAILBOX.append(ray.remote(WeightMailbox).options(name=MAILBOX_NAME, get_if_exists=True, num_cpus=0).remote())
+    return _MAILBOX[0]
 
 
 @CheckpointEngineRegistry.register(BACKEND)

@@ -77,3 +77,37 @@ def test_fully_async_needs_whole_mini_batches_per_step():
     cfg = _compose("grpo", "+experiment=async_fully", "data.train_batch_size=12")
     with pytest.raises(AsyncConfigError, match="data.train_batch_size=12 .*ppo_mini_batch_size=8"):
         derived_values(cfg, async_settings(cfg, opsd=False))
+
+
+POOLS = {"actor_rollout_ref.hybrid_engine", "actor_rollout_ref.rollout.checkpoint_engine.backend",
+         "actor_rollout_ref.rollout.free_cache_engine", "async_training.mode", "rollout.n_gpus_per_node", "rollout.nnodes"}
+FULLY = POOLS | {f"async_training.{key}" for key in (
+    "concurrent_samples_per_replica", "partial_rollout", "require_batches", "staleness_threshold",
+    "trigger_parameter_sync_step", "use_dynamic_resource_scheduling", "use_trainer_do_validate")} | {
+    "data.gen_batch_size", "rollout.total_rollout_steps"}
+GRPO_CORRECTION = {"algorithm.rollout_correction.bypass_mode"}
+PRESET_KEYS = {
+    ("opsd", "async_one_step_off"): POOLS,
+    ("opsd", "async_fully"): FULLY,
+    ("grpo", "async_one_step_off"): POOLS | GRPO_CORRECTION,
+    ("grpo", "async_fully"): FULLY | GRPO_CORRECTION | {"actor_rollout_ref.actor.use_rollout_log_probs"},
+}
+
+
+def _flat(node, prefix=""):
+    if isinstance(node, dict):
+        out = {} if node else {prefix[:-1]: {}}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+@pytest.mark.parametrize("recipe, preset", sorted(PRESET_KEYS))
+def test_each_preset_changes_only_the_machinery_of_its_mode(recipe, preset):
+    base = _flat(OmegaConf.to_container(_compose(recipe), resolve=True))
+    cfg = _flat(OmegaConf.to_container(_compose(recipe, f"+experiment={preset}"), resolve=True))
+    absent = object()
+    assert {k for k in set(base) | set(cfg) if base.get(k, absent) != cfg.get(k, absent)} == PRESET_KEYS[(recipe, preset)]
+    text = (CONFIGS[recipe][0] / "experiment" / f"{preset}.yaml").read_text()
+    assert text.startswith("# @package _global_\n# ")
