@@ -6,9 +6,9 @@
 The config is the GRPO baseline's (``recipe/grpo_baseline/config/grpo_trainer.yaml``) with an
 ``async_training`` block (the presets ``async_one_step_off`` / ``async_fully``). Apart from the
 policy-version bookkeeping of ``recipe.async_rl.trainers`` the run is verl's own
-``OneStepOffRayTrainer`` / ``FullyAsyncTrainer``; the off-policy correction is verl's
-``algorithm.rollout_correction`` (the presets: bypass mode, the PPO ratio against the rollout's
-log-probs). Without an ``async_training`` block this entry refuses to run (the synchronous GRPO run is
+``OneStepOffRayTrainer`` / ``FullyAsyncTrainer`` with verl's decoupled PPO (old log-probs recomputed
+by the trainer; the gap to the rollout's behaviour policy logged as ``rollout_corr/*``; the presets
+say why not verl's bypass mode). Without an ``async_training`` block this entry refuses to run (the synchronous GRPO run is
 ``verl.trainer.main_ppo``).
 """
 

@@ -69,11 +69,28 @@ class VersionedOneStepOffTrainer(OneStepOffRayTrainer):
 
 
 class VersionedFullyAsyncTrainer(FullyAsyncTrainerBase):
-    """verl's fully-async trainer with the lag metrics of every trained batch."""
+    """verl's fully-async trainer with the lag metrics of every trained batch, every step's metrics
+    logged at that step (verl logs a sync cycle's aggregate before the cycle's last step joins it, so
+    each record holds the previous step and the run's last step is never logged), and a resumed run
+    numbering its steps from the checkpoint's (verl's resume starts one step later)."""
 
     def _collect_metrics_from_samples(self, batch, metrics):
         super()._collect_metrics_from_samples(batch, metrics)
         metrics.update(batch_lag_metrics(batch, policy_version=self.current_param_version))
+
+    def _fit_log_aggregated_training_metrics(self, rollout_reset_timing_raw: dict):
+        self.metrics_aggregator.reset()  # the step's own record is logged by _fit_postprocess_step
+
+    def _fit_postprocess_step(self):
+        step = self.global_steps
+        super()._fit_postprocess_step()
+        self.logger.log(data=self.metrics, step=step)
+
+    async def load_checkpoint(self):
+        version = await super().load_checkpoint()
+        # verl sets version * trigger + 1, then fit() adds 1: the first step would be numbered one too far
+        self.global_steps = version * self.trigger_parameter_sync_step
+        return version
 
 
 class KeepInputsAgentLoopManager(FullyAsyncAgentLoopManager):

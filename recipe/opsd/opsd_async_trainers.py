@@ -194,8 +194,8 @@ class OPSDFullyAsyncTrainer(SeparatePoolsOPSD, VersionedFullyAsyncTrainer):
         VersionedFullyAsyncTrainer._save_checkpoint(self)
 
     async def load_checkpoint(self):
-        version = await super().load_checkpoint()
-        self.resumed_from_step = self.global_steps = version  # fit() then trains step version + 1
+        version = await super().load_checkpoint()  # global_steps = version: fit() then trains step version + 1
+        self.resumed_from_step = version
         if version:
             self._load_opsd_state(self._checkpoint_folder(version))
         return version

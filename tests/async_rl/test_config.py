@@ -85,12 +85,11 @@ FULLY = POOLS | {f"async_training.{key}" for key in (
     "concurrent_samples_per_replica", "partial_rollout", "require_batches", "staleness_threshold",
     "trigger_parameter_sync_step", "use_dynamic_resource_scheduling", "use_trainer_do_validate")} | {
     "data.gen_batch_size", "rollout.total_rollout_steps"}
-GRPO_CORRECTION = {"algorithm.rollout_correction.bypass_mode"}
 PRESET_KEYS = {
     ("opsd", "async_one_step_off"): POOLS,
     ("opsd", "async_fully"): FULLY,
-    ("grpo", "async_one_step_off"): POOLS | GRPO_CORRECTION,
-    ("grpo", "async_fully"): FULLY | GRPO_CORRECTION | {"actor_rollout_ref.actor.use_rollout_log_probs"},
+    ("grpo", "async_one_step_off"): POOLS,
+    ("grpo", "async_fully"): FULLY,
 }
 
 
