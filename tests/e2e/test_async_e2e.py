@@ -49,7 +49,8 @@ def opsd_runs(run_cpu_verl_side_by_side, tiny_run_env, tmp_path_factory):
         "sync": _launch("sync", OPSD, GREEDY, root=root, tiny_run_env=tiny_run_env),
         "fully_s0": _launch("fully_s0", OPSD, [FULLY, "async_training.staleness_threshold=0", *GREEDY], root=root,
                             tiny_run_env=tiny_run_env),
-        "one_step_off": _launch("one_step_off", OPSD, [ONE_STEP_OFF, *GREEDY], root=root, tiny_run_env=tiny_run_env),
+        "one_step_off": _launch("one_step_off", OPSD, [ONE_STEP_OFF, "trainer.save_freq=1", *GREEDY], root=root,
+                                tiny_run_env=tiny_run_env),
     })
 
 
@@ -67,7 +68,8 @@ def test_staleness_zero_step_one_loss_equals_the_synchronous_one(opsd_runs, name
     assert other["async/lag_max"] == 0 and other["async/policy_version"] == 0
 
 
-def test_staleness_zero_stays_on_policy_and_one_step_off_lags_exactly_one(opsd_runs, check_rollout_weights):
+def test_staleness_zero_stays_on_policy_and_one_step_off_lags_exactly_one(opsd_runs, check_rollout_weights,
+                                                                         tiny_initial_state):
     root, runs = opsd_runs
     fully, one_step_off = runs["fully_s0"].metrics[2], runs["one_step_off"].metrics[2]
     assert fully["async/lag_max"] == fully["async/lag_min"] == 0 and fully["async/policy_version"] == 1
@@ -76,9 +78,10 @@ def test_staleness_zero_stays_on_policy_and_one_step_off_lags_exactly_one(opsd_r
     # one-step-off pushes before each step: version 0 at start and step 1, version 1 at step 2; the
     # rollout served exactly the trainer's weights of each version (step 1's against its checkpoint)
     check_rollout_weights(root / "one_step_off" / "weights.jsonl", root / "one_step_off" / "ckpt",
-                          expected_steps=[0, 0, 1])
+                          expected_steps=[0, 0, 1], initial=tiny_initial_state)
     # fully-async pushes after each step: 0 (start), 1, 2
-    check_rollout_weights(root / "fully_s0" / "weights.jsonl", root / "fully_s0" / "ckpt", expected_steps=[0, 1, 2])
+    check_rollout_weights(root / "fully_s0" / "weights.jsonl", root / "fully_s0" / "ckpt", expected_steps=[0, 1, 2],
+                          initial=tiny_initial_state)
 
 
 def _launch_and_kill_after_save(job, *, save_step, timeout=400):
