@@ -8,6 +8,10 @@ run (``recipe.opsd.startup``: verl version, the ``opsd:`` block and verl's own c
 model, checkpoint and data files, the pre-flight gate's tokenizer part); a failure prints one line
 and exits with code 2. The gate's model-level part runs on the workers before the first rollout
 (``RayOPSDTrainer._preflight_divergence``) and a failure there exits with code 2 too.
+
+With an ``async_training`` block (``+experiment=async_one_step_off`` / ``async_fully``) the same
+step runs on verl's one-step-off or fully-async trainer, rollout and training on separate resource
+pools (``recipe.opsd.opsd_async_trainers``); the values that mode derives are printed before Ray starts.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from omegaconf import OmegaConf, open_dict
 from verl.trainer.main_ppo import run_ppo
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
+from recipe.async_rl.config import AsyncConfigError, apply_derived, async_settings
 from recipe.opsd.core.nonfinite import NonFiniteTrainingError
 from recipe.opsd.core.preflight import PreflightError
 from recipe.opsd.startup import PREFLIGHT_FAILED, StartupError, prepare_config, startup_checks, uses_reference_slot
@@ -44,6 +49,11 @@ class OPSDTaskRunner(BaseTaskRunner):
 
         print(f"OPSD TaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
         OmegaConf.resolve(config)
+        if async_settings(config, opsd=True) is not None:  # one_step_off (prepared before Ray)
+            from recipe.opsd.opsd_async_trainers import run_opsd_one_step_off
+
+            run_opsd_one_step_off(config)
+            return
         opsd = prepare_config(config)
         lora = bool(config.actor_rollout_ref.model.get("lora_rank", 0) or config.actor_rollout_ref.model.get(
             "lora", {}
@@ -95,8 +105,23 @@ def main(config):
             config.trainer.resume_from_path = str(startup.resume_dir)
     if startup.preflight_line:
         print(startup.preflight_line)
+    runner = OPSDTaskRunner
+    try:  # rollouts that overlap training: the verl values the mode derives, before Ray
+        settings = async_settings(config, opsd=True)
+        if settings is not None:
+            prepare_config(config)
+            print("\n".join(apply_derived(config, settings)), flush=True)
+    except AsyncConfigError as err:
+        print(err.line, file=sys.stderr)
+        sys.exit(2)
+    if settings is not None and settings.mode == "fully_async":
+        from verl.experimental.reward_loop import migrate_legacy_reward_impl
+
+        from recipe.opsd.opsd_async_trainers import OPSDAsyncTaskRunner
+
+        config, runner = migrate_legacy_reward_impl(config), OPSDAsyncTaskRunner
     try:
-        run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(OPSDTaskRunner))
+        run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(runner))
     except NonFiniteTrainingError as err:  # Ray re-raises the trainer's error as a subclass of it
         print(f"[opsd] stopped: {getattr(err, 'cause', err)}", file=sys.stderr)
         sys.exit(3)

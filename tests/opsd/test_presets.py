@@ -19,7 +19,8 @@ from recipe.opsd.core.config import OPSDConfig
 from recipe.opsd.core.objectives import get_objective
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "opsd" / "config"
-NOT_MINE = {"toy"}  # the toy-world preset of another module
+# the toy-world preset of another module; the async-trainer presets (not paper factors: tests/async_rl/test_config.py)
+NOT_MINE = {"toy", "async_one_step_off", "async_fully"}
 
 RESPONSE = {
     "data.max_response_length",
