@@ -25,13 +25,11 @@ ALLOWED = {
     "recipe.toy": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models", "data_prep"},
     "recipe.experiments": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models",
                            "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "recipe.async_rl", "data_prep"},
+    "recipe.grpo_baseline": set(),
+    "recipe.sft": set(),
     # bench-only code (scripts/bench.py): nothing imports it
     "recipe.bench": {"recipe.common", "recipe.analysis", "recipe.launch", "recipe.models", "recipe.opsd", "recipe.toy",
                      "recipe.evaluation"},
-    "recipe.grpo_baseline": set(),
-    "recipe.sft": set(),
-    # bench-only code (the loss benchmark's reference kernels): nothing above imports it
-    "recipe.bench": {"recipe.opsd"},
 }
 # Frameworks the pure OPSD core never imports (its modules are math, prompts and decisions).
 FRAMEWORKS = ("verl", "ray", "vllm", "sglang", "hydra")

@@ -106,12 +106,13 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
     """``{cell name: frozen summary}``; rollouts sampled once per (student mode, temperature), scored per teacher
     condition (and per clip tau for the clip diagnostics)."""
     from recipe.analysis import signal_analysis as sa
+    from recipe.analysis.signal_rollouts import load_model, load_rows, load_tokenizer
     from recipe.common.prompts import student_style
     from recipe.opsd.core import signals
 
-    tokenizer = sa.load_tokenizer(model_path)
-    model = sa.load_model(model_path)
-    rows = sa.load_rows(train_file)
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path)
+    rows = load_rows(train_file)
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
     quarter = max(1, cap // 4)

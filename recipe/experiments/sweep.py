@@ -216,7 +216,7 @@ def plan_run(
     def launch(extra: list[str], *, checks: bool):
         try:
             return plan_launch(RECIPE, settings, argv + extra, environ=dict(os.environ), detect_gpus=lambda: 0,
-                               startup_checks=checks)
+                               startup_checks=checks, dry_run=dry_run)
         except ValueError as err:  # the launch's own line (a start-up check's), named by the run
             raise ValueError(f"run {spec.name!r}: {getattr(err, 'line', err)}") from err
 

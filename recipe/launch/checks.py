@@ -102,11 +102,14 @@ def _error(err: cli.InputError, *, key: str, value, source: str | None, fix: str
     return LaunchInputError(key=key, value=value, source=source, what=where + err.what, fix=hint)
 
 
-def check_model(key: str, value, *, source: str | None, environ: Mapping[str, str], probe=None) -> str:
-    """``check_model_source`` of one setting; a LaunchInputError naming it. Returns how the model is found."""
+def check_model(key: str, value, *, source: str | None, environ: Mapping[str, str], probe=None,
+                dry_run: bool = False) -> str:
+    """``check_model_source`` of one setting; a LaunchInputError naming it. Returns how the model is found.
+    ``dry_run``: a Hub id that is not cached is not refused when offline (the dry run asks nobody)."""
     kwargs = {} if probe is None else {"probe": probe}
+    offline = hub_offline(environ) and not dry_run
     try:
-        return check_model_source(str(value), offline=hub_offline(environ), hub_cache=hub_cache_dir(environ), **kwargs)
+        return check_model_source(str(value), offline=offline, hub_cache=hub_cache_dir(environ), **kwargs)
     except cli.InputError as err:
         raise _error(err, key=key, value=value, source=source,
                      fix=_fix(source, key, "a Hugging Face model directory or a Hub id such as Qwen/Qwen3-1.7B")) from None
@@ -170,14 +173,16 @@ def check_inputs(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mappi
     notes = []
     if model is not None and str(model) not in pending:
         where = check_model(recipe.model_key, model, source=_source(overrides, recipe.model_key), environ=environ,
-                            probe=probe)
+                            probe=probe, dry_run=dry_run)
         if where == "hub":
+            launch_does = ("a launch here refuses it (HF_HUB_OFFLINE=1)" if hub_offline(environ)
+                           else "a launch asks the Hub for it (a dry run does not)")
             notes.append(f"{recipe.model_key}={model} is not in the local Hugging Face cache: " + (
-                "a launch asks the Hub for it (a dry run does not)" if dry_run else "the Hub has it, verl downloads it"))
+                launch_does if dry_run else "the Hub has it, verl downloads it"))
     for key, kind_key, kind in EXTRA_MODEL_KEYS.get(recipe.name, ()):
         value = select(key)
         if select(kind_key) == kind and value is not None and str(value) not in pending:
-            check_model(key, value, source=_source(overrides, key), environ=environ, probe=probe)
+            check_model(key, value, source=_source(overrides, key), environ=environ, probe=probe, dry_run=dry_run)
     columns = [select(column_key, default) if column_key else default
                for column_key, default in DATA_COLUMNS.get(recipe.name, ())]
     hint = DATA_HINTS.get(recipe.name, RL_DATA_HINT)

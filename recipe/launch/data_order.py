@@ -160,6 +160,12 @@ def plan_data_order(cfg, *, load_tokenizer: Callable = _load_tokenizer) -> tuple
     cap, filtered = int(data.max_prompt_length), bool(data.get("filter_overlong_prompts", False))
     chat_kwargs = data.get("apply_chat_template_kwargs") or {}
     kept = subset_indices(len(prompts), max_samples=data.get("train_max_samples", -1), shuffle=shuffle, seed=seed)
+    for g, prompt in enumerate(prompts):  # verl's dataset renders each prompt as a list of chat messages
+        if not (isinstance(prompt, (list, tuple)) and all(isinstance(m, Mapping) and "role" in m for m in prompt)):
+            path, row = where[g]
+            raise InputError(f"row {row} (0-based) of the training data: column {key!r} is not a list of chat "
+                             f"messages ({{role, content}}), got {type(prompt).__name__}", file=path,
+                             hint="build the parquet with python -m data_prep.<builder> (docs/prompts.md)")
     tokenizer, reason, note = None, None, None
     try:
         tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)

@@ -103,7 +103,10 @@ def plan_check(*, model: str, steps: int, cache_dir: Path, overrides: Sequence[s
                         cache_dir=str(cache_dir), ngpus=max(detect_gpus(), 1),
                         nnodes=int(environ["NNODES"]) if environ.get("NNODES") else None,
                         ray_address=environ.get("RAY_ADDRESS") or None)
-    return plan(get_recipe("opsd"), settings, [*CHECK_OVERRIDES, *overrides], environ=environ, detect_gpus=detect_gpus)
+    # without build_data (a dry run) the data files are not there yet, and a Hub id is not asked for
+    pending = frozenset() if build_data else frozenset({settings.train_files, settings.val_files})
+    return plan(get_recipe("opsd"), settings, [*CHECK_OVERRIDES, *overrides], environ=environ, detect_gpus=detect_gpus,
+                pending=pending, dry_run=not build_data)
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -208,11 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT/model")
     cli.add_debug_argument(parser)
     args = parser.parse_args(argv)
+    model_dir = args.out_dir / "model"
+    if not args.no_model and not args.overwrite and model_dir.exists() and any(model_dir.iterdir()):
+        raise cli.OutputExistsError("is not empty", file=model_dir, hint="pass --overwrite to replace it")
     paths = write_tiny_data(args.out_dir)
     check_demo_rows("tiny", paths, build_char_tokenizer())
     print("tiny data: " + " ".join(str(path) for path in paths.values()))
     if not args.no_model:
-        print(f"tiny model: {build_tiny_model(args.out_dir / 'model', seed=0, overwrite=args.overwrite)}")
+        print(f"tiny model: {build_tiny_model(model_dir, seed=0, overwrite=args.overwrite)}")
     return 0
 
 

@@ -84,13 +84,20 @@ def test_data_files_exist_are_parquet_and_have_the_recipes_columns(launch_inputs
     text.write_text("prompt,answer\n")
     assert "not a parquet file (Parquet magic bytes not found" in refused(OPSD, launch_inputs, train_files=str(text))
     bare = tmp_path / "bare.parquet"
-    pd.DataFrame({"prompt": ["1+1"], "reward_model": [{"ground_truth": "2"}], "data_source": ["x"]}).to_parquet(bare)
+    pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1"}]], "reward_model": [{"ground_truth": "2"}],
+                  "data_source": ["x"]}).to_parquet(bare)
     line = refused(OPSD, launch_inputs, train_files=str(bare))  # OPSD reads extra_info, GRPO does not
     assert "no column 'extra_info' (its columns: data_source, prompt, reward_model)" in line
     assert "(pass a verl RL parquet (prompt, reward_model, data_source, extra_info" in line
     assert "one batch" in refused(GRPO, launch_inputs, train_files=str(bare))  # 1 row < data.train_batch_size
     assert cpu_plan(GRPO, launch_inputs, ["data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1"],
                     train_files=str(bare)).config.data.train_files == str(bare)
+    plain = tmp_path / "plain.parquet"  # a prompt that is a string, not chat messages
+    pd.DataFrame({"prompt": ["1+1"], "reward_model": [{"ground_truth": "2"}], "data_source": ["x"]}).to_parquet(plain)
+    with pytest.raises(ValueError, match=r"plain.parquet: row 0 \(0-based\) of the training data: column 'prompt' is "
+                                         r"not a list of chat messages"):
+        cpu_plan(GRPO, launch_inputs, ["data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1"],
+                 train_files=str(plain))
     line = refused(SFT, launch_inputs, train_files=str(launch_inputs.train))  # an RL parquet given to the SFT recipe
     assert "no column 'messages'" in line and "(pass a parquet with a `messages` column (python -m data_prep.sft))" in line
     renamed = tmp_path / "renamed.parquet"

@@ -67,18 +67,20 @@ def test_forwarded_environment_is_the_launchs_not_the_users_whole_environment():
         join_overrides("h:1", {"X": 'a"b'})
 
 
-def test_a_gpu_launch_with_ray_address_joins_and_gives_every_worker_its_environment():
-    settings = Settings(device="gpu", model_path="Qwen/Qwen3-1.7B", train_files="/d/train.parquet", ngpus=4, nnodes=2,
-                        ray_address="10.0.0.1:6379", ckpt_dir="/shared/ckpt")
-    launch = plan(OPSD, settings, [], detect_gpus=lambda: 0)
+def test_a_gpu_launch_with_ray_address_joins_and_gives_every_worker_its_environment(launch_inputs, tmp_path):
+    ckpt = tmp_path / "shared" / "ckpt"
+    settings = Settings(device="gpu", model_path=str(launch_inputs.model), train_files=str(launch_inputs.train), ngpus=4,
+                        nnodes=2, ray_address="10.0.0.1:6379", ckpt_dir=str(ckpt))
+    launch = plan(OPSD, settings, [], detect_gpus=lambda: 0, environ=launch_inputs.env)
     ray_init = launch.config.ray_kwargs.ray_init
     assert ray_init.address == "10.0.0.1:6379" and ray_init.num_cpus is None
     env_vars = ray_init.runtime_env.env_vars
     assert env_vars.VERL_USE_EXTERNAL_MODULES == "recipe.rollout.extension"
-    assert env_vars.VERL_FILE_LOGGER_PATH == "/shared/ckpt/metrics.jsonl"
+    assert env_vars.VERL_FILE_LOGGER_PATH == str(ckpt / "metrics.jsonl")
     assert (launch.config.trainer.nnodes, launch.config.trainer.n_gpus_per_node) == (2, 4)
     # without RAY_ADDRESS the launch starts Ray itself, as before
-    local = plan(OPSD, Settings(device="gpu", model_path="m", train_files="/d/t.parquet"), [], detect_gpus=lambda: 0)
+    local = plan(OPSD, Settings(device="gpu", model_path=str(launch_inputs.model), train_files=str(launch_inputs.train),
+                                ckpt_dir=str(tmp_path / "local")), [], detect_gpus=lambda: 0, environ=launch_inputs.env)
     assert "address" not in local.config.ray_kwargs.ray_init
 
 

@@ -126,12 +126,14 @@ def test_run_opsd_gpu_keeps_every_model_preset(model):
 
 
 @pytest.mark.parametrize("model", PAPER_MODELS)
-def test_sweep_gpu_keeps_every_model_preset(model, tmp_path):
+def test_sweep_gpu_keeps_every_model_preset(model, tmp_path, monkeypatch):
     from recipe.experiments.sweep import EvalSettings, plan_sweep
 
+    for name, value in INPUTS.env.items():  # the sweep plans with the process environment (the Hub cache)
+        monkeypatch.setenv(name, value)
     experiment = EXPERIMENTS[(PAPER_MODELS.index(model) + 1) % len(EXPERIMENTS)]
     plans = plan_sweep([experiment], model=model, sweep_dir=tmp_path / "sweep", device="gpu", dry_run=True,
-                       overrides=["data.train_files=/data/train.parquet", "data.val_files=/data/val.parquet"],
+                       overrides=[f"data.train_files={INPUTS.train}", f"data.val_files={INPUTS.val}"],
                        evaluation=EvalSettings())
     cfg = OmegaConf.create(plans[0]["config_yaml"])
     expected = expected_opsd(model, experiment)
@@ -238,11 +240,20 @@ def _script(script: str, *args: str, **environ) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+def _resolved_yaml(stdout: str) -> str:
+    """The resolved config a dry run prints after the header's effective-config table (its lines indented)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("[launch] effective config")) + 1
+    while lines[start].startswith("  "):
+        start += 1
+    return "\n".join(lines[start:])
+
+
 def test_shell_scripts_dry_run_print_the_final_config(tmp_path):
     opsd = _script("recipe/opsd/run_opsd.sh", "+model=falcon_h1r_7b", DEVICE="gpu", TRAIN_FILES=str(INPUTS.train),
                    OPSD_CACHE=str(tmp_path))
     assert opsd.returncode == 0, opsd.stderr
-    final = OmegaConf.create(opsd.stdout[opsd.stdout.index("\n", opsd.stdout.index("opsd.diagnostics.monitor")) + 1:])
+    final = OmegaConf.create(_resolved_yaml(opsd.stdout))
     assert final.actor_rollout_ref.rollout.name == "sglang" and final.trainer.n_gpus_per_node == 4
     assert "python -m recipe.opsd.main_opsd" in opsd.stdout.replace(sys.executable, "python")
     grpo = _script("recipe/grpo_baseline/run_grpo.sh", "+experiment=released_grpo", DEVICE="gpu", MODEL_PATH=a_model(),

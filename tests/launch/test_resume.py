@@ -63,7 +63,7 @@ def test_the_launcher_exits_0_without_training_a_finished_run(launch_inputs, tmp
     for key, value in {**launch_inputs.env, "DEVICE": "gpu", "MODEL_PATH": str(launch_inputs.model),
                        "TRAIN_FILES": str(launch_inputs.train), "CKPT_DIR": str(ckpt), "STEPS": "2", "NGPUS": "1"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(launcher, "execute", lambda launch: pytest.fail("a finished run was launched"))
+    monkeypatch.setattr(launcher, "execute_with_actions", lambda launch, **_: pytest.fail("a finished run was launched"))
     assert launcher.main(["grpo"]) == 0
     assert capsys.readouterr().out.strip().splitlines() == [relaunch(GRPO, launch_inputs, ckpt, steps=2).finished]
 

@@ -116,12 +116,14 @@ def test_the_continuation_has_no_jump_at_step_101(continuation):
     assert continued[201] == pytest.approx(PEAK) and continued[300] == pytest.approx(2.467e-10, rel=1e-3)
 
 
-def test_steps_300_continued_resumes_the_default_runs_step_100(tmp_path):
+def test_steps_300_continued_resumes_the_default_runs_step_100(tmp_path, launch_inputs, monkeypatch):
     from recipe.experiments import sweep
 
+    for name, value in launch_inputs.env.items():  # the sweep plans with the process environment (the Hub cache)
+        monkeypatch.setenv(name, value)
     plans = sweep.plan_sweep(
         ["default", "steps_300_continued"], model="qwen3_1p7b", sweep_dir=tmp_path / "sweep", device="gpu", dry_run=True,
-        overrides=["data.train_files=/data/train.parquet", "data.val_files=/data/val.parquet"],
+        overrides=[f"data.train_files={launch_inputs.train}", f"data.val_files={launch_inputs.val}"],
         evaluation=sweep.EvalSettings(),
     )
     default, extended = ({p["name"]: p for p in plans}[name] for name in ("default", "steps_300_continued"))

@@ -137,7 +137,7 @@ def test_the_trainer_logs_the_request_and_prints_it(tmp_path, capsys):
 
 def test_on_resume_the_trainer_scales_the_learning_rate_to_the_rollbacks(tmp_path, capsys):
     from recipe.opsd.core.monitor import append_action
-    from recipe.opsd.opsd_ray_trainer import _scale_learning_rate
+    from recipe.opsd.opsd_step import _scale_learning_rate
 
     config = MonitorConfig(rollback_on=("collapse",), rollback_value=0.5, max_rollbacks=3)
     for k in (1, 2):

@@ -56,6 +56,7 @@ def inputs(tmp_path_factory):
     (d / "eval" / "set.jsonl").write_text('{"id": "e1", "problem": "Find x.", "answer": "1"}\n{"id": "e2", "problem": \n')
     (d / "not.parquet").write_text("plain text\n")
     model = build_tiny_model(d / "tiny", seed=0)
+    shutil.copytree(model, d / "demo" / "model")
     truncated = Path(shutil.copytree(model, d / "truncated"))
     (truncated / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:-100])
     no_tokenizer = Path(shutil.copytree(model, d / "no_tokenizer"))
@@ -193,8 +194,8 @@ def test_option_and_output_errors_before_any_work(inputs, tmp_path, case):
         "sweep": (["scripts/sweep.py", "plan", "--model", "nosuch", "--presets", "default", "--out", str(tmp_path)],
                   "error: unknown model preset 'nosuch'; known: ["),
         "bench": (["scripts/bench.py", "loss", "--n", "0"], "error: --n must be >= 1, got 0"),
-        "tiny_model": (["-m", "recipe.toy.demo", "--out-dir", str(inputs / "tiny")],
-                       f"error: {inputs / 'tiny'}: is not empty (pass --overwrite"),
+        "tiny_model": (["-m", "recipe.toy.demo", "--out-dir", str(inputs / "demo")],  # demo/model holds a model
+                       f"error: {inputs / 'demo' / 'model'}: is not empty (pass --overwrite"),
         "toy_experiments": (["scripts/toy_studies.py", "signals", "--model", str(tmp_path / "none")],
                             f"error: {tmp_path / 'none'}: no such model directory (check the path)"),
         "compare": (["scripts/toy_studies.py", "compare", "--out", str(inputs / "exists.md")],
