@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from pathlib import Path
 
 import hydra
 import ray
@@ -98,6 +99,13 @@ def main(config):
     except StartupError as err:
         print(err.line, file=sys.stderr)
         sys.exit(2)
+    total = config.trainer.get("total_training_steps")
+    saved = None if startup.resume_dir is None else int(Path(startup.resume_dir).name.removeprefix("global_step_"))
+    if saved is not None and total is not None and saved >= int(total):
+        # a relaunch of a finished run (the launcher says so before this; the sweep runner starts this module directly)
+        print(f"[opsd] {Path(startup.resume_dir).parent} holds a finished run: its save step {saved} is the last "
+              f"step (trainer.total_training_steps={total}); nothing to train", flush=True)
+        return
     if startup.resume_note:  # the tracker's save is not whole (killed while saving): resume from the last whole one
         print(f"[opsd] WARNING: {startup.resume_note}", file=sys.stderr)
         with open_dict(config):

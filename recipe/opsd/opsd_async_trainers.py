@@ -115,7 +115,7 @@ class OPSDOneStepOffTrainer(SeparatePoolsOPSD, VersionedOneStepOffTrainer):
         self.global_steps = 0
         self._load_checkpoint()
         self.resumed_from_step = self.global_steps
-        if self._stopped_by_monitor():
+        if self._stopped_by_monitor() or self._finished_run():
             return
         preflight_metrics = self._preflight_divergence() if self.opsd.diagnostics.preflight else {}
         self._fit_update_weights()

@@ -56,7 +56,7 @@ class RayOPSDTrainer(OPSDStepMixin, RayPPOTrainer):
         self._load_checkpoint()
         # logged with every step: a step logged by an earlier launch above this one was replayed
         resumed_from_step = self.global_steps
-        if self._stopped_by_monitor():
+        if self._stopped_by_monitor() or self._finished_run():
             self._shutdown_dump_executor()
             return
         # the pre-flight gate's model-level part (opsd.diagnostics.preflight): before the first rollout and update

@@ -412,6 +412,15 @@ class OPSDStepMixin:
         return True
 
     # ------------------------------------------------------------------ pre-flight gate, the workers' part
+    def _finished_run(self) -> bool:
+        """A relaunch of a finished run (resumed at ``trainer.total_training_steps``): nothing to train. verl's fit
+        would train one step past the end (it increments the step before comparing it)."""
+        if self.global_steps < self.total_training_steps:
+            return False
+        print(f"[opsd] step {self.global_steps} is trainer.total_training_steps={self.total_training_steps}: the run is "
+              "finished, nothing to train", flush=True)
+        return True
+
     def _preflight_divergence(self) -> dict:
         """The pre-flight gate's model-level part (docs/opsd_recipe.md "Pre-flight gate"): the first
         ``preflight.GATE_ROWS`` training rows, each twice -- student prompt of the configured context with

@@ -290,10 +290,14 @@ def check_teacher_checkpoint(opsd: OPSDConfig, *, student_path: str) -> None:
     starts. A Hub id not in the local Hugging Face cache is checked on the workers instead."""
     if opsd.teacher.kind != "checkpoint":
         return
-    from recipe.common.checkpoints import check_model_dir, check_same_model
+    from recipe.common.checkpoints import check_model_dir, check_model_source, check_same_model
     from recipe.common.heads import local_checkpoint_dir
     from recipe.opsd.core.teacher_kinds import TEACHER_SAME_KEYS
 
+    # a teacher path that is not a whole model directory: an InputError naming it, also when the sweep runner starts
+    # this entry point directly (a Hub id is checked by the launcher, which knows whether it is a dry run)
+    if str(opsd.teacher.path).startswith(("/", ".", "~")):
+        check_model_source(str(opsd.teacher.path), offline=True)
     dirs = []
     for path in (student_path, opsd.teacher.path):
         try:

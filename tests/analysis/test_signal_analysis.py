@@ -232,6 +232,7 @@ def test_joint_pca_standardises_within_each_result():
     assert explained == pytest.approx(single.explained_variance_ratio_C.tolist())
 
 
+@pytest.mark.slow
 def test_cli_samples_saves_rescoring_and_combines(tiny, tmp_path):
     import subprocess
     import sys

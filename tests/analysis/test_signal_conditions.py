@@ -315,6 +315,7 @@ def test_joint_pca_keeps_datasets_apart_and_standardises_per_model_mode():
 
 
 # ---------------------------------------------------------------------------- a real model
+@pytest.mark.slow
 def test_cli_on_smollm2_native(smollm2_dir, tmp_path):
     """SmolLM2 (no thinking switch): the CLI runs in native mode; think is refused with the hint."""
     import json

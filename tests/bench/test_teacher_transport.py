@@ -101,6 +101,7 @@ def test_native_mode_is_null_in_revisions_without_it(bench, tmp_path):
     assert bench.mode_value(tmp_path, "native") == "native"
 
 
+@pytest.mark.slow
 def test_driver_bytes_table_from_a_probe_log(tmp_path):
     log = tmp_path / "bytes.jsonl"
     log.write_text("".join(json.dumps(c) + "\n" for c in [

@@ -172,6 +172,7 @@ def run_in_process(cases, *, open_files: int = 0) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the fuzz test
+@pytest.mark.slow
 def test_fuzz_from_threads():
     cases = list(enumerate(fuzz_cases(SEED, CASES)))
     threads = 4  # 2 per grader worker: a call may wait for one other call's timeout
@@ -184,6 +185,7 @@ def test_fuzz_from_threads():
     assert time.monotonic() - start < bound * len(cases) / threads + 60
 
 
+@pytest.mark.slow
 def test_fuzz_from_processes():
     cases = list(enumerate(fuzz_cases(SEED + 1, CASES // 2)))
     problems = run_in_process(cases[0::2]) + run_in_process(cases[1::2], open_files=1100)

@@ -46,6 +46,7 @@ async def _push(trainer, weights):
     return walked
 
 
+@pytest.mark.slow
 def test_every_rollout_worker_receives_rank_0s_tensors_and_every_rank_walks(local_ray):
     import asyncio
 

@@ -44,6 +44,7 @@ def test_normalize_backend():
     assert normalize_backend(None) is None
 
 
+@pytest.mark.slow
 def test_plugin_is_inert_off_the_cpu_path():
     result = run_python(
         """
@@ -79,6 +80,7 @@ CPU_ENV = {
 }
 
 
+@pytest.mark.slow
 def test_plugin_registers_cpu_platform_engine_rollout_and_shims():
     result = run_python(
         """
@@ -139,6 +141,7 @@ def test_plugin_registers_cpu_platform_engine_rollout_and_shims():
     }
 
 
+@pytest.mark.slow
 def test_modules_listed_after_the_plugin_import_after_the_platform_exists(tmp_path):
     # A module that resolves the platform at import time (verl.workers.engine does), listed
     # after the plugin, in a process whose first import is the plugin (verl's import-order trap).

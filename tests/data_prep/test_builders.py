@@ -216,6 +216,7 @@ def test_sft_export_round_trips_generated_solution(tmp_path, eval_dir, tokenizer
     assert per_turn == full
 
 
+@pytest.mark.slow
 def test_load_errors_name_the_source(tmp_path, monkeypatch):
     from data_prep.common import load_records
     from recipe.common.cli import InputError

@@ -30,6 +30,7 @@ def test_skip_weight_sync_keeps_the_start_up_push(monkeypatch):
     assert not skip_weight_sync(3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vllm_installed", [False, True])
 def test_verl_imports_the_hook_after_the_guarded_push(tmp_path, vllm_installed):
     """As a GPU launch lists it (no CPU plugin): the hook's adapter replaces the guarded one where vLLM exists."""
@@ -45,6 +46,7 @@ def test_verl_imports_the_hook_after_the_guarded_push(tmp_path, vllm_installed):
                         "hf": None}
 
 
+@pytest.mark.slow
 def test_on_the_cpu_path_the_hf_rollout_is_hooked():
     env = launch_env("opsd_test_hooks.rollout", environ={"VERL_USE_EXTERNAL_MODULES": "recipe.cpu.plugin"})
     out = subprocess.run([sys.executable, "-c", REGISTRY], capture_output=True, text=True, check=True,

@@ -31,6 +31,7 @@ def refused(recipe, inputs, argv=(), **settings) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_a_model_path_that_does_not_exist_is_named_with_its_variable(launch_inputs):
     for recipe in (OPSD, GRPO, SFT):
         line = refused(recipe, launch_inputs, model_path="/nonexistent/model")
@@ -74,6 +75,7 @@ def test_hub_ids_offline_must_be_cached_online_the_hub_is_asked(launch_inputs, t
         check_model_source("a/b/c", offline=False, probe=asked.append)
 
 
+@pytest.mark.slow
 def test_data_files_exist_are_parquet_and_have_the_recipes_columns(launch_inputs, tmp_path):
     line = refused(OPSD, launch_inputs, train_files="/nonexistent/train.parquet")
     assert line == ("[launch] error: data.train_files=/nonexistent/train.parquet (TRAIN_FILES): no such data file "

@@ -78,6 +78,7 @@ def test_an_overlong_prompt_is_refused_by_both_recipes_naming_file_and_row(recip
     assert "> data.max_prompt_length=1024" in line and "data_prep.length_filter" in line and "\n" not in line
 
 
+@pytest.mark.slow
 def test_the_matched_presets_record_one_order(tiny, tmp_path):
     source = tmp_path / "source.parquet"
     pd.DataFrame(_rows(long_row=-1)).to_parquet(source, index=False)
@@ -99,6 +100,7 @@ def test_the_matched_presets_record_one_order(tiny, tmp_path):
         check_same_data(opsd=opsd.data_order.record(), grpo=other.data_order.record())
 
 
+@pytest.mark.slow
 def test_verls_filter_on_one_side_shifts_the_order_and_the_pair_is_refused(tiny, parquet, tmp_path):
     """What grpo_trainer.yaml did before: verl's filter on the GRPO side drops the long row, so its
     sampler permutes 7 rows instead of 8 and reads other rows than the OPSD run's materialised ones."""

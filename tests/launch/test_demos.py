@@ -103,6 +103,7 @@ def test_progress_skips_a_steps_lines_without_progress_values(capsys):
     assert capsys.readouterr().out.splitlines() == ["[opsd] step 1/4: loss=0.25"]
 
 
+@pytest.mark.slow
 def test_no_argument_dry_run_prints_the_config_once_and_builds_nothing(tmp_path):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "cpu",
            "OPSD_CACHE": str(tmp_path / "cache")}
@@ -113,6 +114,7 @@ def test_no_argument_dry_run_prints_the_config_once_and_builds_nothing(tmp_path)
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.slow
 def test_dry_run_says_when_model_path_replaces_the_demo_model(tmp_path):
     from recipe.models.tiny import build_tiny_model
 
@@ -127,6 +129,7 @@ def test_dry_run_says_when_model_path_replaces_the_demo_model(tmp_path):
     assert "[launch] TRAIN_FILES=" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_sft_runs_the_tiny_demo_by_default_and_an_absent_demo_stops_before_building(tmp_path):
     """SFT has no toy preset: without CPU_DEMO it runs the tiny demo; CPU_DEMO=toy is refused before the
     toy student (minutes of SFT) is built."""
@@ -143,6 +146,7 @@ def test_sft_runs_the_tiny_demo_by_default_and_an_absent_demo_stops_before_build
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.slow
 def test_a_tiny_run_on_two_ranks_keeps_its_own_checkpoints(tmp_path):
     """verl's FSDP checkpoints are per world size: the 2-rank run must not resume the 1-rank run's checkpoint."""
     one, _ = cpu_plan("grpo", "tiny", tmp_path)

@@ -29,6 +29,7 @@ def gpu_plan(recipe, inputs, ckpt, argv=()):
                 list(argv), environ=inputs.env, detect_gpus=lambda: 1)
 
 
+@pytest.mark.slow
 def test_every_launch_prints_one_saves_size_and_the_free_space(launch_inputs, tmp_path):
     count = parameters(launch_inputs.model)
     tokenizer = sum(f.stat().st_size for f in launch_inputs.model.iterdir() if f.suffix != ".safetensors")
@@ -58,6 +59,7 @@ def test_a_launch_whose_one_save_cannot_fit_is_refused(launch_inputs, tmp_path, 
     assert str(caught.value).endswith(", 1000 B free there (free space, or set CKPT_DIR to a file system with room)")
 
 
+@pytest.mark.slow
 def test_a_run_whose_saves_do_not_fit_is_warned(launch_inputs, tmp_path, monkeypatch):
     launch = gpu_plan(GRPO, launch_inputs, tmp_path / "ckpt", ["trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=null"])
     one = launch.checked.disk.save.bytes

@@ -125,6 +125,7 @@ def test_run_opsd_gpu_keeps_every_model_preset(model):
     assert launch.overrides.replaced == [] and launch.notes == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", PAPER_MODELS)
 def test_sweep_gpu_keeps_every_model_preset(model, tmp_path, monkeypatch):
     from recipe.experiments.sweep import EvalSettings, plan_sweep
@@ -143,6 +144,7 @@ def test_sweep_gpu_keeps_every_model_preset(model, tmp_path, monkeypatch):
     assert not (tmp_path / "sweep").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny_cpu", "smollm2_135m"])
 def test_cpu_model_presets_on_a_gpu_fail_with_what_to_set(model):
     with pytest.raises(ValueError, match=f"set MODEL_PATH \\(\\+model={model} names no Hub id"):
@@ -249,6 +251,7 @@ def _resolved_yaml(stdout: str) -> str:
     return "\n".join(lines[start:])
 
 
+@pytest.mark.slow
 def test_shell_scripts_dry_run_print_the_final_config(tmp_path):
     opsd = _script("recipe/opsd/run_opsd.sh", "+model=falcon_h1r_7b", DEVICE="gpu", TRAIN_FILES=str(INPUTS.train),
                    OPSD_CACHE=str(tmp_path))
@@ -269,6 +272,7 @@ def test_shell_scripts_dry_run_print_the_final_config(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("[launch] error:") and len(bad.stderr.splitlines()) <= 3
 
 
+@pytest.mark.slow
 def test_teacher_presets_compose_through_the_launcher_and_the_sweep(tmp_path):
     """The cross-model preset (paper row "Qwen3-4B-Instruct (Qwen3-4B)") and SFT-10 + no-privilege OPSD
     (teacher = the pre-SFT model) reach the final config and pass the start-up checks; the SFT-10
@@ -298,6 +302,7 @@ def test_teacher_presets_compose_through_the_launcher_and_the_sweep(tmp_path):
     assert prepare_config(fixed.config).teacher.path == a_model()
 
 
+@pytest.mark.slow
 def test_a_rollout_cap_missing_from_the_model_presets_table_is_said():
     note = "the model preset's micro-batch table has no entry for data.max_response_length=3000"
     odd = gpu_plan(OPSD, ["+model=qwen3_1p7b", "data.max_response_length=3000"])
@@ -311,6 +316,7 @@ def test_a_rollout_cap_missing_from_the_model_presets_table_is_said():
     assert "micro-batch table" not in listed.describe()
 
 
+@pytest.mark.slow
 def test_dry_run_runs_the_launchs_start_up_checks():
     """A value only the typed OPSD config rejects stops a dry run with the line the launch would print."""
     with pytest.raises(ValueError, match=r"^\[opsd\] invalid config: opsd.student_mode must be one of"):

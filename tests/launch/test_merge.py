@@ -73,6 +73,7 @@ def _merge(ckpt, target):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_merge_with_one_line_and_no_partial_output(tmp_path, tiny, small_fs):
     ckpt = _real_save(tmp_path / "ckpt", tiny)
     fs = small_fs(tmp_path / "fs", size=64 * 1024)

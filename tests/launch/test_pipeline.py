@@ -40,6 +40,7 @@ def _stage_configs(stdout: str) -> dict:
     return configs
 
 
+@pytest.mark.slow
 def test_gpu_pipeline_chains_the_merged_checkpoints(tmp_path, gpu_env):
     work = tmp_path / "work"
     proc = _dry_run(tmp_path, "grpo:trainer.save_freq=50", "opsd:+model=qwen3_4b", WORK_DIR=str(work), **gpu_env)
@@ -62,6 +63,7 @@ def test_gpu_pipeline_chains_the_merged_checkpoints(tmp_path, gpu_env):
     assert list(_stage_configs(again.stdout)) == ["grpo", "opsd"]
 
 
+@pytest.mark.slow
 def test_gpu_pipeline_requires_its_data_and_refuses_run_variables(tmp_path, gpu_env):
     proc = _dry_run(tmp_path, DEVICE="gpu", BASE_MODEL="/models/base")
     assert proc.returncode == 2 and "SFT_FILES" in proc.stderr

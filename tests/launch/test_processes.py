@@ -92,6 +92,7 @@ def test_execute_kills_what_a_finished_driver_left_running(tmp_path, capsys):
     assert "[launch] killed 1 processes the launch left running" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_execute_timeout_kills_the_driver_and_its_workers(tmp_path):
     record = execute(_launch(tmp_path, 120), log=tmp_path / "train.log", timeout_s=3)
     worker = int((tmp_path / "worker.pid").read_text())

@@ -43,6 +43,7 @@ def relaunch(recipe, inputs, ckpt, argv=(), *, steps: int, **settings):
                 environ=inputs.env, detect_gpus=lambda: 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", [OPSD, GRPO, SFT], ids=lambda r: r.name)
 def test_a_finished_run_is_said_and_a_raised_step_count_continues_it(recipe, launch_inputs, tmp_path):
     ckpt = tmp_path / "ckpt"
@@ -68,6 +69,7 @@ def test_the_launcher_exits_0_without_training_a_finished_run(launch_inputs, tmp
     assert capsys.readouterr().out.strip().splitlines() == [relaunch(GRPO, launch_inputs, ckpt, steps=2).finished]
 
 
+@pytest.mark.slow
 def test_another_config_is_refused_one_line_per_key(launch_inputs, tmp_path):
     ckpt = tmp_path / "ckpt"
     first = launched(OPSD, launch_inputs, ckpt, steps=4, saved=2)
@@ -98,6 +100,7 @@ def test_step_count_logger_cadence_retention_and_paths_may_change(launch_inputs,
     assert launch.finished is None and launch.checked.resume_dir == ckpt / "global_step_2"
 
 
+@pytest.mark.slow
 def test_the_reference_is_the_config_of_the_launch_that_wrote_the_save(launch_inputs, tmp_path):
     ckpt = tmp_path / "ckpt"
     first = launched(GRPO, launch_inputs, ckpt, steps=4, saved=2)
@@ -134,6 +137,7 @@ def test_a_continuation_preset_may_change_what_it_sets():
     assert config_changes({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}) == [("a.c", "(not set)", 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", [GRPO, SFT], ids=lambda r: r.name)
 def test_verl_is_told_the_last_whole_save_when_the_tracker_names_a_broken_one(recipe, launch_inputs, tmp_path):
     ckpt = tmp_path / "ckpt"

@@ -153,6 +153,7 @@ def test_unsupported_head_dim_is_refused_before_anything_starts(tmp_path):
                                vllm_venv=str(venv)), [], environ={}).config.actor_rollout_ref.rollout.name == "vllm"
 
 
+@pytest.mark.slow
 def test_run_grpo_dry_run_shows_the_vllm_cpu_launch(tmp_path):
     venv = fake_venv(tmp_path)
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "PYTHON": sys.executable,

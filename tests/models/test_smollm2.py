@@ -151,6 +151,7 @@ def test_fetch_is_idempotent(smollm2_dir, monkeypatch):
     assert [p.name for p in smollm2_dir.parent.iterdir()] == [smollm2_dir.name]  # no partial left
 
 
+@pytest.mark.slow
 def test_evaluation_runs_smollm2_in_native_mode(smollm2_dir, tmp_path):
     """scripts/evaluate.py with the smollm2_cpu preset: prompts rendered with the template's default."""
     from transformers import AutoTokenizer

@@ -71,6 +71,7 @@ def _reference(model_dir: Path, result: dict, scale: float, sft_weight: float = 
     return float(loss), {name: p.grad for name, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["falcon_h1", "granite"])
 def test_scaled_head_loss_and_gradients_equal_the_core_function(arch, tmp_path):
     result = _probe(arch, tmp_path)
@@ -88,6 +89,7 @@ def test_scaled_head_loss_and_gradients_equal_the_core_function(arch, tmp_path):
     assert result["grad_norm"] == pytest.approx(float(norm), rel=1e-5)  # actor/grad_norm, before clipping
 
 
+@pytest.mark.slow
 def test_the_sft_term_runs_a_second_student_forward_under_one_backward(tmp_path):
     """opsd.loss.sft_weight: the engine runs the student on the SFT rows (a forward of its own), then
     the loss forward; one backward of the summed loss must give the gradient of divergence + w x NLL of

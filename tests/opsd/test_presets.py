@@ -272,6 +272,7 @@ def test_model_preset_matches_paper_tables(name, hydra_dir):
     assert opsd.student_enable_thinking == (True if hybrid else None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen3_1p7b", "qwen3_8b", "falcon_h1r_7b"])
 def test_rollout_caps_keep_the_global_batch(model, hydra_dir):
     _, gpus, micro, _, global_batch = BATCH_TABLE[model]

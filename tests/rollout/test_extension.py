@@ -42,6 +42,7 @@ def test_the_guarded_adapter_path_names_a_class_of_the_adapter_module():
     assert f"class {name}(ServerAdapter):" in source
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vllm_installed", [False, True])
 def test_verl_imports_it_from_the_environment(tmp_path, vllm_installed):
     """As on a GPU node: ``import verl`` with the module listed, in a fresh interpreter (no CPU plugin)."""

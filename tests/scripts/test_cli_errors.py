@@ -175,6 +175,7 @@ def test_monitor_run_bad_line_and_json_output(inputs, tmp_path):
     assert json.loads(fresh.read_text())["run"]["steps"] == 2
 
 
+@pytest.mark.slow
 def test_make_figures_bad_spec_and_existing_png(inputs, tmp_path):
     spec = inputs / "spec.json"
     assert one_error_line(run("scripts/make_figures.py", "accuracy", "--spec", str(spec), "--out", str(tmp_path / "a.png"))
@@ -189,6 +190,7 @@ def test_make_figures_bad_spec_and_existing_png(inputs, tmp_path):
 # --------------------------------------------------------------------------- sweeps, benchmarks, builders, toy world
 @pytest.mark.parametrize("case", ["sweep", "bench", "tiny_model", "toy_experiments", "compare", "seed_study",
                                   "toy_student"])
+@pytest.mark.slow
 def test_option_and_output_errors_before_any_work(inputs, tmp_path, case):
     argv, expected = {
         "sweep": (["scripts/sweep.py", "plan", "--model", "nosuch", "--presets", "default", "--out", str(tmp_path)],

@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from recipe.analysis.memory_model import GiB, ModelShape, UpdateSetting, memory_terms
 from recipe.launch.gpu_check import KNOWN_SHAPES, report, run_check
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_dry_run_composes_three_opsd_steps_of_qwen3_0p6b_on_vllm_with_the_probe(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OPSD_CACHE": str(tmp_path)}
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run"], cwd=REPO_ROOT, env=env,
