@@ -169,3 +169,14 @@ def test_on_resume_the_trainer_scales_the_learning_rate_to_the_rollbacks(tmp_pat
     cls, trainer, calls = _trainer(tmp_path, config, lr_scale=0.25)
     cls._resume_monitor_actions(trainer)
     assert calls == [] and trainer.monitor.lr_scale == 0.25
+
+
+def test_a_relaunch_of_a_finished_run_trains_nothing(capsys):
+    """verl's fit increments the step before comparing it with the total: resumed at the last step, the trainer
+    itself stops before any rollout (the launcher says so earlier; the sweep runner starts the trainer directly)."""
+    from recipe.opsd.opsd_step import OPSDStepMixin
+
+    finished = SimpleNamespace(global_steps=100, total_training_steps=100)
+    assert OPSDStepMixin._finished_run(finished)
+    assert "[opsd] step 100 is trainer.total_training_steps=100: the run is finished" in capsys.readouterr().out
+    assert not OPSDStepMixin._finished_run(SimpleNamespace(global_steps=99, total_training_steps=100))

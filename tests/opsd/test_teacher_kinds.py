@@ -177,6 +177,15 @@ def test_teacher_checkpoint_needs_the_students_tokenizer(tmp_path):
         check_teacher_checkpoint(opsd, student_path=str(student))
 
 
+def test_a_teacher_directory_that_does_not_exist_is_named(tmp_path):
+    from recipe.common.cli import InputError
+    from recipe.opsd.startup import check_teacher_checkpoint
+
+    opsd = OPSDConfig.from_hydra({"teacher": {"kind": "checkpoint", "path": str(tmp_path / "no_teacher")}})
+    with pytest.raises(InputError, match=f"{tmp_path / 'no_teacher'}: no such model directory"):
+        check_teacher_checkpoint(opsd, student_path=str(tmp_path / "student"))
+
+
 def test_an_ema_run_resumes_only_from_a_checkpoint_with_the_ema_teacher(tmp_path):
     from recipe.common.cli import InputError
     from recipe.opsd.startup import check_ema_resume
