@@ -233,7 +233,7 @@ def plan_run(
             sweep_data.prepare(sweep["data_prep"], source=source, output=prepared, tokenizer=tokenizer)
         forced.append(f"data.train_files={prepared}")
     if sweep.get("continue_from"):
-        # a continuation (steps_300): resume the named run of this sweep at its checkpoint (run it first)
+        # a continuation (steps_300_continued): resume the named run of this sweep at its checkpoint (run it first)
         origin = sweep["continue_from"]
         folder = sweep_dir / "runs" / _slug(str(origin["run"])) / "checkpoints" / f"global_step_{int(origin['step'])}"
         forced += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={folder.resolve()}"]

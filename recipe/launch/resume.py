@@ -48,7 +48,7 @@ MAY_CHANGE_PREFIXES = ("ray_kwargs.", "sweep.", "opsd.diagnostics.")
 MAY_CHANGE_NAMES = ("project_name", "experiment_name")
 # ... and the paths: every key naming a file or directory (a moved model, data set or repository)
 PATH_SUFFIXES = ("path", "_dir", "_files")
-# the mark of a continuation preset (recipe/opsd/config/experiment/steps_300.yaml): the keys it sets may change
+# the mark of a continuation preset (recipe/opsd/config/experiment/steps_300_continued.yaml): the keys it sets may change
 CONTINUATION_MARK = "sweep.continue_from"
 SHOWN = 20  # differing keys listed at most
 

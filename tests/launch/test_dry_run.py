@@ -30,7 +30,7 @@ OPSD, GRPO, SFT = get_recipe("opsd"), get_recipe("grpo"), get_recipe("sft")
 PAPER_MODELS = [m for m in OPSD.presets("model")
                 if OmegaConf.select(OmegaConf.load(OPSD.config_dir / "model" / f"{m}.yaml"), "model_preset.hf_id")]
 # one factor each: caps (with micro-batch rebalancing), teacher cap, global batch + steps, schedule, temperatures
-# (steps_300 continues another run's checkpoint, which the launch's start-up checks require: its own test)
+# (steps_300_continued continues another run's checkpoint, which the launch's start-up checks require: its own test)
 EXPERIMENTS = ["default", "rollout_4096", "context_cot_solution", "opsd_vs_grpo_matched", "temp_s06_t06",
                "rollout_256", "lora_r64", "omr_cot_sol_4k"]
 

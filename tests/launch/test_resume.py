@@ -128,7 +128,7 @@ def test_a_save_without_a_launch_config_is_resumed_with_a_note(launch_inputs, tm
 
 
 def test_a_continuation_preset_may_change_what_it_sets():
-    keys = continuation_keys(OPSD, ["+model=qwen3_1p7b", "+experiment=steps_300"])
+    keys = continuation_keys(OPSD, ["+model=qwen3_1p7b", "+experiment=steps_300_continued"])
     assert {"trainer.save_freq", "trainer.resume_mode", "trainer.resume_from_path", "sweep.eval_every"} <= keys
     assert continuation_keys(OPSD, ["+experiment=clip_tau_0p2"]) == set()  # not a continuation preset
     reference = {"trainer": {"save_freq": 25, "total_training_steps": 100}, "opsd": {"loss": {"clip_tau": 0.05}}}

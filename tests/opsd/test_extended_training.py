@@ -51,7 +51,7 @@ def test_verl_rebuilds_the_default_schedule_over_300_steps_on_resume():
     """Why steps_300_continued sets its own schedule: resuming with only the step count raised jumps."""
     main, checkpoint = _run(100, steps=100)
     continued, _ = _run(300, steps=300, resume=checkpoint)
-    # steps 1..100 of steps_300 ARE the main run (its global_step_100 is resumed, not retrained)
+    # steps 1..100 of steps_300_continued ARE the main run (its global_step_100 is resumed, not retrained)
     assert main[1] == 0.0 and main[11] == pytest.approx(PEAK) and main[100] == pytest.approx(_cosine(99, 100))
     # step 101 uses the lr the optimizer state saved at step 100 (the end of the 100-step cosine: 0), then
     # the 300-step schedule at the global step, as the resumed scheduler (built for 300 steps) continues

@@ -50,8 +50,6 @@ EXPECTED = {
     "mode_nth_th_th": {"opsd.student_mode", "sweep.eval_mode"},
     "mode_th_nth_nth": {"opsd.teacher_mode", "sweep.eval_mode"},
     "no_privilege_nth_th_th": {"opsd.teacher_context", "opsd.student_mode", "sweep.eval_mode"},
-    "steps_300": {"trainer.total_training_steps", "trainer.save_freq", "trainer.resume_mode", "sweep.eval_every",
-                  "sweep.continue_from.run", "sweep.continue_from.step"},
     "steps_300_fresh": {"trainer.total_training_steps", "trainer.save_freq", "sweep.eval_every"},
     "steps_300_continued": {"trainer.total_training_steps", "trainer.save_freq", "trainer.resume_mode", "sweep.eval_every",
                             "sweep.continue_from.run", "sweep.continue_from.step",
