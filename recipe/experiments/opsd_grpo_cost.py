@@ -34,7 +34,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from recipe.analysis.compute_cost import cost_table, run_cost
+from recipe.analysis.compute_cost import (DataMismatch, check_same_data, cost_table, loss_aggregation, read_data_order,
+                                          read_launch_config, run_cost)
 from recipe.analysis.run_logs import read_jsonl_metrics
 from recipe.common import cli
 from recipe.launch.recipes import REPO_ROOT as REPO
@@ -177,12 +178,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.out_dir and out.exists() and any(out.iterdir()):
             raise cli.InputError("not empty (the runs would mix with what is there)", file=out, hint="give a new --out-dir")
         runs = {recipe: launch(recipe, out, args) for recipe in ("opsd", "grpo")}
-    costs, settings = {}, {}
+    costs, settings, records = {}, {}, {}
     for recipe, (ckpt, peak) in runs.items():
         costs[recipe], record, settings[recipe] = read_run(Path(ckpt), peak, args.warmup)
+        records[recipe] = record
         print(f"{recipe}: {ckpt}, launch wall {record['wall_time_s']} s on {record['device']} x "
               f"{record['n_devices']}, mean response {settings[recipe][0]} tokens, "
               f"{settings[recipe][1]} tokens in the last step")
+    try:  # the pair trained on the same rows in the same order (each launch's data_order.json), else one line
+        same_data = check_same_data(opsd=read_data_order(runs["opsd"][0]), grpo=read_data_order(runs["grpo"][0]))
+    except DataMismatch as err:
+        raise cli.InputError(str(err)) from None
     if any(c.peak_memory_gb is not None and runs[r][1] is None for r, c in costs.items()):
         label = "perf/max_memory_allocated_gb"
     elif any(peak is not None for _, peak in runs.values()):
@@ -193,5 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     same = "the same path" if len(set(pushes.values())) == 1 else "DIFFERENT paths: the step times are not comparable"
     print(f"weight push: opsd {pushes['opsd']}; grpo {pushes['grpo']} ({same})")
     print()
-    print(cost_table(opsd=costs["opsd"], grpo=costs["grpo"], memory_label=label))
+    print(cost_table(opsd=costs["opsd"], grpo=costs["grpo"], memory_label=label, same_data=same_data,
+                     grpo_aggregation=loss_aggregation(read_launch_config(records["grpo"]))))
     return 0

@@ -138,6 +138,7 @@ def _write_run(directory: Path, rows, n_devices: int) -> Path:
     record = {"recipe": directory.name, "device": "gpu", "n_devices": n_devices, "wall_time_s": 99,
               "exit_code": 0, "metrics": str(directory / "metrics.jsonl")}
     (directory / "run_times.jsonl").write_text(json.dumps(record) + "\n")
+    (directory / "data_order.json").write_text(json.dumps({"rows": 4, "order_sha256": "a" * 64}))
     return directory
 
 
@@ -157,6 +158,7 @@ def test_script_reads_existing_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "| tokens per second | 50.0 | 100.0 | 0.500 |" in proc.stdout.splitlines()
     assert "perf/max_memory_allocated_gb" in proc.stdout  # the GRPO run logged it
+    assert "same data: both runs trained on the same 4 rows in the same order" in proc.stdout
     # both runs used the guarded vLLM weight push (every RL launch lists recipe.rollout.extension)
     assert ("weight push: opsd guarded vLLM push (recipe.rollout.extension); grpo guarded vLLM push "
             "(recipe.rollout.extension) (the same path)") in proc.stdout.splitlines()
@@ -165,6 +167,17 @@ def test_script_reads_existing_runs(tmp_path):
                            "--grpo-run", str(grpo)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert ("grpo verl's vLLM push (unguarded) (DIFFERENT paths: the step times are not comparable)"
             in proc.stdout), proc.stdout
+
+
+def test_script_refuses_a_pair_that_trained_on_other_rows(tmp_path):
+    opsd = _write_run(tmp_path / "opsd", OPSD_ROWS, 2)
+    grpo = _write_run(tmp_path / "grpo", GRPO_ROWS, 4)
+    (grpo / "data_order.json").write_text(json.dumps({"rows": 4, "order_sha256": "b" * 64}))
+    proc = subprocess.run([sys.executable, "scripts/compare_opsd_grpo.py", "--opsd-run", str(opsd),
+                           "--grpo-run", str(grpo)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "the runs did not train on the same data: OPSD 4 rows, order sha256 aaaaaaaaaaaaaaaa" in proc.stderr
+    assert "another row order" in proc.stderr
 
 
 def test_script_names_a_missing_launch_record(tmp_path):
