@@ -25,7 +25,7 @@ import importlib
 import importlib.util
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from recipe.analysis.memory_model import GiB, ModelShape, UpdateSetting, memory_terms
@@ -39,13 +39,17 @@ DEFAULT_STEPS = 3
 # The toy problems of the CPU demos (named by import path: this module does not import recipe.toy).
 DATA_BUILDER = "recipe.toy.demo:write_tiny_data"
 # The weight-sync probe's log (recipe/rollout/sync_probe.py): one record per weight push.
-PROBE_LOG_ENV = "OPSD_ROLLOUT_SYNC_PROBE_LOG"
+PROBE_LOG_ENV = "OPSD_SYNC_CHECK_LOG"
+PROBE_MODULE = "recipe.rollout.sync_check"
 
 
-def probe_environment(log_path: Path) -> dict[str, str]:
-    """The variables that turn the weight-sync probe on in every process of the launch (every node too:
-    the launcher forwards OPSD_* variables to a joined cluster's workers)."""
-    return {PROBE_LOG_ENV: str(log_path)}
+def probe_environment(log_path: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that turn the weight-sync probe on in every process of the launch: the external module
+    ``recipe.rollout.sync_check`` after ``environ``'s modules (the launcher forwards the list to every Ray worker)
+    and its log path (every node too: the launcher forwards OPSD_* variables to a joined cluster's workers)."""
+    listed = [m for m in (environ or {}).get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m.strip()]
+    return {"VERL_USE_EXTERNAL_MODULES": ",".join(listed + [m for m in (PROBE_MODULE,) if m not in listed]),
+            PROBE_LOG_ENV: str(log_path)}
 # In sync, the rollout differs from the pushed weights' float32 forward by far less than one update moves it.
 SYNC_FRACTION = 0.1
 # Small, fixed run sizes: the check measures the machinery, the paper's sizes are the presets'.
@@ -93,7 +97,7 @@ def plan_check(*, model: str, steps: int, cache_dir: Path, overrides: Sequence[s
 
     environ = dict(os.environ if environ is None else environ)
     ckpt = cache_dir / "gpu_check" / model.replace("/", "--")
-    environ.update(probe_environment(ckpt / "sync_probe.jsonl"))
+    environ.update(probe_environment(ckpt / "sync_probe.jsonl", environ))
     data_dir = cache_dir / "gpu_check" / "data"
     if build_data:
         module, _, function = DATA_BUILDER.partition(":")

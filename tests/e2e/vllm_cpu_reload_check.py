@@ -25,7 +25,7 @@ import vllm  # noqa: E402,F401
 from safetensors.torch import load_file  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hooks"))
-from opsd_test_hooks.sync_probe import probe_prompt_ids, response_log_probs  # noqa: E402
+from recipe.rollout.sync_probe import probe_prompt_ids, response_log_probs  # noqa: E402
 from recipe.cpu.vllm_rollout_shims import keep_cpu_linear_weights  # noqa: E402
 
 

@@ -14,7 +14,7 @@ Settings (environment, read at every weight push; each off unless set):
   of every served float32 tensor), so a test can check that the rollout serves exactly the trainer's
   weights (the same digests of the checkpoint);
 - ``OPSD_TEST_SYNC_PROBE_LOG=<jsonl>`` (vllm): after every push the rollout's log-probs of a fixed
-  probe are compared with a float32 forward of the pushed weights (``opsd_test_hooks.sync_probe``);
+  probe are compared with a float32 forward of the pushed weights (``recipe.rollout.sync_probe``);
 - ``OPSD_TEST_SKIP_WEIGHT_SYNC=1`` (hf, vllm; negative control): every push after the start-up one
   (step 0) is dropped, so the rollout keeps serving the initial weights.
 """

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
-from opsd_test_hooks import sync_probe
 from opsd_test_hooks.rollout import PROBE_LOG_ENV, SKIP_WEIGHT_SYNC_ENV, skip_weight_sync
+from recipe.rollout import sync_probe
 from recipe.rollout.vllm_adapter import GuardedvLLMServerAdapter
 
 logger = logging.getLogger(__name__)

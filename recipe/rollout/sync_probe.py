@@ -1,7 +1,8 @@
 """Does the rollout server serve the trainer's weights? A log-prob probe after every weight push.
 
-Enabled by ``OPSD_TEST_SYNC_PROBE_LOG=<path.jsonl>`` (the ``rollout`` hook: ``opsd_test_hooks.vllm_rollout``).
-After each push the trainer-side adapter asks the rollout server to sample ``PROBE_NEW_TOKENS``
+Turned on for a launch by the verl external module ``recipe.rollout.sync_check`` with
+``OPSD_SYNC_CHECK_LOG=<path.jsonl>`` (``scripts/gpu_check.py`` does both; the tests' rollout hook uses
+the same functions). After each push the trainer-side adapter asks the rollout server to sample ``PROBE_NEW_TOKENS``
 tokens after a fixed prompt at temperature 1 with top-k / top-p off, so the returned
 (``processed_logprobs``) log-probs are the plain full-vocabulary ones, and compares them with a
 float32 Hugging Face forward of exactly the tensors the trainer pushed. One JSON line per push:
@@ -14,7 +15,7 @@ stale weights differs by the size of the update; one in sync differs by the engi
 this push's (null at the first push): how far a rollout that missed this push would be off, so a
 test can check that its tolerance could have failed.
 The probe keeps a float32 CPU copy of every pushed tensor and runs the reference forward on the
-CPU: a hook for tests and small models (it works on a GPU run too, at that cost).
+CPU: a check for small models (the first-hour GPU check runs it on Qwen3-0.6B).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""opsd_test_hooks.sync_probe (the weight-sync probe hook): the pure parts (the Ray/vLLM part runs in tests/e2e/test_vllm_cpu_e2e.py)."""
+"""recipe.rollout.sync_probe (the weight-sync probe): the pure parts (the Ray/vLLM part runs in tests/e2e/test_vllm_cpu_e2e.py)."""
 
 import math
 
 import pytest
 import torch
 
-from opsd_test_hooks.sync_probe import probe_prompt_ids, response_log_probs, tee_weights
+from recipe.rollout.sync_probe import probe_prompt_ids, response_log_probs, tee_weights
 
 
 def test_probe_prompt_ids():
