@@ -234,4 +234,4 @@ def run_demo(recipe: Recipe, settings: Settings, argv: list[str], *, dry_run: bo
         print(before_after_table(build.display(result["before"]), build.display(result["after"]), recipe=recipe.name,
                                  steps=result["steps"], record=result["record"], step_times=step_times),
               end="", flush=True)
-    return result["record"]["exit_code"]
+    return 0 if result["record"] is None else result["record"]["exit_code"]  # None: a finished run, nothing trained

@@ -178,9 +178,13 @@ def tiny_run_env(tiny_model_dir, tiny_data):
     from opsd_test_hooks import launch_env
     from opsd_test_hooks.rollout import WEIGHTS_LOG_ENV
 
-    def env(ckpt_dir: Path, weights_log: Path | None = None, hooks=(), **extra: str) -> dict[str, str]:
+    def env(ckpt_dir: Path, weights_log: Path | None = None, hooks=(), rollout_hook: bool = True,
+            **extra: str) -> dict[str, str]:
         ckpt_dir = Path(ckpt_dir)
         log = weights_log if weights_log is not None else ckpt_dir.parent / "rollout_weights.jsonl"
+        if not rollout_hook:  # a launch whose other nodes cannot import the tests' hooks (a joined cluster)
+            return {"DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "TRAIN_FILES": str(tiny_data["train"]),
+                    "VAL_FILES": str(tiny_data["val"]), "CKPT_DIR": str(ckpt_dir), **extra}
         return {
             "DEVICE": "cpu",
             "MODEL_PATH": str(tiny_model_dir),

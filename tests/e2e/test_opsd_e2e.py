@@ -217,7 +217,7 @@ RESUME_ARGS = [
     "trainer.save_freq=1",
     "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
 ] + [  # a 1-step early window and a 1-step recent window: the monitor compares step s with step 1
-    "+opsd.diagnostics.monitor.early_start=1", "+opsd.diagnostics.monitor.early_end=1", "+opsd.diagnostics.monitor.recent_window=1",
+    "opsd.diagnostics.monitor.early_start=1", "opsd.diagnostics.monitor.early_end=1", "opsd.diagnostics.monitor.recent_window=1",
 ]
 
 
@@ -370,8 +370,8 @@ LORA_ARGS = [
     # saved although no save_freq step or last step was reached. The "length" role is pointed at
     # the step counter, so the signature fires at step 2 (2 / 1 >= length_ratio_threshold 1.5).
     "trainer.save_freq=5",
-    "+opsd.diagnostics.monitor.early_start=1", "+opsd.diagnostics.monitor.early_end=1", "+opsd.diagnostics.monitor.recent_window=1",
-    "+opsd.diagnostics.monitor.metric_keys.length=training/global_step", "+opsd.diagnostics.monitor.stop_on=[length]",
+    "opsd.diagnostics.monitor.early_start=1", "opsd.diagnostics.monitor.early_end=1", "opsd.diagnostics.monitor.recent_window=1",
+    "opsd.diagnostics.monitor.metric_keys.length=training/global_step", "opsd.diagnostics.monitor.stop_on=[length]",
 ]
 
 

@@ -104,7 +104,9 @@ def two_nodes(tmp_path_factory):
 
 
 def _cluster_env(tiny_run_env, ckpt: Path, cluster: RayCluster, *, steps: int = 1) -> dict[str, str]:
-    return tiny_run_env(ckpt, RAY_ADDRESS=cluster.address, NNODES="2", STEPS=str(steps), **cluster.auth)
+    # no test hook: the second node's workers cannot import tests/hooks (the launcher forwards no PYTHONPATH)
+    return tiny_run_env(ckpt, rollout_hook=False, RAY_ADDRESS=cluster.address, NNODES="2", STEPS=str(steps),
+                        **cluster.auth)
 
 
 def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, run_cpu_verl, tiny_run_env, tmp_path):
@@ -211,7 +213,9 @@ def test_node_without_the_project_is_refused(two_nodes, tiny_run_env, tmp_path):
     daemons_before = set(two_nodes.daemons())
     two_nodes.add_node(str(venv / "bin" / "ray"))
     try:
-        done = _refused(tiny_run_env(tmp_path / "ckpt", RAY_ADDRESS=two_nodes.address, NNODES="2", **two_nodes.auth))
+        env = tiny_run_env(tmp_path / "ckpt", rollout_hook=False, RAY_ADDRESS=two_nodes.address, NNODES="2",
+                           **two_nodes.auth)
+        done = _refused(env)
         assert "cannot import this project (recipe)" in done.error, done.error
     finally:  # the bare node's daemons only; the two-node cluster stays for the other tests
         for pid in set(two_nodes.daemons()) - daemons_before:
