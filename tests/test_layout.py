@@ -9,6 +9,8 @@ below, fails here.
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # What each package may import (docs/ARCHITECTURE.md); anything else is a layering change to discuss.
 ALLOWED = {
@@ -97,6 +99,7 @@ def _imports(path: Path) -> list[str]:
     return names
 
 
+@pytest.mark.slow
 def test_the_opsd_core_is_pure():
     """recipe/opsd/core imports torch, the standard library, recipe.common and itself: no verl, Ray or
     glue module, in any function either; importing all of it loads neither verl nor Ray."""

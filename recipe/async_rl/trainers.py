@@ -74,6 +74,14 @@ class VersionedFullyAsyncTrainer(FullyAsyncTrainerBase):
     each record holds the previous step and the run's last step is never logged), and a resumed run
     numbering its steps from the checkpoint's (verl's resume starts one step later)."""
 
+    def _compute_old_log_prob(self, batch):
+        # verl's method, called through a method of this importable class: Ray makes an actor class by wrapping
+        # every inherited method and pickling the wrappers by value, and a method of verl's decorated class
+        # cannot be pickled by reference (its module's name holds the Ray ActorClass), so the copy's
+        # zero-argument super() would name a copy of verl's class: "super(type, obj): obj must be an instance".
+        # Every such method of verl's undecorated actor classes is overridden here (tests/async_rl/test_trainers.py).
+        return super()._compute_old_log_prob(batch)
+
     def _collect_metrics_from_samples(self, batch, metrics):
         super()._collect_metrics_from_samples(batch, metrics)
         metrics.update(batch_lag_metrics(batch, policy_version=self.current_param_version))

@@ -33,6 +33,7 @@ def analysed(tiny):
     return config, items, rollouts, scored, result
 
 
+@pytest.mark.slow
 def test_prompts_are_the_shared_builders_and_token_spliced(tiny, analysed):
     _, tokenizer, rows, _, _ = tiny
     config, items, rollouts, _, _ = analysed
@@ -48,6 +49,7 @@ def test_prompts_are_the_shared_builders_and_token_spliced(tiny, analysed):
         assert record["extra_info"]["solution"] in tokenizer.decode(item.teacher_ids["full_solution:think"])
 
 
+@pytest.mark.slow
 def test_signals_equal_token_signals_on_plain_full_logits(tiny, analysed):
     """Reference: one unpadded model forward per sequence, full [T, V] logits, token_signals."""
     model, _, _, _, _ = tiny

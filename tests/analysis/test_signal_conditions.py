@@ -124,6 +124,7 @@ def test_prompt_cap_cuts_the_solution_to_the_longest_fitting_prefix(tiny):
         sr.teacher_prompt_ids(extra, sc.Condition("full_solution", "think", 10), tokenizer)
 
 
+@pytest.mark.slow
 def test_sol_and_sol_long_share_rows_and_rollouts(tiny, tmp_path):
     """The paper's length control: Sol (prompt cap, C truncated) and Sol-long (no cap) on the same rows;
     the global teacher-prompt filter does not apply to capped conditions; rescoring rebuilds the cut."""

@@ -102,6 +102,7 @@ def _flat(node, prefix=""):
     return {prefix[:-1]: node}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, preset", sorted(PRESET_KEYS))
 def test_each_preset_changes_only_the_machinery_of_its_mode(recipe, preset):
     base = _flat(OmegaConf.to_container(_compose(recipe), resolve=True))

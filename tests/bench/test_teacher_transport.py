@@ -78,6 +78,7 @@ def test_step_one_agreement_reads_each_revisions_loss_name(bench):
     assert rows[3][3] == pytest.approx(0.25 / 1.25)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, line", [
     (["--before", "no-such-revision"], "error: --before no-such-revision: not a commit of"),
     (["--before", "HEAD", "--steps", "0"], "error: --steps must be >= 1, got 0"),
@@ -121,6 +122,7 @@ def test_driver_bytes_table_from_a_probe_log(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {empty}: no update_actor call")
 
 
+@pytest.mark.slow
 def test_nothing_outside_recipe_bench_imports_it():
     importers = []
     for path in (REPO / "recipe").rglob("*.py"):

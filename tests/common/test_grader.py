@@ -47,6 +47,7 @@ def test_every_eval_answer_verifies_against_itself(mode):
     assert failures == []
 
 
+@pytest.mark.slow
 def test_wrong_answers_rejected():
     wrong = []
     for row in _eval_rows():
@@ -205,6 +206,7 @@ def test_fast_path():
     assert fast_equal("\\frac{1}{2}", "0.5") is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "response",
     [
@@ -227,6 +229,7 @@ def test_hostile_inputs_are_false_and_bounded(response):
     assert elapsed < 8.0, elapsed
 
 
+@pytest.mark.slow
 def test_grading_after_a_timeout_still_works():
     grade("\\boxed{10^{10^{10^{10}}}}", "5", mode=EVALUATION, timeout_s=1.0)
     assert grade("\\boxed{\\frac{\\sqrt{570}}{12}}", "\\sqrt{\\frac{95}{24}}", mode=EVALUATION).acc
@@ -244,6 +247,7 @@ def test_grading_from_a_thread():
     assert results["value"].acc
 
 
+@pytest.mark.slow
 def test_grading_from_a_thread_pool():
     cases = [("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", True), ("\\boxed{\\sqrt{4}}", "2", True),
              ("\\boxed{\\pi}", "3.14", False), ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", True)] * 3
@@ -264,6 +268,7 @@ def test_grading_from_a_process_pool():
         ]
 
 
+@pytest.mark.slow
 def test_grading_from_a_daemonic_pool_worker():
     # multiprocessing.Pool workers are daemonic and may not start multiprocessing children
     with multiprocessing.get_context("fork").Pool(1) as pool:

@@ -193,6 +193,7 @@ def test_fuzz_from_processes():
 
 
 # --------------------------------------------------------------------------- regression tests (one per finding)
+@pytest.mark.slow
 @pytest.mark.parametrize("unit", [".$", "*.", " .", "$ "])
 def test_finding_1_answer_line_strip_is_linear(unit):
     response = "Answer: 5" + unit * (1_200_000 // len(unit))
@@ -201,12 +202,14 @@ def test_finding_1_answer_line_strip_is_linear(unit):
     assert time.monotonic() - start < 8.0  # 0.2-0.3 s after the fix, 75 s before it (shared machine)
 
 
+@pytest.mark.slow
 def test_finding_2_grading_with_more_than_1024_open_files():
     cases = [(0, ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", EVALUATION)),
              (1, ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", EVALUATION))]
     assert run_in_process(cases, open_files=1100) == []  # ValueError from select() before the fix
 
 
+@pytest.mark.slow
 def test_finding_3_fork_while_another_thread_holds_the_pool_lock():
     cases = [(0, ("\\boxed{\\frac{6}{8}}", "\\frac{3}{4}", EVALUATION))]
     ready, release = threading.Event(), threading.Event()

@@ -36,6 +36,7 @@ def test_left_pad():
         left_pad([[1], []], pad_token_id=PAD)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k", [(1.0, -1), (0.6, -1), (0.6, 5)])
 def test_logprobs_match_the_sampling_distribution(model, temperature, top_k):
     params = SampleParams(max_new_tokens=10, temperature=temperature, top_k=top_k)

@@ -184,6 +184,18 @@ def workspace(root: Path) -> Path:
     return root
 
 
+def block_cache(shared: Path, root: Path) -> Path:
+    """An OPSD_CACHE of the block's own whose built models and data are the shared cache's (linked) while its
+    ``checkpoints/`` is its own: two blocks that each launch a demo on its default checkpoint directory run side
+    by side (on one directory the second launch would be refused: recipe/launch/lock.py)."""
+    cache = root / "opsd_cache"
+    (cache / "checkpoints").mkdir(parents=True, exist_ok=True)
+    for entry in shared.iterdir():
+        if entry.name != "checkpoints" and not (cache / entry.name).exists():
+            (cache / entry.name).symlink_to(entry)
+    return cache
+
+
 def block_environment(cwd: Path, cache: Path) -> dict[str, str]:
     """A user's shell with this venv active: this environment without the launcher's variables, OPSD_CACHE=``cache``."""
     env = {**os.environ, "OPSD_CACHE": str(cache), "PYTHON": sys.executable, "VIRTUAL_ENV": sys.prefix,

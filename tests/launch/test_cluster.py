@@ -67,6 +67,7 @@ def test_forwarded_environment_is_the_launchs_not_the_users_whole_environment():
         join_overrides("h:1", {"X": 'a"b'})
 
 
+@pytest.mark.slow
 def test_a_gpu_launch_with_ray_address_joins_and_gives_every_worker_its_environment(launch_inputs, tmp_path):
     ckpt = tmp_path / "shared" / "ckpt"
     settings = Settings(device="gpu", model_path=str(launch_inputs.model), train_files=str(launch_inputs.train), ngpus=4,
@@ -141,6 +142,7 @@ def tiny_inputs(tmp_path_factory):
     return build_tiny_model(root / "model", seed=0), write_tiny_data(root / "data")["train"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("extra", "line"), [
     ({}, "[launch] error: actor_rollout_ref.rollout.name=vllm but vllm is not installed for "),
     ({"NNODES": "2"}, "[launch] error: actor_rollout_ref.rollout.name=vllm but vllm"),  # the engine is checked first

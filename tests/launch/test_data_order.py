@@ -159,6 +159,7 @@ def test_the_order_is_verls_dataloaders(tok, parquet, filtered, shuffle, seed, m
     assert order.rows_in_dataset == len(dataset)
 
 
+@pytest.mark.slow
 def test_the_record_is_written_to_the_run_directory(tmp_path, tiny, parquet):
     source = tmp_path / "ok.parquet"
     pd.DataFrame(_rows(long_row=-1)).to_parquet(source, index=False)

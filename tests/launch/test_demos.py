@@ -54,6 +54,7 @@ def test_steps_is_one_key_and_the_checkpoint_follows(tmp_path):
     assert "trainer.save_freq" not in launch.overrides
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("recipe", "steps", "batch"), [("opsd", 4, 4), ("grpo", 4, 4), ("sft", 3, 8)])
 def test_tiny_demo_of_every_recipe(recipe, steps, batch, tmp_path):
     launch, build = cpu_plan(recipe, "tiny", tmp_path)
@@ -63,6 +64,7 @@ def test_tiny_demo_of_every_recipe(recipe, steps, batch, tmp_path):
     assert str(launch.ckpt_dir) == str(tmp_path / "checkpoints" / recipe / cfg.trainer.experiment_name)
 
 
+@pytest.mark.slow
 def test_given_model_and_data_replace_what_the_demo_builds(tmp_path, launch_inputs):
     model, train = str(launch_inputs.model), str(launch_inputs.train)
     launch, _ = cpu_plan("grpo", "tiny", tmp_path, model_path=model, train_files=train)

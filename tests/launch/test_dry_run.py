@@ -83,6 +83,7 @@ def expected_opsd(model: str, experiment: str) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment, kind, task_weight, n, sft_weight", [
     ("objective_sampled_token", "sampled_token", 0.0, 1, 0.0),
     ("objective_sampled_token_task", "sampled_token", 0.1, 4, 0.0),
@@ -113,6 +114,7 @@ def trainer_args(command: list[str]) -> list[str]:
     return [a for a in command if "=" in a and not a.startswith("--")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", PAPER_MODELS)
 def test_run_opsd_gpu_keeps_every_model_preset(model):
     experiment = EXPERIMENTS[PAPER_MODELS.index(model) % len(EXPERIMENTS)]
@@ -166,6 +168,7 @@ def test_explicit_choices_win_and_are_printed():
             "+model=falcon_h1r_7b") in text
 
 
+@pytest.mark.slow
 def test_gpu_count_from_nvidia_smi_only_when_no_preset_sets_it():
     plain = gpu_plan(OPSD, [], model_path=a_model(), gpus_listed=4)
     assert plain.config.trainer.n_gpus_per_node == 4 and "nvidia-smi" in plain.describe()
@@ -173,6 +176,7 @@ def test_gpu_count_from_nvidia_smi_only_when_no_preset_sets_it():
     assert preset_run.config.trainer.n_gpus_per_node == 4  # the preset's, not the machine's
 
 
+@pytest.mark.slow
 def test_gpu_run_without_a_model_names_the_setting():
     with pytest.raises(ValueError, match="set MODEL_PATH or a \\+model=<preset>"):
         gpu_plan(OPSD, [])
@@ -180,6 +184,7 @@ def test_gpu_run_without_a_model_names_the_setting():
         plan(OPSD, Settings(device="gpu"), ["+model=qwen3_1p7b"], detect_gpus=lambda: 8, environ={})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("experiment", "response", "seed"),
     [(None, 20480, 42), ("released_grpo", 24576, 1)],
@@ -196,6 +201,7 @@ def test_run_grpo_gpu_budgets_cover_the_caps_and_the_seed_is_pinned(experiment, 
     assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
 
 
+@pytest.mark.slow
 def test_run_grpo_keeps_a_larger_budget_and_raises_a_smaller_one_with_a_note():
     larger = gpu_plan(GRPO, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536"], model_path=a_model())
     assert larger.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 65536

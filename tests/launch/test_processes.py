@@ -84,6 +84,7 @@ def _launch(tmp_path, seconds: float):
                                                 str(seconds)])
 
 
+@pytest.mark.slow
 def test_execute_kills_what_a_finished_driver_left_running(tmp_path, capsys):
     record = execute(_launch(tmp_path, 0))
     worker = int((tmp_path / "worker.pid").read_text())

@@ -77,6 +77,7 @@ PRESET_RUNS = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("recipe", "overrides"), PRESET_RUNS, ids=[f"{r}:{' '.join(o)}" for r, o in PRESET_RUNS])
 def test_every_preset_splits_over_the_ranks_it_runs_on(recipe, overrides):
     check_rank_division(recipe, compose(get_recipe(recipe), overrides))

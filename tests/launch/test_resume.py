@@ -58,6 +58,7 @@ def test_a_finished_run_is_said_and_a_raised_step_count_continues_it(recipe, lau
     assert more.finished is None and more.checked.resume_dir == ckpt / "global_step_2"
 
 
+@pytest.mark.slow
 def test_the_launcher_exits_0_without_training_a_finished_run(launch_inputs, tmp_path, monkeypatch, capsys):
     ckpt = tmp_path / "ckpt"
     launched(GRPO, launch_inputs, ckpt, steps=2, saved=2)
@@ -88,6 +89,7 @@ def test_another_config_is_refused_one_line_per_key(launch_inputs, tmp_path):
             "(RESUME_WITH_CHANGES=1): actor_rollout_ref.actor.optim.lr, opsd.loss.clip_tau") in anyway.notes
 
 
+@pytest.mark.slow
 def test_step_count_logger_cadence_retention_and_paths_may_change(launch_inputs, tmp_path):
     ckpt = tmp_path / "ckpt"
     launched(GRPO, launch_inputs, ckpt, steps=2, saved=2)

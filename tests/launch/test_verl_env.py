@@ -91,6 +91,7 @@ def test_gpu_sft_launch_has_no_rollout_and_no_extension():
     assert not any(RUNTIME_ENV_KEY in a for a in launch.command)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("environ, expected", [({}, "1"), ({"PYTHONUNBUFFERED": ""}, "")])
 def test_launch_runs_python_unbuffered_unless_the_user_chose(environ, expected):
     launch = plan(OPSD, Settings(device="cpu", model_path=M(), train_files=T()), [], environ=environ)
@@ -106,6 +107,7 @@ def test_cpu_hf_launch_lists_the_plugin_first_then_the_extension():
     assert "VLLM_TARGET_DEVICE" not in launch.env
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", [OPSD, GRPO])
 def test_cpu_rollout_vllm_is_the_platform_option_the_venv_and_vllms_variables(recipe, tmp_path):
     venv = fake_venv(tmp_path)
@@ -139,6 +141,7 @@ def test_missing_or_incomplete_venv_names_the_build_command(tmp_path):
         plan(GRPO, settings, [], environ={})
 
 
+@pytest.mark.slow
 def test_unsupported_head_dim_is_refused_before_anything_starts(tmp_path):
     venv = fake_venv(tmp_path)
     small = model_dir(tmp_path, hidden_size=64, num_attention_heads=4)  # head_dim 16
@@ -168,6 +171,7 @@ def test_run_grpo_dry_run_shows_the_vllm_cpu_launch(tmp_path):
     assert "actor_rollout_ref.rollout.name" in out.stdout and "name: vllm" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_venv_built_from_another_main_venv_is_noted(tmp_path):
     import sysconfig
 

@@ -121,6 +121,7 @@ def test_wheel_and_gguf_sources_hash_the_same_bytes(tmp_path):
         smollm2.find_gguf(other)
 
 
+@pytest.mark.slow
 def test_fetched_model_has_fixed_special_tokens(smollm2_dir):
     build = json.loads((smollm2_dir / "BUILD.json").read_text())
     assert build["eos"] == ["<|im_end|>", 2] and build["pad"] == ["<|endoftext|>", 0]
@@ -129,6 +130,7 @@ def test_fetched_model_has_fixed_special_tokens(smollm2_dir):
     assert list(smollm2_dir.glob("*.safetensors"))
 
 
+@pytest.mark.slow
 def test_fetched_model_stops_at_im_end(smollm2_dir):
     """Greedy generation with the saved generation config ends the turn with <|im_end|>, not at the cap."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -241,6 +241,7 @@ def test_entropy_positions_refuse_a_wrong_count():
         _run(LossConfig(positions="he:0.2"), hs, ws, wt, data)  # loss_mask keeps every position
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip_tau", [None, 0.05])
 def test_purified_variant_equals_purified_token_loss_on_full_logits(clip_tau):
     cfg = LossConfig(objective="purified", beta=0.5, clip_tau=clip_tau, student_temperature=1.1,
@@ -291,6 +292,7 @@ def test_beta_opsd_variant_equals_beta_opsd_token_loss_on_full_logits():
     assert not torch.allclose(other, loss)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("variant", ["divergence", "purified", "beta_opsd"])
 def test_micro_batch_and_rank_split_give_the_mini_batch_loss_and_gradient(mode, variant):
@@ -409,6 +411,7 @@ def test_a_task_weight_on_the_divergence_adds_the_task_surrogate():
     assert (grads[0] - alone_grads[0]).abs().max() > 1e-3
 
 
+@pytest.mark.slow
 def test_the_objectives_split_into_micro_batches_and_ranks_exactly():
     """As the variants: 5 rollouts on 1 rank, or {0, 1}, {2} on rank 0 and {3, 4} on rank 1."""
     cfg = _objective(LossConfig(student_temperature=1.1, chunk_size=2), "sampled_token", task_weight=0.3, discount=0.5)
@@ -474,6 +477,7 @@ def _sft_reference(student_weight, sft_hidden, data):
     return term, torch.autograd.grad(term, (ws, hf))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, task_weight", [("divergence", 0.0), ("divergence", 0.3),
                                                ("sampled_token", 0.0), ("sampled_token", 0.3)])
 def test_the_sft_term_adds_the_solution_nll_for_both_objective_kinds(kind, task_weight):
@@ -516,6 +520,7 @@ def test_the_sft_term_by_hand():
     assert metrics["opsd/sft_nll"] == pytest.approx(math.log(5.0) * 2 / 3, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_weight_zero_gives_exactly_the_old_loss_and_needs_no_sft_rows():
     cfg = LossConfig(beta=0.0, clip_tau=0.05, chunk_size=4)
     hs, ws, wt, data = _batch(seed=43)

@@ -116,6 +116,7 @@ def test_the_continuation_has_no_jump_at_step_101(continuation):
     assert continued[201] == pytest.approx(PEAK) and continued[300] == pytest.approx(2.467e-10, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_steps_300_continued_resumes_the_default_runs_step_100(tmp_path, launch_inputs, monkeypatch):
     from recipe.experiments import sweep
 

@@ -37,6 +37,7 @@ def _pair(n=5, v=7, seed=0, dtype=torch.float64):
     return s, t
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opts", BRANCHES, ids=str)
 @pytest.mark.parametrize("chunk_size", [None, 2])
 def test_gradcheck_float64(opts, chunk_size):

@@ -332,6 +332,7 @@ def _topk_by_hand(ps, pt, *, reverse: bool, k, clip_tau):
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", sorted(TOPK_TABLE))
 def test_topk_presets_are_the_papers_rows(row, hydra_dir):
     import math

@@ -126,6 +126,7 @@ def _prepare(overrides):
     return prepare_config(cfg)
 
 
+@pytest.mark.slow
 def test_prepare_config_refuses_the_zero_loss_setting_unless_allowed():
     with pytest.raises(ValueError, match="opsd.teacher: the teacher is the student itself .*opsd.teacher.allow_zero_loss=true"):
         _prepare(["opsd.teacher_context=none"])
@@ -136,6 +137,7 @@ def test_prepare_config_refuses_the_zero_loss_setting_unless_allowed():
     assert _prepare(["opsd.teacher_context=none", "opsd.teacher_mode=no_think"])
 
 
+@pytest.mark.slow
 def test_prepare_config_refuses_kinds_that_cannot_work():
     with pytest.raises(ValueError, match="opsd.teacher.kind=ema needs full-parameter training"):
         _prepare(["opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.99", "actor_rollout_ref.model.lora_rank=8"])

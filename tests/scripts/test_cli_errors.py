@@ -94,6 +94,7 @@ def test_missing_field_strict_by_row_default_counted(inputs, tmp_path):
         f"error: {inputs / 'missing.jsonl'}: no such input file")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["openthoughts_column", "eval_sets", "length_filter", "decontaminate", "sft"])
 def test_other_data_prep_tools(inputs, tmp_path, case):
     argv, expected = {
@@ -129,6 +130,7 @@ def test_builder_never_replaces_an_output_without_overwrite(tmp_path):
 
 
 # --------------------------------------------------------------------------- evaluation and analysis
+@pytest.mark.slow
 def test_evaluate_bad_benchmark_line_leaves_no_run_config(inputs, tmp_path):
     bench = tmp_path / "bench.jsonl"
     bench.write_text('{"id": "a", "problem": "What is 1+1?", "answer": "2"}\n{"id": "b", "problem": "x"}\n')
@@ -140,6 +142,7 @@ def test_evaluate_bad_benchmark_line_leaves_no_run_config(inputs, tmp_path):
     assert not (out / "run_config.json").exists()  # a rerun with another model is not blocked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["truncated", "no_tokenizer", "compare_missing"])
 def test_evaluate_and_analyze_model_dirs(inputs, tmp_path, case):
     truncated = inputs / "truncated" / "model.safetensors"

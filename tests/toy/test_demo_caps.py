@@ -17,6 +17,7 @@ def tiny_files(tmp_path_factory):
     return write_tiny_data(tmp_path_factory.mktemp("tiny_data"))
 
 
+@pytest.mark.slow
 def test_tiny_demo_rows_fit_every_recipe_and_a_smaller_cap_is_named(tiny_files):
     tokenizer = build_char_tokenizer()
     check_demo_rows("tiny", tiny_files, tokenizer)
@@ -61,6 +62,7 @@ def _one_row(frame, index, tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_toy_demo_rows_fit_the_rl_recipes_and_the_student_sft(tmp_path):
     config = StudentConfig()
     files = write_data(config, tmp_path / "data")

@@ -38,6 +38,7 @@ def real_plan(recipe, tmp_path, argv=(), **settings):
                 pending=unbuilt(build.inputs)), build
 
 
+@pytest.mark.slow
 @requires_smollm2
 @pytest.mark.parametrize("recipe", ["opsd", "grpo"])
 def test_real_demo_plans_smollm2_with_native_modes_and_the_same_problems(recipe, tmp_path):
