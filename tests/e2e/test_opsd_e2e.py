@@ -371,7 +371,7 @@ LORA_ARGS = [
     # the step counter, so the signature fires at step 2 (2 / 1 >= length_ratio_threshold 1.5).
     "trainer.save_freq=5",
     "opsd.diagnostics.monitor.early_start=1", "opsd.diagnostics.monitor.early_end=1", "opsd.diagnostics.monitor.recent_window=1",
-    "opsd.diagnostics.monitor.metric_keys.length=training/global_step", "opsd.diagnostics.monitor.stop_on=[length]",
+    "+opsd.diagnostics.monitor.metric_keys.length=training/global_step", "opsd.diagnostics.monitor.stop_on=[length]",
 ]
 
 
