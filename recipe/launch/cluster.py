@@ -23,6 +23,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -168,16 +169,19 @@ def probe_cluster(*, python: str, address: str, engine: str | None, timeout_s: f
                   env: Mapping[str, str] | None = None) -> dict:
     """Ask the cluster at ``address`` what each alive node has; the probe process is gone on return."""
     command = [python, "-c", PROBE, address, engine or "", str(timeout_s / 2)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ if env is None else env), start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-    except BaseException as error:  # a timeout, or the launcher interrupted: the probe goes too
-        os.killpg(process.pid, 9)
-        process.wait()
-        if isinstance(error, subprocess.TimeoutExpired):
-            raise PreflightError(f"RAY_ADDRESS={address}: the Ray cluster did not answer within {timeout_s:.0f} s")
-        raise
+    # Ray puts its driver's working directory on every worker's sys.path: run from a checkout, the probe
+    # would lend each node this checkout and find the project on a node that has not installed it.
+    with tempfile.TemporaryDirectory(prefix="opsd_cluster_probe_") as neutral:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=neutral,
+                                   env=dict(os.environ if env is None else env), start_new_session=True)
+        try:
+            output, _ = process.communicate(timeout=timeout_s)
+        except BaseException as error:  # a timeout, or the launcher interrupted: the probe goes too
+            os.killpg(process.pid, 9)
+            process.wait()
+            if isinstance(error, subprocess.TimeoutExpired):
+                raise PreflightError(f"RAY_ADDRESS={address}: the Ray cluster did not answer within {timeout_s:.0f} s")
+            raise
     lines = [line for line in output.splitlines() if line.startswith("PROBE ")]
     if not lines:
         raise PreflightError(f"RAY_ADDRESS={address}: asking the Ray cluster failed: {output.strip()[-500:]}")

@@ -177,3 +177,19 @@ def test_a_cluster_that_refuses_the_probe_is_one_line(monkeypatch, error, line):
     with pytest.raises(PreflightError) as refused:
         preflight(python="/py", device="cpu", engine="hf", address="10.0.0.1:6379", nnodes=2, gpus_per_node=1)
     assert refused.value.line == f"[launch] error: {line}"
+
+
+def test_the_cluster_probe_runs_outside_the_checkout(tmp_path):
+    """Ray puts its driver's working directory on every worker's sys.path: a probe run from the checkout would
+    find the project on a node that has not installed it. A stand-in python prints its working directory."""
+    from pathlib import Path
+
+    from recipe.launch import cluster
+
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "PROBE {\\"cwd\\": \\"$(pwd)\\"}"\n')
+    fake.chmod(0o755)
+    report = cluster.probe_cluster(python=str(fake), address="127.0.0.1:1", engine=None, timeout_s=30)
+    repo = Path(__file__).resolve().parents[2]
+    assert not Path(report["cwd"]).resolve().is_relative_to(repo) and Path(report["cwd"]) != Path.cwd()
+    assert not Path(report["cwd"]).exists()  # a temporary directory, removed afterwards
