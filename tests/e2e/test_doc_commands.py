@@ -214,7 +214,6 @@ COMMANDS: dict[str, Run | Skip] = {
     # ^ checks out two revisions and runs 3 OPSD steps with each
     "python scripts/bench.py teacher-transport --before dc3fddf --after 0523b7a --response-length 256 --steps 3 [--model …":
         inputs("[...] marks optional arguments; runnable: the --help of the line above"),
-    "CPU_DEMO=toy python scripts/probe.py --out-dir probe_toy --validate": HELP,  # every cell of the grid in full
     # docs/toy_world.md
     "python scripts/toy_studies.py compare --steps 100": HELP,  # the toy student's build + 2 launches of 100 steps (~21 min)
     "python scripts/toy_studies.py seeds --seeds 1 2 3": HELP,  # 6 toy launches of 150 steps (~71 min)
@@ -223,7 +222,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "bash recipe/cpu/vllm_cpu_venv.sh": long(VLLM_VENV),
     "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh": VLLM,
     "python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py": suite("the vllm_cpu lane of CI"),
-    "PYTHONPATH=$PWD/tests/hooks VERL_USE_EXTERNAL_MODULES=opsd_test_hooks.rollout …": VLLM,
+    "VERL_USE_EXTERNAL_MODULES=recipe.rollout.sync_check OPSD_SYNC_CHECK_LOG=sync_check.jsonl …": VLLM,
 }
 
 
