@@ -74,3 +74,15 @@ def test_verls_old_log_prob_runs_inside_a_ray_actor():
     finally:
         ray.shutdown()
     assert "super(type, obj)" not in outcome, outcome
+
+
+@pytest.mark.parametrize("recipe", ["opsd", "grpo"])
+def test_the_learning_rate_schedule_gets_the_step_count_before_the_workers_are_built(recipe):
+    """verl's fully-async main gives the trainer its step count after the workers built their schedulers (with
+    -1: a constant peak learning rate); the task runner sets it first, as the synchronous trainer does."""
+    from tests.async_rl.test_config import _compose
+
+    config = _compose(recipe, "+experiment=async_fully", "trainer.total_training_steps=37")
+    assert config.actor_rollout_ref.actor.optim.total_training_steps == -1  # what verl would build the workers with
+    trainers.set_schedule_length(config)
+    assert config.actor_rollout_ref.actor.optim.total_training_steps == 37
