@@ -222,7 +222,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "bash recipe/cpu/vllm_cpu_venv.sh": long(VLLM_VENV),
     "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh": VLLM,
     "python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py": suite("the vllm_cpu lane of CI"),
-    "VERL_USE_EXTERNAL_MODULES=recipe.rollout.sync_check OPSD_SYNC_CHECK_LOG=sync_check.jsonl …": VLLM,
+    "VERL_USE_EXTERNAL_MODULES=recipe.rollout.sync_check OPSD_SYNC_CHECK_LOG=$PWD/sync_check.jsonl …": VLLM,
 }
 
 
