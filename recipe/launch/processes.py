@@ -70,10 +70,16 @@ def kill_marked(*, variable: str, value: str, attempts: int = 20, wait_s: float 
     def marked() -> list[int]:
         return [pid for pid in pids_with(variable=variable, value=value) if pid != os.getpid() and not spare(pid)]
 
+    empty_scans = 0
     for _ in range(attempts):
         pids = marked()
         if not pids:
-            return []
+            empty_scans += 1
+            if empty_scans == 2:  # twice, wait_s apart: a process forked while its parent died is caught
+                return []
+            time.sleep(wait_s)
+            continue
+        empty_scans = 0
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
