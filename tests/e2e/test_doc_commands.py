@@ -3,7 +3,8 @@
 ``COMMANDS`` is the one table: every documented command (its text, whitespace collapsed; a key ending in
 `` …`` matches the commands that start with what precedes it) -> ``RUN`` (run as written, optionally with
 the smallest documented settings prepended, e.g. ``STEPS=1``), ``DRY_RUN`` (a launch of minutes: run with
-``--dry-run`` appended, so its final config and every pre-Ray check are run and nothing starts), ``HELP`` (a
+``--dry-run`` appended, so its final config and every pre-Ray check are run and nothing starts), ``launched_by(test)``
+(a tiny launch the named e2e test makes with the same script and settings: run with ``--dry-run`` here), ``HELP`` (a
 job of minutes: run with ``--help`` appended, so the entry point, its subcommand and options parse; the
 comment beside the entry says what the full job costs and what covers it) or a ``Skip`` of kind
 
@@ -41,6 +42,13 @@ RUN = Run()
 ONCE = Run(once=True)  # a launch of a CPU demo (a minute or more): run in the first block that gives it only
 ONE_STEP = Run(env=(("STEPS", "1"),), once=True)  # + the smallest documented setting (docs/launch.md: STEPS)
 DRY_RUN = Run(append="--dry-run")  # a long launch: its final config and every pre-Ray check, nothing started
+
+
+def launched_by(test: str) -> Run:
+    """A tiny launch an e2e test makes the same way (script, demo, ranks, rollout): checked here with --dry-run."""
+    return Run(append="--dry-run", reason=f"launched by {test}")
+
+
 HELP = Run(append="--help")  # a long job: the entry point, its subcommand and options parse, nothing run
 VLLM = Run(needs="vllm_cpu", once=True)
 SMOLLM2 = Run(needs="smollm2")
@@ -141,18 +149,20 @@ COMMANDS: dict[str, Run | Skip] = {
     "DEVICE=gpu MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=data/parquet/dapo/train.parquet bash recipe/grpo_baseline/run_grpo.sh "
     "--dry-run +experiment=released_grpo": RUN,
     "DEVICE=gpu TRAIN_FILES=tiny/train.parquet bash recipe/opsd/run_opsd.sh --dry-run +model=falcon_h1r_7b": HUB,
-    "CPU_DEMO=tiny CPU_NUM_RANKS=2 STEPS=2 bash recipe/opsd/run_opsd.sh": ONCE,
-    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh actor_rollout_ref.model.lora_rank=8 …": ONE_STEP,
+    "CPU_DEMO=tiny CPU_NUM_RANKS=2 STEPS=2 bash recipe/opsd/run_opsd.sh": launched_by(
+        "tests/e2e/test_opsd_e2e.py::test_two_ranks_two_steps"),
+    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh actor_rollout_ref.model.lora_rank=8 …": launched_by(
+        "tests/e2e/test_opsd_e2e.py::test_lora_teacher_is_the_base_model"),
     "bash scripts/pipeline_sft_grpo_opsd.sh --dry-run": RUN,
     "bash scripts/pipeline_sft_grpo_opsd.sh": ONCE,
     "BASE_MODEL=/models/Qwen3-4B-Base SFT_FILES=/data/omr_sft.parquet …": gpu(),
     "bash recipe/opsd/run_opsd.sh": long(TOY),
-    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh": ONE_STEP,
+    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh": launched_by("tests/e2e/test_opsd_e2e.py (and the merge example below)"),
     "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet NGPUS=8 bash recipe/opsd/run_opsd.sh": gpu(),
     "TRAIN_FILES=train.parquet bash recipe/opsd/run_opsd.sh +model=qwen3_4b +experiment=rollout_256": gpu(),
     "bash recipe/grpo_baseline/run_grpo.sh": long("the GRPO toy demo: the toy student's build, 150 steps of ~10 s; "
                                                   "CPU_DEMO=tiny runs the same launcher path"),
-    "CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh": ONE_STEP,
+    "CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh": launched_by("tests/e2e/test_grpo_e2e.py"),
     "CPU_DEMO=tiny CPU_NUM_RANKS=2 bash recipe/grpo_baseline/run_grpo.sh": ONE_STEP,
     "MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo.parquet NGPUS=8 bash recipe/grpo_baseline/run_grpo.sh": gpu(),
     "MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=omr.parquet bash recipe/grpo_baseline/run_grpo.sh +experiment=released_grpo": gpu(),
@@ -220,7 +230,8 @@ COMMANDS: dict[str, Run | Skip] = {
     "python scripts/toy_studies.py signals": HELP,  # the toy student's build (~3 min); tests/toy cover the analysis
     # docs/vllm_cpu.md
     "bash recipe/cpu/vllm_cpu_venv.sh": long(VLLM_VENV),
-    "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh": VLLM,
+    "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh": launched_by(
+        "tests/e2e/test_vllm_cpu_e2e.py::test_rollout_serves_the_trainers_weights_after_every_step[opsd]"),
     "python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py": suite("the vllm_cpu lane of CI"),
     "VERL_USE_EXTERNAL_MODULES=recipe.rollout.sync_check OPSD_SYNC_CHECK_LOG=$PWD/sync_check.jsonl …": VLLM,
 }
@@ -246,6 +257,11 @@ def test_every_documented_command_is_in_the_table():
     used = {_entry(key)[0] for key in keys}
     stale = [key for key in COMMANDS if key not in used]
     assert not stale, f"COMMANDS entries no document has any more (remove them): {stale}"
+    for key, how in COMMANDS.items():  # a launch left to another test names a test that exists
+        for ref in how.reason.removeprefix("launched by ").split()[:1] if isinstance(how, Run) and how.reason else []:
+            path, _, name = ref.partition("::")
+            assert (REPO_ROOT / path).is_file(), f"{key!r}: {how.reason}: no {path}"
+            assert not name or f"def {name.split('[')[0]}(" in (REPO_ROOT / path).read_text(), f"{key!r}: no test {name}"
     for key in keys:
         if key.startswith("python -m pytest"):  # a documented subset names tests that exist
             for path in _paths_of_pytest(key):
