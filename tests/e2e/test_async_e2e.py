@@ -1,6 +1,6 @@
 """Rollouts that overlap training, end to end on the CPU (tiny model, 2 steps, 1 training rank + 1 rollout).
 
-Launches (each ~1-1.5 min; the three correctness launches run two at a time):
+Launches (each ~1-1.5 min; all of them two at a time, ``async_runs``):
 
 - ``sync``: the synchronous OPSD trainer, greedy rollouts (top-k 1: samples independent of how the
   rollout server batches requests), the reference of the step-1 loss;
@@ -43,15 +43,28 @@ def _launch(name, script, args, *, root, tiny_run_env, steps=2):
 
 
 @pytest.fixture(scope="module")
-def opsd_runs(run_cpu_verl_side_by_side, tiny_run_env, tmp_path_factory):
+def async_runs(run_cpu_verl, run_cpu_verl_side_by_side, tiny_run_env, tmp_path_factory):
+    """Every launch of this file, two at a time: the killed-and-resumed pair (two launches one after the
+    other) in one slot first, the single launches in the order given in the other."""
     root = tmp_path_factory.mktemp("async")
+    grpo = root / "grpo"
     return root, run_cpu_verl_side_by_side({
+        "killed_and_resumed": lambda: _kill_and_resume(run_cpu_verl, tiny_run_env, root / "resume"),
         "sync": _launch("sync", OPSD, GREEDY, root=root, tiny_run_env=tiny_run_env),
         "fully_s0": _launch("fully_s0", OPSD, [FULLY, "async_training.staleness_threshold=0", *GREEDY], root=root,
                             tiny_run_env=tiny_run_env),
         "one_step_off": _launch("one_step_off", OPSD, [ONE_STEP_OFF, "trainer.save_freq=1", *GREEDY], root=root,
                                 tiny_run_env=tiny_run_env),
+        "grpo_one_step_off": _launch("one_step_off", GRPO, [ONE_STEP_OFF], root=grpo, tiny_run_env=tiny_run_env),
+        "grpo_fully_s1": _launch("fully_s1", GRPO, [FULLY, "async_training.staleness_threshold=1"], root=grpo,
+                                 tiny_run_env=tiny_run_env),
     })
+
+
+@pytest.fixture(scope="module")
+def opsd_runs(async_runs):
+    root, runs = async_runs
+    return root, {name: runs[name] for name in ("sync", "fully_s0", "one_step_off")}
 
 
 @pytest.mark.parametrize("name", ["fully_s0", "one_step_off"])
@@ -118,9 +131,7 @@ def _metrics(path: Path) -> dict[int, dict]:
     return merged
 
 
-@pytest.fixture(scope="module")
-def killed_and_resumed(run_cpu_verl, tiny_run_env, tmp_path_factory):
-    root = tmp_path_factory.mktemp("async_resume")
+def _kill_and_resume(run_cpu_verl, tiny_run_env, root: Path):
     args = [FULLY, "async_training.staleness_threshold=1", "trainer.save_freq=2"]
     first = _launch_and_kill_after_save(
         {**_launch("launch1", OPSD, args, root=root, tiny_run_env=tiny_run_env, steps=4),
@@ -128,6 +139,11 @@ def killed_and_resumed(run_cpu_verl, tiny_run_env, tmp_path_factory):
     second = run_cpu_verl(OPSD, args, workdir=root / "launch2", script=True, timeout=400,
                           env=tiny_run_env(root / "ckpt", root / "weights.jsonl", STEPS="4"))
     return root, first, second
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(async_runs):
+    return async_runs[1]["killed_and_resumed"]
 
 
 def test_a_killed_fully_async_run_resumes_from_its_last_save(killed_and_resumed):
@@ -145,13 +161,8 @@ def test_a_killed_fully_async_run_resumes_from_its_last_save(killed_and_resumed)
 
 
 @pytest.fixture(scope="module")
-def grpo_runs(run_cpu_verl_side_by_side, tiny_run_env, tmp_path_factory):
-    root = tmp_path_factory.mktemp("async_grpo")
-    return run_cpu_verl_side_by_side({
-        "one_step_off": _launch("one_step_off", GRPO, [ONE_STEP_OFF], root=root, tiny_run_env=tiny_run_env),
-        "fully_s1": _launch("fully_s1", GRPO, [FULLY, "async_training.staleness_threshold=1"], root=root,
-                            tiny_run_env=tiny_run_env),
-    })
+def grpo_runs(async_runs):
+    return {name: async_runs[1][f"grpo_{name}"] for name in ("one_step_off", "fully_s1")}
 
 
 @pytest.mark.parametrize("name", ["one_step_off", "fully_s1"])

