@@ -81,7 +81,6 @@ def doc_pages() -> list[Path]:
     ("ran under HEAVY_" + "EXCLUSIVE=1", True),
     ("the " + "lea" + "d's probe", True),
     ("measured in this " + "session", True),
-    ("other " + "helper" + "s' jobs", True),
     ("Issue " + "19 item 1", True),
     ("the loss helpers allocate", False),
     ("starts the trainer in its own session", False),

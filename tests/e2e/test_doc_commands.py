@@ -46,7 +46,7 @@ DRY_RUN = Run(append="--dry-run")  # a long launch: its final config and every p
 
 def launched_by(test: str, needs: str | None = None) -> Run:
     """A tiny launch an e2e test makes the same way (script, demo, ranks, rollout): checked here with --dry-run."""
-    return Run(append="--dry-run", reason=f"launched by {test}", needs=needs)
+    return Run(append="--dry-run", launched_by=test, needs=needs)
 
 
 HELP = Run(append="--help")  # a long job: the entry point, its subcommand and options parse, nothing run
@@ -156,7 +156,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "bash scripts/pipeline_sft_grpo_opsd.sh": ONCE,
     "BASE_MODEL=/models/Qwen3-4B-Base SFT_FILES=/data/omr_sft.parquet …": gpu(),
     "bash recipe/opsd/run_opsd.sh": long(TOY),
-    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh": launched_by("tests/e2e/test_opsd_e2e.py (and the merge example below)"),
+    "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh": launched_by("tests/e2e/test_opsd_e2e.py"),
     "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet NGPUS=8 bash recipe/opsd/run_opsd.sh": gpu(),
     "TRAIN_FILES=train.parquet bash recipe/opsd/run_opsd.sh +model=qwen3_4b +experiment=rollout_256": gpu(),
     "bash recipe/grpo_baseline/run_grpo.sh": long("the GRPO toy demo: the toy student's build, 150 steps of ~10 s; "
@@ -258,9 +258,9 @@ def test_every_documented_command_is_in_the_table():
     stale = [key for key in COMMANDS if key not in used]
     assert not stale, f"COMMANDS entries no document has any more (remove them): {stale}"
     for key, how in COMMANDS.items():  # a launch left to another test names a test that exists
-        for ref in how.reason.removeprefix("launched by ").split()[:1] if isinstance(how, Run) and how.reason else []:
-            path, _, name = ref.partition("::")
-            assert (REPO_ROOT / path).is_file(), f"{key!r}: {how.reason}: no {path}"
+        if isinstance(how, Run) and how.launched_by:
+            path, _, name = how.launched_by.partition("::")
+            assert (REPO_ROOT / path).is_file(), f"{key!r}: launched by {how.launched_by}: no {path}"
             assert not name or f"def {name.split('[')[0]}(" in (REPO_ROOT / path).read_text(), f"{key!r}: no test {name}"
     for key in keys:
         if key.startswith("python -m pytest"):  # a documented subset names tests that exist
