@@ -27,6 +27,9 @@ RL_MACHINERY = {
     "transfer_queue.backend.SimpleStorage.num_data_storage_units", "trainer.device", "trainer.nnodes",
     "trainer.n_gpus_per_node", "ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.num_cpus",
     "data.dataloader_num_workers",
+    # compute precision (fp32 on a CPU: bf16 is emulated there), a kernel choice, not an algorithm setting
+    *(f"actor_rollout_ref.{role}.fsdp_config.mixed_precision.{key}" for role in ("actor", "ref")
+      for key in ("param_dtype", "reduce_dtype", "buffer_dtype")),
 }
 # verl's vLLM engine on the CPU (platform/cpu_vllm.yaml): eager mode, no sleep mode, engine step size.
 VLLM_MACHINERY = RL_MACHINERY | {
@@ -35,7 +38,8 @@ VLLM_MACHINERY = RL_MACHINERY | {
 }
 SFT_MACHINERY = {
     "model.override_config.attn_implementation", "model.use_remove_padding", "engine.strategy",
-    "engine.use_torch_compile", "trainer.device", "trainer.nnodes", "trainer.n_gpus_per_node", "data.num_workers",
+    "engine.use_torch_compile", "trainer.device",
+    *(f"engine.mixed_precision.{key}" for key in ("param_dtype", "reduce_dtype", "buffer_dtype")), "trainer.nnodes", "trainer.n_gpus_per_node", "data.num_workers",
 }
 
 
