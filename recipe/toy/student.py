@@ -146,7 +146,8 @@ def write_data(config: StudentConfig, data_dir: Path) -> dict[str, Path]:
 
 def cpu_sft_overrides(*, batch_size: int, max_length: int, lr: float, steps: int, seed: int,
                       experiment_name: str) -> list[str]:
-    """verl SFT overrides of a short fp32 SFT run on the CPU (on top of sft_trainer.yaml and the CPU platform):
+    """verl SFT overrides of a short SFT run on the CPU (on top of sft_trainer.yaml and the CPU platform, which
+    computes in fp32):
     batches of ``batch_size`` rows of at most ``max_length`` tokens, ``steps`` steps, one checkpoint at the end."""
     return [
         f"data.train_batch_size={batch_size}",
@@ -154,9 +155,6 @@ def cpu_sft_overrides(*, batch_size: int, max_length: int, lr: float, steps: int
         f"data.max_length={max_length}",
         f"data.max_token_len_per_gpu={max_length * batch_size}",
         f"optim.lr={lr}",
-        # fp32 compute on CPU (verl's FSDP default is bf16 mixed precision, slow without AMX).
-        "engine.dtype=float32",
-        "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         "model.enable_gradient_checkpointing=False",
         f"trainer.total_training_steps={steps}",
         # The step count stops the run (verl's default of 4 epochs would cut small data sets short).
