@@ -9,8 +9,8 @@ gradually while evaluation rollout length grows", "Behavioral collapse: a large 
 accompanied by failures such as repetition, hallucination, missing of <eos> token, corrupted text, or loss
 of boxed-answer formatting". It also warns: "Initial forward KL does not predict the signed effect", and
 "the joint entropy--gradient rise is a useful online warning of collapse, but no single trace reliably
-predicts final performance". The verdicts therefore come from the K steps; the frozen signals are shown
-and decide only the degenerate case of no signal at all.
+predicts final performance". The verdicts therefore come from the K steps first; of the frozen signals two
+mechanisms predict a degradation the K steps may be too short to show (rule 4), the rest are shown.
 
 Step indicators (``step_indicators``): means of an early window (the first third of the K steps, at least
 two) and a late window (the last third) of the logged metrics -- entropy, grad norm, length, capped
@@ -25,8 +25,10 @@ Rules (``classify``; the first that matches; ``THRESHOLDS`` gives each value and
 2. collapse: entropy and grad norm rise together, or the boxed rate collapses while rollouts grow;
 3. ineffective length growth: rollouts grow (length ratio or capped fraction) without a significant reward
    change; with a significant reward drop: stable degradation; with a significant rise: gain;
-4. stable degradation: the reward falls significantly, or the boxed rate collapses, or the unclipped
-   forward KL grows although the loss minimises it while the reward does not rise;
+4. stable degradation: the reward falls significantly, or the boxed rate collapses; predicted, while the reward
+   does not rise: the teacher answers the training problems significantly worse than the student (frozen
+   ``teacher_lift_z``), or the clip turns the teacher's decisive signal around at most positions (frozen
+   ``clip_reversal``), or the unclipped forward KL grows although the loss minimises it;
 5. gain: the reward rises significantly (observed), or the forward KL falls (the student takes on the
    teacher's behaviour) with no warning and no significant reward drop (predicted);
 6. no measurable effect otherwise.
@@ -92,6 +94,16 @@ THRESHOLDS: dict[str, Threshold] = {
     "zero_kl": Threshold(
         1e-6, "frozen forward KL < value: no signal (teacher = student)",
         "the none control's loss is exactly 0 (docs/toy_world.md)"),
+    "teacher_lift_z": Threshold(
+        2.0, "(teacher - student) accuracy on the training problems, each sampling its own prompt, / its standard "
+        "error <= -value: the teacher answers worse than the student (predicted stable degradation)",
+        "two binomial standard errors, as reward_z; why: distillation moves the student towards the teacher's "
+        "answers (the paper's related work: OPD 'requires ... a teacher with genuinely new capabilities')"),
+    "clip_reversal": Threshold(
+        50.0, "% of the decisive positions (teacher top token != student's) where a descent step on the clipped "
+        "loss lowers pS(teacher top) while the unclipped step raises it >= value (predicted stable degradation)",
+        "a majority; the mechanism: the per-entry clip zeroes the gradient of the entries it caps, and the kept "
+        "terms push the capped entries' logits down (docs/core_math.md, recipe.opsd.core.signals.top_push_summary)"),
     "eos_ratio": Threshold(
         0.5, "teacher / student p(<eos>) at the student's turn ends <= value: length-growth risk (shown only)",
         "this project's SmolLM2 analysis: the teachers put 0.36-0.42 where the student puts 0.89-0.91, and its "
@@ -135,17 +147,21 @@ def windows(num_steps: int) -> tuple[int, int]:
     return size, size
 
 
+def proportion_z(p1: float, n1: int, p2: float, n2: int) -> float:
+    """z = (p2 - p1) / sqrt(p1 q1 / n1 + p2 q2 / n2) of two proportions; a zero standard error gives 0 for equal
+    proportions, +-inf otherwise."""
+    se = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+    if se == 0:
+        return 0.0 if p1 == p2 else math.copysign(math.inf, p2 - p1)
+    return (p2 - p1) / se
+
+
 def reward_z(early: Sequence[float], late: Sequence[float], *, rollouts_per_step: int) -> tuple[float | None, float | None, float | None]:
-    """(early mean, late mean, z) of the 0/1 reward: z = (late - early) / sqrt(p1 q1 / n1 + p2 q2 / n2) with
-    n = steps x rollouts per step; a zero standard error gives z = 0 for equal means, +-inf otherwise."""
+    """(early mean, late mean, z) of the 0/1 reward: ``proportion_z`` with n = steps x rollouts per step."""
     p1, p2 = _mean(early), _mean(late)
     if p1 is None or p2 is None:
         return p1, p2, None
-    n1, n2 = len(early) * rollouts_per_step, len(late) * rollouts_per_step
-    se = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-    if se == 0:
-        return p1, p2, 0.0 if p1 == p2 else math.copysign(math.inf, p2 - p1)
-    return p1, p2, (p2 - p1) / se
+    return p1, p2, proportion_z(p1, len(early) * rollouts_per_step, p2, len(late) * rollouts_per_step)
 
 
 def step_indicators(rows: Sequence[Mapping[str, Any]], *, rollouts_per_step: int) -> dict[str, Any]:
@@ -223,6 +239,14 @@ def classify(indicators: Mapping[str, Any], frozen: Mapping[str, Any] | None = N
         return Verdict("stable degradation", "observed", [reward])
     if boxed_lost:
         return Verdict("stable degradation", "warning", [boxed])
+    lift = frozen.get("teacher_lift_z")
+    if lift is not None and lift <= -t["teacher_lift_z"] and not up:
+        return Verdict("stable degradation", "predicted", [
+            _reason("teacher worse", "frozen teacher - student accuracy z", lift, "teacher_lift_z"), reward])
+    reversal = frozen.get("clip_reversal")
+    if reversal is not None and math.isfinite(reversal) and reversal >= t["clip_reversal"] and not up:
+        return Verdict("stable degradation", "predicted", [
+            _reason("clip reverses", "frozen clip reversal (%)", reversal, "clip_reversal"), reward])
     kl_ratio = g("kl_ratio")
     if kl_ratio is not None and kl_ratio >= t["kl_rise"] and not up:
         return Verdict("stable degradation", "predicted", [_reason("KL grows", "fwd-KL ratio", kl_ratio, "kl_rise"), reward])

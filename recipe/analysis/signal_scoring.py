@@ -112,9 +112,10 @@ def sampler_view_logp(
 
 @torch.no_grad()
 def score_rollouts(
-    model, items: Sequence[PromptItem], rollouts: Sequence[Rollout], *, config: SignalAnalysisConfig
+    model, items: Sequence[PromptItem], rollouts: Sequence[Rollout], *, config: SignalAnalysisConfig,
+    top_push: bool = False,
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Token signals of every rollout under every condition.
+    """Token signals of every rollout under every condition (with ``top_push`` also ``signals.TOP_PUSH_KEYS``).
 
     Returns ``{condition: {signal: Tensor[N]}}`` (the keys of ``signals.token_signals_from_hidden``
     plus ``sampled_id``, ``rollout``, ``position``: token id, rollout index and 0-based response
@@ -146,7 +147,8 @@ def score_rollouts(
             head_args = dict(student_bias=bias_V, teacher_bias=bias_V, student_temperature=temperature,
                              teacher_temperature=temperature, chunk_size=config.chunk_size)
             out = signals.token_signals_from_hidden(
-                student_NH, weight_VH, teacher_NH, weight_VH, sampled_N, clip_tau=config.clip_tau, **head_args
+                student_NH, weight_VH, teacher_NH, weight_VH, sampled_N, clip_tau=config.clip_tau, top_push=top_push,
+                **head_args
             )
             parts[cond.name].append({**{k: v.detach().cpu() for k, v in out.items()}, **index})
             mass[cond.name] = signals.divergence_mass_by_token_from_hidden(

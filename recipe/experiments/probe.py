@@ -7,7 +7,10 @@ grid of cells -- teacher context x reasoning modes (student:teacher) x clip tau 
    (``recipe.analysis.signal_analysis``: the same rollouts rescored per teacher condition): initial forward
    KL, D > .05, the highest-entropy 20%'s KL share, the decay of the KL over response positions (last /
    first quarter of the rollout cap), the teacher's probability of the student's end-of-turn token where
-   the student ended its turn, and the teacher mass the clip removes;
+   the student ended its turn, and the teacher mass the clip removes; and two mechanisms: the accuracy of
+   the teacher's own samples (its prompt) against the student's on the same problems (the shared grader's
+   reward), and the share of decisive positions at which the clip turns the loss's push on the teacher's
+   top token around (``recipe.opsd.core.signals.top_push_summary``);
 2. runs each cell for K monitored OPSD steps through the launcher (``recipe.launch.run.plan`` /
    ``execute``): the cell's own config, batch and data order at the full run's peak learning rate from the
    first step (``probe_overrides``), no checkpoint;
@@ -82,6 +85,18 @@ def grid(*, contexts, modes, clip_taus, temperatures) -> list[Cell]:
 
 
 # ---------------------------------------------------------------------------------------------- frozen signals
+def accuracy(rollouts, items, rows, tokenizer) -> float:
+    """Share of ``rollouts`` the shared grader's reward mode (``recipe.common.reward``) scores correct against their
+    row's ``extra_info.answer``."""
+    from recipe.common.grader import REWARD, grade
+
+    correct = 0
+    for rollout in rollouts:
+        text = tokenizer.decode(rollout.response_ids, skip_special_tokens=True)
+        correct += grade(text, rows[items[rollout.prompt].row]["extra_info"]["answer"], mode=REWARD).acc
+    return correct / len(rollouts)
+
+
 def eos_probabilities(token_signals, rollouts, eos_ids: Sequence[int]) -> dict[str, float | None]:
     """Mean student and teacher probability of the end-of-turn token where the student ended its turn (the
     last position of each rollout that finished with an eos id), and their ratio."""
@@ -135,8 +150,14 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
                                        conditions=tuple(conditions), windows=windows, clip_tau=taus[0])
         items, _ = sa.build_prompt_items(rows, tokenizer, config=base)
         rollouts = sa.sample_rollouts(model, tokenizer, items, config=base)
-        scored = {tau: sa.score_rollouts(model, items, rollouts, config=dataclasses.replace(base, clip_tau=tau))
-                  for tau in taus}
+        scored = {tau: sa.score_rollouts(model, items, rollouts, config=dataclasses.replace(base, clip_tau=tau),
+                                         top_push=True) for tau in taus}
+        student_acc = accuracy(rollouts, items, rows, tokenizer)
+        teacher_acc = {}
+        for condition in conditions:  # the teacher's own samples: its prompt in place of the student's
+            as_teacher = [dataclasses.replace(item, student_ids=item.teacher_ids[condition]) for item in items]
+            teacher_acc[condition] = accuracy(sa.sample_rollouts(model, tokenizer, as_teacher, config=base), items, rows,
+                                              tokenizer)
         lengths = [len(r.response_ids) for r in rollouts]
         for cell in scorable:
             condition = f"{cell.context}:{cell.teacher_mode}"
@@ -145,6 +166,8 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
             summary = report["summary"]
             relative = (100 * token_signals["position"] // token_signals["rollout"].bincount()[token_signals["rollout"]])
             quarters = signals.position_windows(token_signals["fwd_kl"], relative, windows=((0, 25), (75, 100)))
+            push = signals.top_push_summary(token_signals)
+            n = len(rollouts)
             out[cell.name] = {
                 "fwd_kl": summary["fwd_kl"], "d_gt_005": summary["d_gt_005"], "he20_kl": summary["he20_kl"],
                 "agree": summary["agree"], "student_entropy": summary["student_entropy"],
@@ -152,8 +175,11 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
                 "position_windows": [{k: w[k] for k in ("lo", "hi", "mean", "count")} for w in report["position_windows"]],
                 "clipped_teacher_mass": summary["clipped_teacher_mass"] if cell.clip_tau is not None else 0.0,
                 "clip_frac": summary["clip_frac"] if cell.clip_tau is not None else 0.0,
+                "decisive": push["decisive"], "clip_reversal": push["clip_reversal"] if cell.clip_tau is not None else 0.0,
+                "student_acc": student_acc, "teacher_acc": teacher_acc[condition],
+                "teacher_lift_z": compatibility.proportion_z(student_acc, n, teacher_acc[condition], n),
                 **eos_probabilities(token_signals, rollouts, eos_ids),
-                "rollouts": len(rollouts), "mean_length": sum(lengths) / len(lengths),
+                "rollouts": n, "mean_length": sum(lengths) / len(lengths),
                 "capped": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
             }
         seconds = time.time() - start
@@ -217,9 +243,10 @@ def _f(value, digits=3, signed=False) -> str:
 
 def table(cells: Sequence[dict[str, Any]]) -> str:
     """Markdown: frozen signals, K-step indicators and the verdict per cell."""
-    lines = ["| cell | fwd KL | D>.05 % | HE20 KL % | KL decay | p(eos) T / S | clipped mass | reward early -> late (z) "
-             "| length x | capped + | boxed x | entropy x | grad x | KL x | verdict |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| cell | fwd KL | D>.05 % | HE20 KL % | KL decay | p(eos) T / S | clipped mass | clip rev. % "
+             "| acc T / S % (z) | reward early -> late (z) | length x | capped + | boxed x | entropy x | grad x | KL x "
+             "| verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         fz, ind = c.get("frozen") or {}, c["indicators"]
         eos = "-" if fz.get("eos_teacher") is None else f"{fz['eos_teacher']:.2f} / {fz['eos_student']:.2f}"
@@ -228,25 +255,35 @@ def table(cells: Sequence[dict[str, Any]]) -> str:
         verdict = c["verdict"]
         lines.append(
             f"| {c['name']} | {_f(fz.get('fwd_kl'))} | {_f(fz.get('d_gt_005'), 3)} | {_f(fz.get('he20_kl'), 3)} "
-            f"| {_f(fz.get('kl_decay'), 2)} | {eos} | {_f(fz.get('clipped_teacher_mass'), 2)} | {reward} "
+            f"| {_f(fz.get('kl_decay'), 2)} | {eos} | {_f(fz.get('clipped_teacher_mass'), 2)} "
+            f"| {_f(fz.get('clip_reversal'), 3)} | {_lift(fz)} | {reward} "
             f"| {_f(ind.get('length_ratio'), 3)} | {_f(ind.get('capped_increase'), 2, True)} "
             f"| {_f(ind.get('boxed_rate_ratio'), 3)} | {_f(ind.get('entropy_ratio'), 3)} | {_f(ind.get('grad_norm_ratio'), 3)} "
             f"| {_f(ind.get('kl_ratio'), 3)} | **{verdict['verdict']}** ({verdict['basis']}) |")
     return "\n".join(lines)
 
 
+def _lift(fz: dict[str, Any]) -> str:
+    """``teacher / student accuracy % (z)`` of the frozen signals."""
+    if fz.get("teacher_acc") is None:
+        return "-"
+    return f"{100 * fz['teacher_acc']:.0f} / {100 * fz['student_acc']:.0f} ({_f(fz['teacher_lift_z'], 2, True)})"
+
+
 def frozen_table(signals: dict[str, dict[str, Any]]) -> str:
     """Markdown: the frozen signals of each cell (``--frozen-only``)."""
-    lines = ["| cell | fwd KL | D>.05 % | HE20 KL % | KL decay | p(eos) T / S (ratio) | clipped mass | rollout length |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| cell | fwd KL | D>.05 % | HE20 KL % | KL decay | p(eos) T / S (ratio) | clipped mass | clip rev. % "
+             "| acc T / S % (z) | rollout length |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, fz in signals.items():
         if "skipped" in fz:
-            lines.append(f"| {name} | {fz['skipped']} |||||||")
+            lines.append(f"| {name} | {fz['skipped']} |||||||||")
             continue
         eos = "-" if fz.get("eos_teacher") is None else \
             f"{fz['eos_teacher']:.2f} / {fz['eos_student']:.2f} ({fz['eos_ratio']:.2f})"
         lines.append(f"| {name} | {_f(fz['fwd_kl'])} | {_f(fz['d_gt_005'])} | {_f(fz['he20_kl'])} | {_f(fz['kl_decay'], 2)} "
-                     f"| {eos} | {_f(fz['clipped_teacher_mass'], 2)} | {fz['mean_length']:.1f} |")
+                     f"| {eos} | {_f(fz['clipped_teacher_mass'], 2)} | {_f(fz.get('clip_reversal'), 3)} | {_lift(fz)} "
+                     f"| {fz['mean_length']:.1f} |")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from recipe.analysis.compatibility import (
     THRESHOLDS,
     classify,
     outcome,
+    proportion_z,
     recommend,
     reward_z,
     step_indicators,
@@ -75,6 +76,26 @@ def test_one_trace_per_regime():
     # no signal at all: the frozen KL decides, whatever the steps did
     assert _verdict(trace(reward=lambda s: 0.1 if s <= 6 else 0.3), frozen={"fwd_kl": 0.0}).verdict == \
         "no measurable effect"
+
+
+def test_two_frozen_mechanisms_predict_a_degradation_unless_the_reward_rises():
+    kl_fall = trace(kl=lambda s: 0.2 if s <= 6 else 0.1)  # alone: a predicted gain
+    worse = {"fwd_kl": 0.1, "teacher_lift_z": -2.5, "clip_reversal": 0.0}
+    verdict = _verdict(kl_fall, frozen=worse)
+    assert (verdict.verdict, verdict.basis) == ("stable degradation", "predicted")
+    assert verdict.reasons[0].indicator == "frozen teacher - student accuracy z"
+    reversed_ = _verdict(kl_fall, frozen={"fwd_kl": 0.1, "teacher_lift_z": 3.0, "clip_reversal": 80.0})
+    assert reversed_.verdict == "stable degradation" and reversed_.reasons[0].indicator == "frozen clip reversal (%)"
+    # below the thresholds, or a NaN reversal (no decisive position), the K steps decide
+    assert _verdict(kl_fall, frozen={"fwd_kl": 0.1, "teacher_lift_z": -1.9, "clip_reversal": 49.0}).verdict == "gain"
+    assert _verdict(kl_fall, frozen={"fwd_kl": 0.1, "clip_reversal": math.nan}).verdict == "gain"
+    # an observed reward rise outweighs both predictions
+    assert _verdict(trace(reward=lambda s: 0.1 if s <= 6 else 0.3), frozen=worse).verdict == "gain"
+
+
+def test_proportion_z_by_hand():
+    assert proportion_z(0.5, 100, 0.6, 100) == pytest.approx(0.1 / math.sqrt(0.25 / 100 + 0.24 / 100))
+    assert proportion_z(0.0, 10, 0.0, 10) == 0.0 and proportion_z(1.0, 10, 0.0, 10) == -math.inf
 
 
 def test_every_reason_names_its_threshold_and_source():

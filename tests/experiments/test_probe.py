@@ -126,3 +126,8 @@ def test_frozen_signals_of_a_tiny_model(tmp_path):
     assert clipped["clipped_teacher_mass"] >= 0.0 and clipped["rollouts"] == 8
     assert unclipped["kl_decay"] is None or unclipped["kl_decay"] >= 0
     assert out[cells[2].name]["fwd_kl"] != unclipped["fwd_kl"]  # another teacher context, the same rollouts
+    # the same student samples graded once; each teacher context samples its own
+    assert {out[c.name]["student_acc"] for c in cells} == {unclipped["student_acc"]}
+    assert all(0.0 <= out[c.name]["teacher_acc"] <= 1.0 and out[c.name]["teacher_lift_z"] is not None for c in cells)
+    assert unclipped["clip_reversal"] == 0.0 and 0.0 <= unclipped["decisive"] <= 100.0
+    assert math.isnan(clipped["clip_reversal"]) or 0.0 <= clipped["clip_reversal"] <= 100.0

@@ -12,6 +12,7 @@ import torch
 
 from recipe.opsd.core.signals import (
     SIGNAL_KEYS,
+    TOP_PUSH_KEYS,
     divergence_mass_by_token,
     divergence_mass_by_token_from_hidden,
     entropy_tail_shares,
@@ -19,7 +20,9 @@ from recipe.opsd.core.signals import (
     summarize_signals,
     token_signals,
     token_signals_from_hidden,
+    top_push_summary,
 )
+from recipe.opsd.core.losses import token_divergence
 
 LN2 = math.log(2.0)
 # rows 0, 1: pS = (1/2, 1/4, 1/4), pT = (1/4, 1/2, 1/4); row 2: pS = pT = (0.7, 0.2, 0.1)
@@ -237,3 +240,43 @@ def test_the_fused_pass_refuses_a_top_k_support():
     hs, ws, ht, wt, _, _, w = _pass_case()
     with pytest.raises(ValueError, match="on_chunk needs the full vocabulary"):
         fused_linear_weighted_divergence(hs, ws, ht, wt, row_weights_N=w, topk=4, on_chunk=lambda *a: None)
+
+
+# ------------------------------------------------------------------ the teacher's top token under one descent step
+def test_top_push_by_hand_the_clip_reverses_the_decisive_position():
+    # the worked example of docs/core_math.md in three entries: the teacher puts 0.7 on entry 0, the student 0.05
+    ps = torch.tensor([[0.05, 0.9, 0.05], [0.7, 0.2, 0.1]], dtype=torch.float64)
+    pt = torch.tensor([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1]], dtype=torch.float64)
+    sig = token_signals(ps.log(), pt.log(), torch.tensor([1, 0]), clip_tau=0.05, top_push=True)
+    assert set(sig) == set(SIGNAL_KEYS) | set(TOP_PUSH_KEYS)
+    # row 0: d = (0.7 ln 14, 0.2 ln(2/9), 0.1 ln 2): only entry 1 is kept, M = 0.2, sum_K pS pT = 0.18,
+    # sum pS^2 = 0.815: clipped -0.05 * 0.2 - 0.18 + 0.2 * 0.815 = -0.027; unclipped 0.7 - 0.05 - 0.22 + 0.815
+    assert sig["top_push"][0].item() == pytest.approx(-0.027, abs=1e-15)
+    assert sig["top_push_unclipped"][0].item() == pytest.approx(1.245, abs=1e-15)
+    assert sig["decisive"].tolist() == [1.0, 0.0]  # row 1: both put the most on entry 0
+    assert top_push_summary(sig) == {"decisive": 50.0, "clip_reversal": 100.0}
+    no_clip = token_signals(ps.log(), pt.log(), torch.tensor([1, 0]), clip_tau=None, top_push=True)
+    assert torch.equal(no_clip["top_push"], no_clip["top_push_unclipped"])
+    assert top_push_summary(no_clip)["clip_reversal"] == 0.0
+    assert "top_push" not in token_signals(ps.log(), pt.log(), torch.tensor([1, 0]))  # opt-in
+    with pytest.raises(ValueError, match="top_push=True"):
+        top_push_summary({"top_push": sig["top_push"]})
+
+
+@pytest.mark.parametrize(("clip_tau", "temperature"), [(None, 1.0), (0.05, 1.0), (0.05, 1.1), (0.01, 0.7)])
+def test_top_push_is_the_first_order_change_under_the_losss_own_descent_step(clip_tau, temperature):
+    """Against autograd: the loss's gradient (token_divergence) as the step, the directional derivative of
+    log_softmax(s / T)[argmax teacher] along it (a forward-mode jvp), in float64."""
+    torch.manual_seed(3)
+    s = torch.randn(12, 17, dtype=torch.float64) * 2
+    t = torch.randn(12, 17, dtype=torch.float64) * 2
+    sig = token_signals(s, t, torch.zeros(12, dtype=torch.long), clip_tau=clip_tau, student_temperature=temperature,
+                        teacher_temperature=temperature, chunk_size=5, top_push=True)
+    top = torch.log_softmax(t / temperature, -1).argmax(-1)
+    for tau, key in ((clip_tau, "top_push"), (None, "top_push_unclipped")):
+        s_ = s.clone().requires_grad_()
+        loss = token_divergence(s_, t, clip_tau=tau, student_temperature=temperature, teacher_temperature=temperature)
+        (grad,) = torch.autograd.grad(loss.sum(), s_)
+        _, change = torch.func.jvp(lambda x: torch.log_softmax(x / temperature, -1).gather(1, top[:, None])[:, 0],
+                                   (s,), (-grad,))
+        torch.testing.assert_close(sig[key], change, rtol=1e-12, atol=1e-14)

@@ -11,7 +11,16 @@ with sampled token y_i (pS, pT at their temperatures):
 * ``teacher_rank``: rank of y_i under the teacher (0 = argmax; ties share the best rank);
 * ``clip_frac`` / ``clipped_teacher_mass``: fraction of vocabulary entries with
   d_{i,v} > clip_tau and the teacher mass on them (0 when ``clip_tau`` is None);
-* ``student_entropy``, ``teacher_entropy``, ``top1_agree``, ``student_logp``, ``teacher_logp``.
+* ``student_entropy``, ``teacher_entropy``, ``top1_agree``, ``student_logp``, ``teacher_logp``;
+* with ``top_push=True`` (:data:`TOP_PUSH_KEYS`, the analysis path only): where a descent step on the
+  forward-KL loss moves the teacher's top token j* = argmax pT. With the kept entries K = {v: d_{i,v} <=
+  clip_tau} (every entry without a clip), M = sum_{v in K} pT(v), the step on the raw student logits is
+  Delta s_v = (pT(v) [v in K] - pS(v) M) / T_s (the loss's own gradient), so to first order
+  ``top_push`` = d log pS(j*) = (pT(j*) [j* in K] - pS(j*) M - sum_{v in K} pS(v) pT(v) + M sum_v pS(v)^2) / T_s^2;
+  ``top_push_unclipped`` the same with K = everything; ``decisive`` = 1 where j* != argmax pS (the
+  teacher would change the student's choice). :func:`top_push_summary` gives the share of decisive
+  positions at which the clip turns a rise of pS(j*) into a fall (docs/core_math.md: the clip lowers
+  the logit of the entries it caps).
 
 Every per-entry formula comes from :mod:`recipe.opsd.core.losses` (one copy of each formula).
 Nothing larger than [chunk_size, V] is allocated.
@@ -47,12 +56,15 @@ __all__ = [
     "divergence_mass_by_token",
     "divergence_mass_by_token_from_hidden",
     "sampled_token_rank_from_hidden",
+    "TOP_PUSH_KEYS",
+    "top_push_summary",
 ]
 
 SIGNAL_KEYS = (
     "fwd_kl", "student_entropy", "teacher_entropy", "top1_agree", "adv", "teacher_rank",
     "student_logp", "teacher_logp", "clip_frac", "clipped_teacher_mass",
 )
+TOP_PUSH_KEYS = ("top_push", "top_push_unclipped", "decisive")
 DEFAULT_WINDOWS = ((0, 128), (128, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 4096), (4096, 6144))
 # threshold of the paper's "D > .05" column: it thresholds the summed unclipped forward KL
 # and is distinct from the training-time per-entry cap clip_tau
@@ -124,14 +136,38 @@ def _chunk_signals(out, rows, logp_s, logp_t, sampled_ids_N, clip_tau) -> None:
 
 
 @torch.no_grad()
-def _signals(chunks, sampled_ids_N, n, vocab, o, cdt, device) -> dict[str, torch.Tensor]:
+def _chunk_top_push(out, rows, logp_s, logp_t, clip_tau, student_temperature) -> None:
+    """Fill the :data:`TOP_PUSH_KEYS` of ``rows`` (module docstring: the first-order change of log pS(j*))."""
+    p_s, p_t = logp_s.exp(), logp_t.exp()
+    top = logp_t.argmax(1, keepdim=True)
+    p_s_top, p_t_top = p_s.gather(1, top)[:, 0], p_t.gather(1, top)[:, 0]
+    squares = p_s.square().sum(1)
+    overlap = (p_s * p_t).sum(1)
+    scale = 1.0 / student_temperature ** 2
+    out["top_push_unclipped"][rows] = (p_t_top - p_s_top - overlap + squares) * scale
+    if clip_tau is None:
+        out["top_push"][rows] = out["top_push_unclipped"][rows]
+    else:
+        kept = forward_kl_terms(logp_t, logp_s) <= clip_tau
+        kept_t = p_t * kept
+        mass = kept_t.sum(1)
+        out["top_push"][rows] = (kept_t.gather(1, top)[:, 0] - p_s_top * mass - (p_s * kept_t).sum(1) + mass * squares) * scale
+    out["decisive"][rows] = (top[:, 0] != logp_s.argmax(1)).to(out["decisive"].dtype)
+
+
+@torch.no_grad()
+def _signals(chunks, sampled_ids_N, n, vocab, o, cdt, device, top_push=False) -> dict[str, torch.Tensor]:
     _check_ids(sampled_ids_N, n, vocab)
     out = _empty_signals(n, cdt, device)
+    if top_push:
+        out.update({k: torch.zeros(n, dtype=cdt, device=device) for k in TOP_PUSH_KEYS})
     for rows, s_raw, t_raw in chunks:
         logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
         logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
         del s_raw, t_raw
         _chunk_signals(out, rows, logp_s, logp_t, sampled_ids_N, o.clip_tau)
+        if top_push:
+            _chunk_top_push(out, rows, logp_s, logp_t, o.clip_tau, o.student_temperature)
     return out
 
 
@@ -144,12 +180,15 @@ def token_signals(
     teacher_temperature: float | None = None,
     clip_tau: float | None = 0.05,
     chunk_size: int = 1024,
+    top_push: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Per-position signals (keys :data:`SIGNAL_KEYS`, each a float tensor [N]) from logits."""
+    """Per-position signals (keys :data:`SIGNAL_KEYS`, with ``top_push`` also :data:`TOP_PUSH_KEYS`; each a
+    float tensor [N]) from logits."""
     o = _options(student_temperature, teacher_temperature, clip_tau, chunk_size, student_logits_NV.shape[-1])
     chunks = _logit_chunks(student_logits_NV.detach(), teacher_logits_NV.detach(), chunk_size)
     n, vocab = student_logits_NV.shape[0], student_logits_NV.shape[-1]
-    return _signals(chunks, sampled_ids_N, n, vocab, o, compute_dtype(student_logits_NV, teacher_logits_NV), student_logits_NV.device)
+    return _signals(chunks, sampled_ids_N, n, vocab, o, compute_dtype(student_logits_NV, teacher_logits_NV),
+                    student_logits_NV.device, top_push=top_push)
 
 
 def token_signals_from_hidden(
@@ -165,6 +204,7 @@ def token_signals_from_hidden(
     teacher_temperature: float | None = None,
     clip_tau: float | None = 0.05,
     chunk_size: int = 1024,
+    top_push: bool = False,
 ) -> dict[str, torch.Tensor]:
     """:func:`token_signals` from final hidden states and lm_head weights (matmul per chunk)."""
     vocab = student_weight_VH.shape[0]
@@ -173,7 +213,8 @@ def token_signals_from_hidden(
              (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias)]
     chunks = _hidden_chunks(*parts, chunk_size)
     cdt = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
-    return _signals(chunks, sampled_ids_N, student_hidden_NH.shape[0], vocab, o, cdt, student_hidden_NH.device)
+    return _signals(chunks, sampled_ids_N, student_hidden_NH.shape[0], vocab, o, cdt, student_hidden_NH.device,
+                    top_push=top_push)
 
 
 # --------------------------------------------------------------------------- loss + signals in one pass
@@ -428,3 +469,15 @@ def summarize_signals(signals: dict[str, torch.Tensor], *, positions_N: torch.Te
             out[f"fwd_kl_w{w['lo']}_{w['hi']}_mean"] = w["mean"]
             out[f"fwd_kl_w{w['lo']}_{w['hi']}_snr"] = w["snr"]
     return out
+
+
+def top_push_summary(signals: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``decisive``: % of positions where the teacher's top token is not the student's; ``clip_reversal``: % of
+    the decisive positions whose unclipped step raises pS(j*) at which the clipped step lowers it (0 without a
+    clip; NaN without such positions). ``signals``: a dict with :data:`TOP_PUSH_KEYS` (``top_push=True``)."""
+    missing = [k for k in TOP_PUSH_KEYS if k not in signals]
+    if missing:
+        raise ValueError(f"signals is missing keys {missing}; compute them with top_push=True")
+    decisive = signals["decisive"].reshape(-1) > 0
+    rising = decisive & (signals["top_push_unclipped"].reshape(-1) > 0)
+    return {"decisive": _pct(decisive), "clip_reversal": _pct(signals["top_push"].reshape(-1)[rising] < 0)}
