@@ -27,6 +27,8 @@ import subprocess
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "docs" / "verl_private_apis.md"
 WATCHED = ("verl", "torch", "vllm", "transformers", "peft", "ray", "tensordict")
@@ -276,6 +278,7 @@ def test_the_scan_finds_what_it_is_for(tmp_path):
     ])
 
 
+@pytest.mark.slow
 def test_every_private_api_and_patch_is_listed():
     rows = table_rows(TABLE.read_text())
     found = findings()

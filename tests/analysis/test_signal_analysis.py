@@ -81,6 +81,7 @@ def test_signals_equal_token_signals_on_plain_full_logits(tiny, analysed):
         assert offset == got["fwd_kl"].numel()
 
 
+@pytest.mark.slow
 def test_student_logp_matches_the_sampler(analysed):
     """Rescored student log-probs (full forward, right padding) under the sampling distribution
     (T, top-k 20, top-p 0.95) equal the sampler's own (generate, left padding, KV cache): the

@@ -170,6 +170,7 @@ def _falcon_h1(vocab_size: int, pad_token_id: int, multiplier: float):
     return transformers.FalconH1ForCausalLM(config).eval()
 
 
+@pytest.mark.slow
 def test_scaled_head_model_is_scored_like_its_logits(tiny):
     """Falcon-H1 (logits = lm_head(h) x 0.37): the folded head reproduces token_signals on model(...).logits."""
     _, tokenizer, rows, _, _ = tiny

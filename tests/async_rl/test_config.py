@@ -33,6 +33,7 @@ def test_no_block_is_the_synchronous_trainer():
 
 
 @pytest.mark.parametrize("recipe", sorted(CONFIGS))
+@pytest.mark.slow
 def test_one_step_off_preset_derives_the_rollout_pool_and_on_cpu_the_weight_push(recipe):
     cfg = _compose(recipe, "+experiment=async_one_step_off")
     settings = async_settings(cfg, opsd=recipe == "opsd")

@@ -83,6 +83,7 @@ def test_model_level_min_p_is_refused(model):
         model.generation_config.min_p = None
 
 
+@pytest.mark.slow
 def test_same_seed_same_batch_and_different_seed_differs(model):
     params = SampleParams(max_new_tokens=12, temperature=1.0)
     first = sample_batch(model, PROMPTS, params=params, eos_token_ids=EOS, pad_token_id=PAD, seed=5)

@@ -56,6 +56,7 @@ def _flat(tree, prefix=""):
     ("opsd", "cpu", RL_MACHINERY), ("grpo", "cpu", RL_MACHINERY), ("sft", "cpu_sft", SFT_MACHINERY),
     ("opsd", "cpu_vllm", VLLM_MACHINERY), ("grpo", "cpu_vllm", VLLM_MACHINERY),
 ])
+@pytest.mark.slow
 def test_platform_changes_only_machinery(recipe, platform, machinery):
     spec = get_recipe(recipe)
     assert platform in (spec.platform, spec.vllm_platform)
@@ -70,6 +71,7 @@ def test_platform_changes_only_machinery(recipe, platform, machinery):
     assert len(dtypes) == (3 if recipe == "sft" else 6) and set(dtypes.values()) == {"fp32"}, dtypes
 
 
+@pytest.mark.slow
 def test_cpu_vllm_is_the_cpu_platform_with_verls_vllm_engine():
     spec = get_recipe("grpo")
     cpu = _flat(OmegaConf.to_container(compose(spec, ["+platform=cpu"]), resolve=True))
@@ -81,6 +83,7 @@ def test_cpu_vllm_is_the_cpu_platform_with_verls_vllm_engine():
     assert vllm["actor_rollout_ref.rollout.name"] == "vllm" and vllm["actor_rollout_ref.rollout.enable_sleep_mode"] is False
 
 
+@pytest.mark.slow
 def test_ray_gpus_follow_the_ranks():
     cfg = compose(get_recipe("grpo"), ["+platform=cpu", "trainer.n_gpus_per_node=2"])
     assert cfg.ray_kwargs.ray_init.num_gpus == 2 and cfg.actor_rollout_ref.rollout.name == "hf"

@@ -41,6 +41,7 @@ def test_grpo_yaml_matches_the_paper_control():
     assert "file" in cfg.trainer.logger  # timing_s/* per step in the metrics jsonl
 
 
+@pytest.mark.slow
 def test_released_grpo_changes_only_the_run_size():
     control = grpo_config()
     released = grpo_config(["+experiment=released_grpo"])

@@ -43,6 +43,7 @@ def test_a_model_path_that_does_not_exist_is_named_with_its_variable(launch_inpu
     assert "(pass actor_rollout_ref.model.path=<a Hugging Face model directory" in line
 
 
+@pytest.mark.slow
 def test_a_broken_model_directory_names_the_file(launch_inputs, tmp_path):
     broken = tmp_path / "model"
     broken.mkdir()
@@ -119,6 +120,7 @@ def test_an_opsd_teacher_checkpoint_that_does_not_exist(launch_inputs):
     assert launch.config.opsd.teacher.path == str(launch_inputs.model)
 
 
+@pytest.mark.slow
 def test_a_broken_resume_checkpoint_is_refused(launch_inputs, tmp_path):
     ckpt = tmp_path / "ckpt"
     (ckpt / "global_step_2" / "actor").mkdir(parents=True)

@@ -70,6 +70,7 @@ def test_the_long_row_is_over_the_cap(tok, parquet):
 
 
 @pytest.mark.parametrize("recipe", [GRPO, OPSD], ids=["grpo", "opsd"])
+@pytest.mark.slow
 def test_an_overlong_prompt_is_refused_by_both_recipes_naming_file_and_row(recipe, tiny, parquet, tmp_path):
     with pytest.raises(InputError) as err:
         _plan(recipe, tiny, parquet, tmp_path / "ckpt")

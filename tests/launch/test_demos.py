@@ -32,6 +32,7 @@ def test_every_demo_has_a_builder_and_a_preset_per_recipe():
         get_demo("huge")
 
 
+@pytest.mark.slow
 def test_no_argument_run_is_one_launch_of_verl_with_each_key_once(tmp_path):
     launch, build = cpu_plan("opsd", "toy", tmp_path)
     assert launch.command[1:3] == ["-m", "recipe.opsd.main_opsd"]  # run_opsd.sh -> recipe.launch -> this
@@ -48,6 +49,7 @@ def test_no_argument_run_is_one_launch_of_verl_with_each_key_once(tmp_path):
     assert not any(tmp_path.iterdir())  # build=False: nothing made
 
 
+@pytest.mark.slow
 def test_steps_is_one_key_and_the_checkpoint_follows(tmp_path):
     launch, _ = cpu_plan("opsd", "toy", tmp_path, steps=30)
     assert (launch.config.trainer.total_training_steps, launch.config.trainer.save_freq) == (30, 30)

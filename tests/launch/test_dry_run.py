@@ -158,6 +158,7 @@ def test_cpu_model_presets_on_a_gpu_fail_with_what_to_set(model):
     assert launch.config.actor_rollout_ref.model.path == a_model()
 
 
+@pytest.mark.slow
 def test_explicit_choices_win_and_are_printed():
     launch = gpu_plan(OPSD, ["+model=falcon_h1r_7b", "actor_rollout_ref.rollout.name=vllm"], ngpus=8)
     assert launch.config.actor_rollout_ref.rollout.name == "vllm" and launch.config.trainer.n_gpus_per_node == 8
@@ -210,6 +211,7 @@ def test_run_grpo_keeps_a_larger_budget_and_raises_a_smaller_one_with_a_note():
     assert "ppo_max_token_len_per_gpu=21504 (derived) replaces" in smaller.describe()
 
 
+@pytest.mark.slow
 def test_matched_grpo_seed_is_the_order_the_matched_opsd_preset_replays():
     """Paper: "the first 3,200 rows produced by the GRPO random sampler (seed 1)"."""
     grpo = gpu_plan(GRPO, ["+experiment=released_grpo"], model_path=a_model()).config
@@ -219,6 +221,7 @@ def test_matched_grpo_seed_is_the_order_the_matched_opsd_preset_replays():
     assert grpo.trainer.total_training_steps == matched.trainer.total_training_steps == 50
 
 
+@pytest.mark.slow
 def test_run_sft_gpu_budget_covers_the_paper_rows():
     launch = gpu_plan(SFT, [], model_path=a_model(), ngpus=8)
     cfg = launch.config
@@ -231,6 +234,7 @@ def test_run_sft_gpu_budget_covers_the_paper_rows():
         gpu_plan(SFT, [], model_path=a_model(), ngpus=8, nnodes=2)
 
 
+@pytest.mark.slow
 def test_cpu_platform_comes_after_the_presets():
     launch = plan(OPSD, Settings(device="cpu", model_path=a_model(), train_files=str(INPUTS.train)),
                   ["+model=qwen3_1p7b"], environ=INPUTS.env)

@@ -67,6 +67,7 @@ def groups(launch) -> list[str]:
 
 
 @pytest.mark.parametrize("recipe", [OPSD, GRPO])
+@pytest.mark.slow
 def test_gpu_rl_launch_loads_the_rollout_extension_on_every_worker(recipe):
     launch = plan(recipe, Settings(device="gpu", model_path=M(), train_files=T()), [],
                   detect_gpus=lambda: 8, environ={"VERL_USE_EXTERNAL_MODULES": "my.ext"})
@@ -99,6 +100,7 @@ def test_launch_runs_python_unbuffered_unless_the_user_chose(environ, expected):
     assert "PYTHONUNBUFFERED" not in launch.verl_env
 
 
+@pytest.mark.slow
 def test_cpu_hf_launch_lists_the_plugin_first_then_the_extension():
     launch = plan(GRPO, Settings(device="cpu", model_path=M(), train_files=T()), [],
                   environ={"VERL_USE_EXTERNAL_MODULES": f"my.ext,{EXTENSION}"})

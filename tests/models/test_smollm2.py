@@ -145,6 +145,7 @@ def test_fetched_model_stops_at_im_end(smollm2_dir):
     assert "Paris" in tok.decode(out, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_fetch_is_idempotent(smollm2_dir, monkeypatch):
     stamp = (smollm2_dir / "BUILD.json").stat().st_mtime_ns
     monkeypatch.setattr(smollm2, "_convert", lambda *a, **k: pytest.fail("rebuilt a complete cache entry"))

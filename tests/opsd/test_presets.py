@@ -293,6 +293,7 @@ def test_rollout_caps_keep_the_global_batch(model, hydra_dir):
         ("qwen3_1p7b", "mode_nth_th_th", {"opsd.student_mode": "no_think", "sweep.eval_mode": "think"}),
     ],
 )
+@pytest.mark.slow
 def test_model_and_experiment_order_does_not_matter(model, experiment, checks, hydra_dir):
     a = _resolved(_compose(f"+model={model}", f"+experiment={experiment}"))
     b = _resolved(_compose(f"+experiment={experiment}", f"+model={model}"))

@@ -65,6 +65,7 @@ def test_real_demo_plans_smollm2_with_native_modes_and_the_same_problems(recipe,
     assert not any(tmp_path.iterdir())  # build=False: nothing made
 
 
+@pytest.mark.slow
 def test_a_given_model_is_used_and_not_located(tmp_path, launch_inputs):
     launch, build = real_plan("opsd", tmp_path, model_path=str(launch_inputs.model))
     assert launch.config.actor_rollout_ref.model.path == str(launch_inputs.model) and build.before_dir is None
