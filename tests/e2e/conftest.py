@@ -24,6 +24,10 @@
   weights: the sha256 of every served tensor (``OPSD_TEST_ROLLOUT_WEIGHTS_LOG``) against the
   FSDP checkpoint of that step (and, for step 0, against ``initial``).
 
+Timeouts only catch hangs: ``bound(seconds)`` is a launch's time alone times ``LOAD_FACTOR`` (the
+end-to-end lane runs two test workers, so up to four launches share the 2 cores); ``run_cpu_verl``
+applies it to its ``timeout``.
+
 Each launch costs ~1 min on 2 cores (Ray start, model load, the rollout server; a launch that fails
 before Ray ~6 s), most of the CI budget: fold new assertions into an existing launch (a module- or
 session-scoped fixture per launch, read by several tests) rather than adding a launch. The 40 slowest
@@ -58,6 +62,12 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+LOAD_FACTOR = 3
+
+
+def bound(seconds: float) -> float:
+    """A timeout for a step that takes ``seconds`` alone, on a machine the lane's other worker also loads."""
+    return seconds * LOAD_FACTOR
 
 
 @dataclass
@@ -248,7 +258,7 @@ def run_cpu_verl():
                 start_new_session=True,
             )
             try:
-                returncode = proc.wait(timeout=timeout)
+                returncode = proc.wait(timeout=bound(timeout))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group (driver + Ray)
                 proc.wait()

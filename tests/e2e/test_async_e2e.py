@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from recipe.launch.processes import kill_marked
+from tests.e2e.conftest import bound
 
 pytestmark = pytest.mark.e2e
 
@@ -109,7 +110,7 @@ def _launch_and_kill_after_save(job, *, save_step, timeout=400):
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(["bash", str(REPO_ROOT / job["target"]), *job["args"]], cwd=REPO_ROOT, env=full_env,
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + bound(timeout)
         try:
             while not (tracker.exists() and tracker.read_text().strip() == str(save_step)):
                 assert proc.poll() is None, log_path.read_text(errors="replace")[-4000:]

@@ -45,7 +45,7 @@ MB = 1024 * 1024
 def _run(script, args, env, *, timeout=120) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHON": sys.executable, **env}
     return subprocess.run(["bash", str(REPO_ROOT / script), *args], cwd=REPO_ROOT, env=full, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=bound(timeout))
 
 
 def _last_line(proc) -> str:
@@ -116,7 +116,7 @@ def relaunches(run_cpu_verl, tiny_run_env, tmp_path_factory):
                 time.sleep(0.2)
             runs["second"] = _run(SCRIPT, ARGS, env)
             runs["second_pid"] = b.pid
-            runs["B_code"] = b.wait(timeout=300)
+            runs["B_code"] = b.wait(timeout=bound(300))
         runs["B_log"] = (root / "B" / "run.log").read_text() + (ckpt / "train.log").read_text(errors="replace")
         from tests.e2e.conftest import read_metrics_jsonl
 

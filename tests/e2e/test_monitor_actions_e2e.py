@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from recipe.opsd.core.monitor import read_actions
+from tests.e2e.conftest import bound
 
 pytestmark = pytest.mark.e2e
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def test_a_collapse_warning_rolls_back_once_then_stops(tiny_run_env, tmp_path):
            "VERL_USE_EXTERNAL_MODULES": "monitor_actions_hook", "MONITOR_HOOK_COLLAPSE_STEPS": "3"}
     env.pop("VERL_FILE_LOGGER_PATH", None)
     out = subprocess.run(["bash", str(REPO_ROOT / "recipe/opsd/run_opsd.sh"), *ARGS], cwd=REPO_ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=bound(600))
     log = out.stdout + out.stderr + (ckpt / "train.log").read_text(errors="replace") if (ckpt / "train.log").exists() \
         else out.stdout + out.stderr
     assert out.returncode == 4, log[-4000:]

@@ -37,6 +37,7 @@ from recipe.common.checkpoints import check_resumable
 from recipe.launch.processes import kill_marked
 from opsd_test_hooks.opsd_faults import NAN_TEACHER_ENV, PAUSE_IN_SAVE_ENV, PAUSE_MARKER
 from recipe.opsd.core.nonfinite import CONSECUTIVE_METRIC, SKIPPED_METRIC
+from tests.e2e.conftest import bound
 
 pytestmark = pytest.mark.e2e
 
@@ -92,7 +93,7 @@ def _launch_and_kill_in_save(env, workdir, *, timeout=300):
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(["bash", str(REPO_ROOT / SCRIPT), *KILL_ARGS], cwd=REPO_ROOT, env=full_env,
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + bound(timeout)
         try:
             while PAUSE_MARKER not in log_path.read_text(errors="replace"):
                 assert proc.poll() is None, log_path.read_text(errors="replace")[-4000:]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from tests.e2e.conftest import bound
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,9 +96,9 @@ def test_sft_two_steps_then_merge_to_hf(run_cpu_verl, tiny_model_dir, sft_parque
     merged = tmp_path / "sft_merged"
     merge = ["bash", "scripts/merge_checkpoint.sh", str(ckpt_dir), str(merged)]
     env = {**os.environ, "PYTHON": sys.executable}
-    proc = subprocess.run(merge, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(merge, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=bound(180))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    again = subprocess.run(merge, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    again = subprocess.run(merge, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=bound(60))
     assert again.returncode == 2 and again.stderr.startswith(f"error: {merged}: exists"), again.stderr
     assert [p.name for p in tmp_path.glob("sft_merged*")] == ["sft_merged"]  # written as .partial-<pid>, renamed
 

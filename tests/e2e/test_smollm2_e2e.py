@@ -24,6 +24,7 @@ import pytest
 
 from recipe.launch.merge import merge_checkpoint
 from recipe.toy.real_demo import REAL_TASK, RealStudent, build_real_student, write_real_data
+from tests.e2e.conftest import bound
 
 pytestmark = pytest.mark.e2e
 
@@ -75,7 +76,7 @@ def test_smollm2_format_sft_then_two_opsd_steps_and_the_analysis_cli_reads_the_r
         [sys.executable, "scripts/analyze_signals.py", "--model", str(merged), "--data", str(data["train"]),
          "--out-dir", str(out), "--student-mode", "native", "--conditions", "full_solution:native", "none:native",
          "--num-prompts", "2", "--rollouts-per-prompt", "1", "--max-new-tokens", "16", "--windows", "0:8", "8:16"],
-        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+        capture_output=True, text=True, timeout=bound(300), cwd=REPO_ROOT)
     assert analysis.returncode == 0, analysis.stderr[-3000:]
     result = json.loads((out / "signals.json").read_text())
     assert result["sampler_logp_max_abs_diff"] < 1e-3

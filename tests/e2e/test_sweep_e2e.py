@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.e2e.conftest import bound
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,13 +20,13 @@ def test_sweep_two_presets_cpu(tiny_model_dir, tiny_data, tmp_path):
     cmd = [
         sys.executable, str(REPO_ROOT / "scripts" / "sweep.py"), "run", "--device", "cpu", "--model", "tiny_cpu",
         "--presets", "default", "divergence_jsd", "--out", str(out),
-        "--eval-n", "2", "--eval-limit", "1", "--benchmarks", "aime2024", "--train-timeout", "240", "--",
+        "--eval-n", "2", "--eval-limit", "1", "--benchmarks", "aime2024", "--train-timeout", str(bound(240)), "--",
         f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tiny_data['train']}",
         f"data.val_files={tiny_data['val']}", "data.max_response_length=32",
         "trainer.total_training_steps=1", "trainer.save_freq=1",
     ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_DEDUP_LOGS="0")
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=bound(600))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name, beta in (("default", 0.0), ("divergence_jsd", 0.5)):
         run_dir = out / "runs" / name

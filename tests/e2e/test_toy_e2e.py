@@ -40,6 +40,7 @@ pytestmark = pytest.mark.e2e
 STUDENT = StudentConfig()  # the default toy student (what run_opsd.sh trains on a CPU)
 CI_STEPS = 80  # the divergence starts falling after ~40 steps at batch 64 (docs/toy_world.md)
 EVAL = {"eval_n": 2, "eval_limit": 128}
+TIMEOUT_S = 2700  # ~10 min each alone; the end-to-end lane runs other tests' launches beside them
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +63,12 @@ def test_toy_opsd_learns_from_the_reference_and_the_control_does_not(toy_cache, 
     with ThreadPoolExecutor(max_workers=2) as pool:
         control_run = pool.submit(run_method, "opsd", cache=cache, run_dir=tmp_path / "control", steps=CI_STEPS,
                                   extra=["opsd.teacher_context=none", "opsd.teacher.allow_zero_loss=true"],
-                                  timeout_s=900, **EVAL)
+                                  timeout_s=TIMEOUT_S, **EVAL)
         # train.log appears when the control's training starts, after its evaluation of the student
         while not (tmp_path / "control" / "train.log").exists() and not control_run.done():
             time.sleep(1)
         full_run = pool.submit(run_method, "opsd", cache=cache, run_dir=tmp_path / "full", steps=CI_STEPS,
-                               timeout_s=900, **EVAL)
+                               timeout_s=TIMEOUT_S, **EVAL)
         control, full = control_run.result(), full_run.result()
 
     step1 = control["train"]["metrics"][0]

