@@ -18,7 +18,10 @@
   ``pytest_collection_modifyitems`` puts every test in the group of its module, so a module's launches
   (module-scoped fixtures) run once, in one worker; the vLLM-CPU tests of both modules form one group (two
   local Ray instances share the job id that names verl's colocated weight-push sockets, docs/cluster.md);
-  and the longest groups are handed out first (``LONGEST_FIRST``), so none of them starts last.
+  and the longest groups are handed out first (``LONGEST_FIRST``), so none of them starts last. Every
+  process of such a session computes on one thread (``OMP_NUM_THREADS=1``, inherited by every launch;
+  Ray's workers already run one): two workers' launches fill the 2 cores, and a second torch thread per
+  process then oversubscribes them, which slowed the toy student's SFT from 0.8 to 6.1 s per step.
 - autouse: the test process is offline (``huggingface_hub.constants.HF_HUB_OFFLINE``: read once at import,
   so an ``HF_HUB_OFFLINE`` set later does not reach it). A check that loads a preset's tokenizer then
   reads the cache at once instead of retrying the network for ~45 s.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +41,11 @@ import pytest
 from omegaconf import OmegaConf
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 HOOKS_DIR = str(Path(__file__).resolve().parent / "hooks")
 if HOOKS_DIR not in sys.path:

@@ -163,7 +163,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "bash recipe/grpo_baseline/run_grpo.sh": long("the GRPO toy demo: the toy student's build, 150 steps of ~10 s; "
                                                   "CPU_DEMO=tiny runs the same launcher path"),
     "CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh": launched_by("tests/e2e/test_grpo_e2e.py"),
-    "CPU_DEMO=tiny CPU_NUM_RANKS=2 bash recipe/grpo_baseline/run_grpo.sh": ONE_STEP,
+    "CPU_DEMO=tiny CPU_NUM_RANKS=2 bash recipe/grpo_baseline/run_grpo.sh": launched_by("tests/e2e/test_grpo_e2e.py"),
     "MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo.parquet NGPUS=8 bash recipe/grpo_baseline/run_grpo.sh": gpu(),
     "MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=omr.parquet bash recipe/grpo_baseline/run_grpo.sh +experiment=released_grpo": gpu(),
     "bash recipe/sft/run_sft.sh": ONE_STEP,

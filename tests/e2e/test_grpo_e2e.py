@@ -1,11 +1,12 @@
 """GRPO end to end on the CPU: ``bash recipe/grpo_baseline/run_grpo.sh`` on the tiny model.
 
-One 2-step run of ``python -m verl.trainer.main_ppo`` (Ray, FSDP2 over gloo, the batched HF
-rollout server, the shared grader as the custom reward, the paper's GRPO yaml with CPU-size
-overrides) checks: the run finishes and checkpoints; the per-step metrics and timings the
-compute tables read are in the file logger's jsonl and the wall time in run_times.jsonl; and
-after every step the rollout server serves exactly the trainer's weights (sha256 of each
-float32 tensor, logged by the server, against the FSDP checkpoint of step 2).
+One 2-step run on 2 ranks (``CPU_NUM_RANKS=2``, as in run_grpo.sh's header) of ``python -m
+verl.trainer.main_ppo`` (Ray, FSDP2 over gloo, a batched HF rollout server per rank, the shared
+grader as the custom reward, the paper's GRPO yaml with CPU-size overrides) checks: the run finishes
+and checkpoints; the per-step metrics and timings the compute tables read are in the file logger's
+jsonl and the wall time in run_times.jsonl; and after every step the rollout server serves exactly
+the trainer's weights (sha256 of each float32 tensor, logged by the server, against the FSDP
+checkpoint of step 2).
 """
 
 import json
@@ -34,7 +35,7 @@ def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, check_rollout_weigh
         SCRIPT,
         [],
         workdir=tmp_path,
-        env=tiny_run_env(ckpt_dir, weights_log, STEPS="2"),
+        env=tiny_run_env(ckpt_dir, weights_log, STEPS="2", CPU_NUM_RANKS="2"),
         script=True,
         timeout=300,
     )
@@ -52,7 +53,7 @@ def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, check_rollout_weigh
         assert 0.0 <= metrics["critic/score/mean"] <= 1.0
         assert 1 <= metrics["response_length/mean"] <= 32
     wall = [json.loads(line) for line in (ckpt_dir / "run_times.jsonl").read_text().splitlines()]
-    assert wall[-1]["recipe"] == "grpo" and wall[-1]["exit_code"] == 0 and wall[-1]["n_devices"] == 1
+    assert wall[-1]["recipe"] == "grpo" and wall[-1]["exit_code"] == 0 and wall[-1]["n_devices"] == 2
     assert wall[-1]["wall_time_s"] >= run.metrics[2]["timing_s/step"]
     assert Path(wall[-1]["metrics"]) == run.metrics_path
     # the rows it trained on, in order (recipe.launch.data_order): 2 steps x the demo's batch of 4
@@ -60,8 +61,10 @@ def test_two_step_grpo_run_through_run_grpo_sh(run_cpu_verl, check_rollout_weigh
     assert order["rows"] == 8 and len(order["order_sha256"]) == 64 and order["filter_overlong_prompts"] is False
     assert Path(wall[-1]["config"]).is_file()
 
-    # Weight sync: the server loaded the trainer's weights at start-up (step 0) and after each step.
-    served = check_rollout_weights(weights_log, ckpt_dir, expected_steps=[0, 1, 2])[0]
+    # Weight sync: each replica loaded the trainer's weights at start-up (step 0) and after each step.
+    replicas = check_rollout_weights(weights_log, ckpt_dir, expected_steps=[0, 1, 2])
+    assert sorted(replicas) == [0, 1]
+    served = replicas[0]
     # ...and the trainer really moved them (else the comparison could not fail).
     initial, served = served[0], served[2]
     assert sum(initial[name] != served[name] for name in served) >= len(served) // 2
