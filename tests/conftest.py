@@ -14,9 +14,10 @@
   HF_HUB_OFFLINE=1: a launch's environment, ``plan(..., environ=launch_inputs.env)``).
 - ``make_save``: ``make(ckpt_dir, step, model, sft=False, tracker=True, data=True)``, a verl save as the
   launcher's checks see it (``fake_save``).
-- the end-to-end lane runs on two pytest-xdist workers (README: ``-n 2 --dist loadfile``): a module's
-  tests stay in one worker, so its launches (module-scoped fixtures) run once; the longest modules are
-  handed out first (``LONGEST_FIRST``), so none of them starts last. Every process of such a session
+- the end-to-end lane runs on two pytest-xdist workers (README: ``-n 2 --dist loadfile
+  --no-loadscope-reorder``): a module's tests stay in one worker, so its launches (module-scoped
+  fixtures) run once; the modules go out in collection order, which puts the longest first
+  (``LONGEST_FIRST``), so none of them starts last. Every process of such a session
   computes on one thread (``OMP_NUM_THREADS=1``, inherited by every launch; Ray's workers already run
   one): two workers' launches fill the 2 cores, and a second torch thread per process then
   oversubscribes them, which slowed the toy student's SFT from 0.8 to 6.1 s per step.
