@@ -33,6 +33,7 @@ import pytest
 
 from recipe.common.checkpoints import check_resumable
 from tests.conftest import SmallFs
+from tests.e2e.conftest import bound
 
 pytestmark = pytest.mark.e2e
 
