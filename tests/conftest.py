@@ -17,7 +17,7 @@
 - the end-to-end lane runs on two pytest-xdist workers (README: ``-n 2 --dist loadfile
   --no-loadscope-reorder``): a module's tests stay in one worker, so its launches (module-scoped
   fixtures) run once; the modules go out in collection order, which puts the longest first
-  (``LONGEST_FIRST``), so none of them starts last. Every process of such a session
+  (``LONGEST_FIRST``), so none of them starts last, and the two-node cluster last (``LAST``). Every process of such a session
   computes on one thread (``OMP_NUM_THREADS=1``, inherited by every launch; Ray's workers already run
   one): two workers' launches fill the 2 cores, and a second torch thread per process then
   oversubscribes them, which slowed the toy student's SFT from 0.8 to 6.1 s per step.
@@ -65,13 +65,16 @@ requires_smollm2 = pytest.mark.skipif(
 )
 
 
-# Test modules that take longest in the end-to-end lane, longest first (minutes on 2 cores).
+# Test modules that take longest in the end-to-end lane, longest first (minutes on 2 cores); LAST: the modules
+# whose `ray start` must register a node within Ray's fixed 30 s, which fails when both workers' launches
+# saturate the cores ("The current node timed out during startup"): they run when the lane's load is lightest.
 LONGEST_FIRST = ("test_toy_e2e", "test_vllm_cpu_e2e", "test_async_e2e", "test_doc_commands", "test_opsd_e2e",
-                 "test_launch_faults_e2e", "test_two_nodes_e2e", "test_smollm2_e2e")
+                 "test_launch_faults_e2e", "test_smollm2_e2e")
+LAST = ("test_two_nodes_e2e",)
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)} | {name: 1000 + i for i, name in enumerate(LAST)}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)), order[id(item)]))
 

@@ -85,7 +85,8 @@ COMMANDS: dict[str, Run | Skip] = {
     "pip install torch==2.13.0 && pip install -e '.[dev]' && bash recipe/opsd/run_opsd.sh": long(
         INSTALL + " + " + TOY),
     'python -m pytest tests -m "not e2e and not slow"': suite("the fast lane: .ci/run runs it"),
-    'python -m pytest tests -m "e2e or slow" -n 2 --dist loadfile --no-loadscope-reorder': suite("the end-to-end lane: .ci/run runs it"),
+    "python -m pytest tests -m study": long("the toy world's learning check, ~25 min on 2 cores: outside the CI lanes"),
+    'python -m pytest tests -m "(e2e or slow) and not study" -n 2 --dist loadfile --no-loadscope-reorder': suite("the end-to-end lane: .ci/run runs it"),
     "pip install torch==2.11.0 && pip install -e '.[vllm]'": suite(
         "the GPU install (CUDA wheels): CI resolves every GPU extra with .ci/resolve_gpu_extras.sh, a dry run"),
     "pip install flash-attn==2.8.3 --no-build-isolation": gpu("a CUDA build of flash-attn"),

@@ -35,7 +35,7 @@ from recipe.experiments.toy_seeds import signal_windows
 from recipe.experiments.toy_signals import initial_signals, signal_config
 from recipe.toy.student import StudentConfig, build_student
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.study]  # ~25 min on 2 cores: outside the CI lanes
 
 STUDENT = StudentConfig()  # the default toy student (what run_opsd.sh trains on a CPU)
 # The divergence starts falling after ~40 steps at batch 64 (docs/toy_world.md). Recorded 80-step run: mean
