@@ -68,7 +68,7 @@ requires_smollm2 = pytest.mark.skipif(
 # Test modules that take longest in the end-to-end lane, longest first (minutes on 2 cores); LAST: the modules
 # whose `ray start` must register a node within Ray's fixed 30 s, which fails when both workers' launches
 # saturate the cores ("The current node timed out during startup"): they run when the lane's load is lightest.
-LONGEST_FIRST = ("test_toy_e2e", "test_vllm_cpu_e2e", "test_async_e2e", "test_doc_commands", "test_opsd_e2e",
+LONGEST_FIRST = ("test_vllm_cpu_e2e", "test_async_e2e", "test_doc_commands", "test_opsd_e2e",
                  "test_launch_faults_e2e", "test_smollm2_e2e")
 LAST = ("test_two_nodes_e2e",)
 
