@@ -408,14 +408,15 @@ def test_lora_teacher_is_the_base_model(one_rank_run, independent_runs, fsdp_sta
     lora_b = [v for k, v in state.items() if "lora_B" in k]
     assert lora_b and any(bool(v.abs().max() > 0) for v in lora_b)
 
-    # verl sends the merged LoRA weights in the mixed-precision param dtype (float32 on the CPU platform): at
-    # start-up (B = 0) exactly the base; after each update merged weights that moved (in float32 verl's merge
-    # order and W + (alpha / r) B A computed here differ in the last bits, so step 2 is not compared bitwise).
+    # verl sends merged LoRA weights cast to bfloat16 whatever the param dtype (FSDPEngine.
+    # _merged_lora_per_tensor_param): at start-up (B = 0) the base rounded to bfloat16; after each update
+    # merged weights that moved (verl's merge order and W + (alpha / r) B A computed here differ in the last
+    # bits, so step 2 is not compared bitwise).
     from opsd_test_hooks.hf_rollout import weights_fingerprint
 
     records = [json.loads(line) for line in weights_log.read_text().splitlines()]
     assert [r["global_steps"] for r in records] == [0, 1, 2]
-    assert records[0]["sha256"] == weights_fingerprint(initial)
+    assert records[0]["sha256"] == weights_fingerprint({k: v.to(torch.bfloat16) for k, v in initial.items()})
     moved = [name for name, digest in records[2]["sha256"].items() if digest != records[0]["sha256"][name]]
     assert moved, records[2]
 
