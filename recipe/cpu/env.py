@@ -32,6 +32,8 @@ FIXED = {
     "VERL_PLATFORM": "cpu",
     # verl registers its FSDP engine for cuda/npu only; this documented override selects it on CPU.
     "VERL_ENGINE_DEVICE": "cuda",
+    # Ray starts no idle workers ahead of the first driver (a tiny launch used none of them; ~4 CPU-seconds).
+    "RAY_prestart_worker_first_driver": "0",
 }
 
 

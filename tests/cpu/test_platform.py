@@ -26,7 +26,7 @@ RL_MACHINERY = {
     "actor_rollout_ref.rollout.n_gpus_per_node", "reward.num_workers",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units", "trainer.device", "trainer.nnodes",
     "trainer.n_gpus_per_node", "ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.num_cpus",
-    "data.dataloader_num_workers",
+    "ray_kwargs.ray_init.include_dashboard", "data.dataloader_num_workers",
     # compute precision (fp32 on a CPU: bf16 is emulated there), a kernel choice, not an algorithm setting
     *(f"actor_rollout_ref.{role}.fsdp_config.mixed_precision.{key}" for role in ("actor", "ref")
       for key in ("param_dtype", "reduce_dtype", "buffer_dtype")),
@@ -92,6 +92,7 @@ def test_ray_gpus_follow_the_ranks():
 def test_cpu_environment_lists_the_plugin_first_and_keeps_the_users_choices():
     env = cpu_environment({})
     assert env["VERL_PLATFORM"] == "cpu" and env["VERL_ENGINE_DEVICE"] == "cuda" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["RAY_prestart_worker_first_driver"] == "0"  # a Ray system config: read by the raylet the driver starts
     assert env["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE and env["WANDB_MODE"] == "offline"
     mine = cpu_environment({"VERL_USE_EXTERNAL_MODULES": f"my.ext,{PLUGIN_MODULE}", "WANDB_MODE": "disabled"})
     assert mine["VERL_USE_EXTERNAL_MODULES"] == f"{PLUGIN_MODULE},my.ext" and mine["WANDB_MODE"] == "disabled"
