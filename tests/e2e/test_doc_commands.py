@@ -84,7 +84,7 @@ COMMANDS: dict[str, Run | Skip] = {
     # README.md
     "pip install torch==2.13.0 && pip install -e '.[dev]' && bash recipe/opsd/run_opsd.sh": long(
         INSTALL + " + " + TOY),
-    'python -m pytest tests -m "not e2e and not slow"': suite("the fast lane: .ci/run runs it"),
+    'python -m pytest tests -m "not e2e and not slow" -n 2': suite("the fast lane: .ci/run runs it"),
     "python -m pytest tests -m study": long("the toy world's learning check, ~25 min on 2 cores: outside the CI lanes"),
     'python -m pytest tests -m "(e2e or slow) and not study" -n 2 --dist loadfile --no-loadscope-reorder': suite("the end-to-end lane: .ci/run runs it"),
     "pip install torch==2.11.0 && pip install -e '.[vllm]'": suite(
