@@ -18,9 +18,10 @@
   --no-loadscope-reorder``): a module's tests stay in one worker, so its launches (module-scoped
   fixtures) run once; the modules go out in collection order, which puts the longest first
   (``LONGEST_FIRST``), so none of them starts last, and the two-node cluster last (``LAST``). The fast
-  lane runs on two workers too (``-n 2``). Every process of an xdist session computes on one thread (``OMP_NUM_THREADS=1``, inherited by every launch;
-  Ray's workers already run one): two workers' launches fill the 2 cores, and a second torch thread per
-  process then oversubscribes them, which slowed the toy student's SFT from 0.8 to 6.1 s per step.
+  lane runs on two workers too (``-n 2``). Every process of an xdist session computes on one thread
+  (``OMP_NUM_THREADS=1``, inherited by every launch; Ray's workers already run one): two workers' launches
+  fill the 2 cores, and a second torch thread per process then oversubscribes them, which slowed the toy
+  student's SFT from 0.8 to 6.1 s per step.
 - autouse: the test process is offline (``huggingface_hub.constants.HF_HUB_OFFLINE``: read once at import,
   so an ``HF_HUB_OFFLINE`` set later does not reach it). A check that loads a preset's tokenizer then
   reads the cache at once instead of retrying the network for ~45 s.
