@@ -16,7 +16,7 @@ What is checked, on the tiny Qwen3 (head_dim 32; vLLM-CPU needs >= 32) with vLLM
   tied-embedding Llama) and fails without ``keep_cpu_linear_weights`` (the crash it fixes);
 - with the weight push disabled, the weight-sync probe of the test hook ``opsd_test_hooks.rollout``
   (``recipe/rollout/sync_probe.py``) catches the stale rollout (negative control of the check the
-  SmolLM2 launches below make);
+  SmolLM2 launches below make); the same launch then has its server killed;
 - a rollout server that raises while loading the weights, or that is killed, ends the run with a
   non-zero exit and a message within a bound instead of a hang;
 - SmolLM2-135M-Instruct, OPSD and GRPO 2 steps each (the GPU user's rollout path on a real pretrained
@@ -195,14 +195,6 @@ def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, hooks=(),
     return run
 
 
-def test_negative_control_without_the_push_fails_the_check(run_cpu_verl, vllm_venv, tmp_path):
-    run = _run_recipe(run_cpu_verl, vllm_venv, "grpo", tmp_path, steps=1, env={"OPSD_TEST_SKIP_WEIGHT_SYNC": "1"})
-    assert run.returncode == 0, run.tail()
-    assert [record["global_steps"] for record in run.probe] == [0, 1]
-    assert run.probe[0]["max_abs_logprob_diff"] < SYNC_TOLERANCE  # start-up push still happens
-    assert run.probe[1]["max_abs_logprob_diff"] > MIN_UPDATE_EFFECT, run.probe[1]  # stale rollout detected
-
-
 # ------------------------------------------------------------------ no hang on a failed or dead server
 
 
@@ -240,19 +232,26 @@ def _descendants_named(root_pid: int, name: str) -> list[int]:
     return found
 
 
-def test_killed_rollout_server_ends_the_run(vllm_venv, tmp_path):
-    """Kill the vLLM server actor after step 1; the run must exit non-zero within KILL_BOUND_S."""
+def test_stale_rollout_is_caught_then_a_killed_server_ends_the_run(vllm_venv, tmp_path):
+    """One GRPO launch, two checks. With the push after each update disabled (negative control of the check
+    the SmolLM2 launches below make) the weight-sync probe catches the stale rollout at step 1. Then the vLLM
+    server actor is killed; the run must exit non-zero within the bound instead of hanging."""
     kill_bound_s = bound(180)
     metrics = tmp_path / "metrics.jsonl"
     log_path = tmp_path / "run.log"
+    probe_log = tmp_path / "probe.jsonl"
+    hooks = launch_env("opsd_test_hooks.rollout", OPSD_TEST_SYNC_PROBE_LOG=str(probe_log),
+                       OPSD_TEST_SKIP_WEIGHT_SYNC="1")
     env = {
         **os.environ,
         **_vllm_env(vllm_venv, tmp_path, STEPS="3"),
+        **hooks,
         "VERL_FILE_LOGGER_PATH": str(metrics),
         "RAY_DEDUP_LOGS": "0",
         "PYTHON": sys.executable,  # the launcher's interpreter; it starts verl with the vLLM venv's
     }
-    args = ["actor_rollout_ref.rollout.dtype=float32", f"reward.custom_reward_function.path={DIGIT_REWARD}"]
+    args = ["actor_rollout_ref.rollout.dtype=float32", f"actor_rollout_ref.actor.optim.lr={TEST_LR}",
+            f"reward.custom_reward_function.path={DIGIT_REWARD}"]
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
             ["bash", str(REPO_ROOT / SCRIPTS["grpo"]), *args],
@@ -283,6 +282,11 @@ def test_killed_rollout_server_ends_the_run(vllm_venv, tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     log = log_path.read_text(errors="replace") + _train_log(tmp_path)
+    # verl pushes (and the probe checks) after each update, before the step's metrics are logged
+    probe = _read_probe(probe_log)
+    assert [record["global_steps"] for record in probe][:2] == [0, 1], log[-3000:]
+    assert probe[0]["max_abs_logprob_diff"] < SYNC_TOLERANCE  # the start-up push still happens
+    assert probe[1]["max_abs_logprob_diff"] > MIN_UPDATE_EFFECT, probe[1]  # stale rollout detected
     assert returncode is not None, f"the run still hung {kill_bound_s} s after its rollout server was killed:\n{log[-3000:]}"
     assert returncode != 0, log[-3000:]
     # the agent loop's next generate() on the dead actor raises (verl starts servers without restarts)
