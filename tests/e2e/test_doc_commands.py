@@ -228,6 +228,7 @@ COMMANDS: dict[str, Run | Skip] = {
         inputs("[...] marks optional arguments; runnable: the --help of the line above"),
     # docs/toy_world.md
     "python scripts/toy_studies.py compare --steps 100": HELP,  # the toy student's build + 2 launches of 100 steps (~21 min)
+    "python scripts/toy_studies.py compare --methods rlsd --steps 100": HELP,  # 100 RLSD steps of ~20 s (~37 min)
     "python scripts/toy_studies.py seeds --seeds 1 2 3": HELP,  # 6 toy launches of 150 steps (~71 min)
     "python scripts/toy_studies.py signals": HELP,  # the toy student's build (~3 min); tests/toy cover the analysis
     # docs/vllm_cpu.md
