@@ -120,11 +120,18 @@ def prompt_lengths(prompts: Sequence, *, tokenizer, chat_kwargs: Mapping) -> lis
 
 
 # --------------------------------------------------------------------------- the launch's order
-def _load_tokenizer(model) -> object:
+def load_tokenizer(model, *, local_files_only: bool = False) -> object:
+    """The launch's tokenizer (``local_files_only``: a dry run, which never asks the Hub)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model.get("tokenizer_path") or model.path,
-                                              trust_remote_code=bool(model.get("trust_remote_code", False)))
+    path = model.get("tokenizer_path") or model.path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=bool(model.get("trust_remote_code", False)),
+                                                  local_files_only=local_files_only)
+    except OSError:
+        if not local_files_only:
+            raise
+        raise OSError(f"{path} is not in the local Hugging Face cache and a dry run does not download it") from None
     if model.get("custom_chat_template"):
         tokenizer.chat_template = model.custom_chat_template
     return tokenizer
@@ -141,7 +148,7 @@ def _read_prompts(files: Sequence[str], key: str) -> tuple[list, list[tuple[str,
     return prompts, where
 
 
-def plan_data_order(cfg, *, load_tokenizer: Callable = _load_tokenizer) -> tuple[DataOrder | None, str | None]:
+def plan_data_order(cfg, *, load_tokenizer: Callable = load_tokenizer) -> tuple[DataOrder | None, str | None]:
     """The order of the resolved launch config ``cfg`` and a note (why it is not known, or what was not checked).
 
     Raises ``InputError`` naming file and row for a prompt over ``data.max_prompt_length`` that the run

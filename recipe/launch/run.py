@@ -32,7 +32,7 @@ from pathlib import Path
 from recipe.cpu import vllm_cpu
 from recipe.launch import cluster
 from recipe.launch import compose as composer
-from recipe.launch.data_order import DATA_ORDER_FILE, DataOrder, plan_data_order, write_record
+from recipe.launch.data_order import DATA_ORDER_FILE, DataOrder, load_tokenizer, plan_data_order, write_record
 from recipe.launch.async_modes import launch_recipe
 from recipe.launch.overrides import Override, OverrideList
 from recipe.launch.ranks import check_rank_division
@@ -214,7 +214,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
             cfg = composer.compose(recipe, overrides.add(resume, source="launcher (the last whole save)").as_list())
         resolved = recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
         if recipe.reward:
-            order, order_note = plan_data_order(resolved)
+            order, order_note = plan_data_order(
+                resolved, load_tokenizer=functools.partial(load_tokenizer, local_files_only=dry_run))
     recipe = launch_recipe(recipe, cfg)  # an async_training block: checked; GRPO's async entry point
     notes += _preset_values_replaced(recipe, overrides, cfg, base)
     notes += _micro_batch_note(cfg, overrides)

@@ -22,11 +22,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
+
 from tokenizers import AddedToken, Tokenizer, decoders, models
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from recipe.common.cli import InputError, OutputExistsError, refuse_overwrite
+
+if TYPE_CHECKING:  # torch and the model classes load only to build a model (a launch's planning reads the tokenizer)
+    from transformers import PreTrainedTokenizerFast, Qwen3Config
 
 CHAT_TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "common" / "chat_templates" / "qwen3.jinja"
 
@@ -81,6 +84,8 @@ def build_char_tokenizer(
             order; the tokenizer matches them before splitting the rest into characters
             (leftmost-longest). Each must be at least 2 characters and unique.
     """
+    from transformers import PreTrainedTokenizerFast
+
     if len(set(phrases)) != len(phrases) or any(len(phrase) < 2 for phrase in phrases):
         raise ValueError("build_char_tokenizer: phrases must be unique texts of at least 2 characters")
     added = list(SPECIAL_TOKENS) + list(THINK_TOKENS)
@@ -122,6 +127,8 @@ def tiny_qwen3_config(
     pad_token_id: int | None = None,
 ) -> Qwen3Config:
     """Qwen3Config for the tiny model; head_dim = hidden_size / num_heads must be >= 32 (vLLM CPU kernels)."""
+    from transformers import Qwen3Config
+
     if hidden_size % num_heads != 0:
         raise InputError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
     head_dim = hidden_size // num_heads
@@ -164,6 +171,9 @@ def build_tiny_model(
     Deterministic given ``seed``. Refuses to write into a non-empty directory unless
     ``overwrite=True``.
     """
+    import torch
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
     out_path = Path(out_dir)
     if out_path.exists() and any(out_path.iterdir()) and not overwrite:
         raise OutputExistsError("is not empty", file=out_path,

@@ -164,3 +164,6 @@ def test_a_dry_run_does_not_ask_the_hub(launch_inputs, tmp_path):
     assert ("actor_rollout_ref.model.path=org/not-downloaded is not in the local Hugging Face cache: a launch asks "
             "the Hub for it (a dry run does not)") in launch.notes
     assert "disk: the size of one checkpoint save is not known" in launch.describe()
+    # nor for the tokenizer of the data-order check (online, asking the Hub would wait on the network)
+    assert launch.data_order_note == ("prompt lengths not checked: cannot load the tokenizer here (org/not-downloaded "
+                                      "is not in the local Hugging Face cache and a dry run does not download it)")
