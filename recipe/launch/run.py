@@ -169,16 +169,17 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     if vllm and model:
         vllm_cpu.check_head_dim(str(model))
 
-    # Derived values come from a first composition (none of them changes what the others read),
-    # then the final composition holds every override once.
-    notes = []
+    # Derived values come from a first composition (none of them changes what the others read) and are
+    # applied to it as hydra applies value overrides (the launch's override list holds every one once).
+    notes, derived = [], []
     base = _base_config(recipe)
     cfg = composer.compose(recipe, overrides.as_list())
     if settings.device == "gpu" and "trainer.n_gpus_per_node" not in overrides and \
             composer.select(cfg, "trainer.n_gpus_per_node") == composer.select(base, "trainer.n_gpus_per_node"):
         count = detect_gpus()
         if count > 0:
-            overrides.add([f"trainer.n_gpus_per_node={count}"], source="nvidia-smi")
+            derived.append(f"trainer.n_gpus_per_node={count}")
+            overrides.add(derived[-1:], source="nvidia-smi")
             notes.append(f"trainer.n_gpus_per_node={count}: all GPUs nvidia-smi lists (no preset or NGPUS sets it)")
     if settings.device == "cpu" and settings.cpu_rollout == "vllm" and recipe.vllm_platform is None:
         notes.append(f"CPU_ROLLOUT=vllm is not used: the {recipe.name} recipe has no rollout")
@@ -186,10 +187,12 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
         tie = vllm_cpu.main_venv_note(settings.vllm_venv_dir, sysconfig.get_paths()["purelib"])
         notes += [tie] if tie else []
     for key, value, why in composer.token_budget_fixes(cfg, recipe):
-        overrides.add([f"{key}={value}"], source="derived")
+        derived.append(f"{key}={value}")
+        overrides.add(derived[-1:], source="derived")
         notes.append(f"{key}={value} {why}")
     ckpt = _ckpt_dir(recipe, settings, demo, overrides, cfg)
-    overrides.add([f"trainer.default_local_dir={ckpt}"], source="CKPT_DIR")
+    derived.append(f"trainer.default_local_dir={ckpt}")
+    overrides.add(derived[-1:], source="CKPT_DIR")
     env = {**environ, **verl_env}
     env.setdefault("VERL_FILE_LOGGER_PATH", str(next_free_path(ckpt / "metrics", "jsonl")))
     env.setdefault("TENSORBOARD_DIR", str(ckpt / "tensorboard"))
@@ -198,9 +201,10 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     env.setdefault("PYTHONUNBUFFERED", "1")
     if settings.ray_address and not recipe.torchrun:  # join the user's cluster (recipe.launch.cluster)
         joined = cluster.join_overrides(settings.ray_address, cluster.forwarded_environment(env, verl_env))
-        overrides.add([o for o in joined if overrides.source(Override.parse(o).key) != "command line"],
-                      source="RAY_ADDRESS")
-    cfg = composer.compose(recipe, overrides.as_list())
+        kept = [o for o in joined if overrides.source(Override.parse(o).key) != "command line"]
+        derived += kept
+        overrides.add(kept, source="RAY_ADDRESS")
+    cfg = composer.with_values(cfg, derived)
     _validate(recipe, settings, cfg, base)
     check_rank_division(recipe.name, cfg)  # batch sizes over the ranks: before Ray, not mid-run
     # model, data, the checkpoint directory (a finished run, another config) and the disk, before the recipe's own
@@ -211,7 +215,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
                                       dry_run=dry_run)
         notes += checked.notes
         if resume := checks.resume_overrides(cfg, checked):  # verl would pick another save (or none): name it
-            cfg = composer.compose(recipe, overrides.add(resume, source="launcher (the last whole save)").as_list())
+            overrides.add(resume, source="launcher (the last whole save)")
+            cfg = composer.with_values(cfg, resume)
         resolved = recipe.run_startup_checks(cfg)  # what the recipe's entry point checks before Ray, in a dry run too
         if recipe.reward:
             order, order_note = plan_data_order(
