@@ -235,10 +235,10 @@ COMMANDS: dict[str, Run | Skip] = {
     # docs/vllm_cpu.md
     "bash recipe/cpu/vllm_cpu_venv.sh": long(VLLM_VENV),
     "CPU_ROLLOUT=vllm CPU_DEMO=tiny STEPS=2 bash recipe/opsd/run_opsd.sh": launched_by(
-        "tests/e2e/test_vllm_cpu_e2e.py::test_smollm2_two_steps_rollout_serves_the_trainers_weights[opsd]", "vllm_cpu"),
+        "tests/e2e/test_vllm_cpu_e2e.py::test_receiver_error_ends_the_run_with_its_message", "vllm_cpu"),
     "python -m pytest -m vllm_cpu tests/e2e/test_vllm_cpu_e2e.py": suite("the vllm_cpu lane of CI"),
     "VERL_USE_EXTERNAL_MODULES=recipe.rollout.sync_check OPSD_SYNC_CHECK_LOG=$PWD/sync_check.jsonl …": launched_by(
-        "tests/e2e/test_vllm_cpu_e2e.py::test_smollm2_two_steps_rollout_serves_the_trainers_weights[grpo]", "vllm_cpu"),
+        "tests/e2e/test_vllm_cpu_e2e.py::test_smollm2_grpo_two_steps_rollout_serves_the_trainers_weights", "vllm_cpu"),
 }
 
 

@@ -209,11 +209,12 @@ def _run_recipe(run_cpu_verl, vllm_venv, recipe, tmp_path, *, steps=2, hooks=(),
 
 
 def test_receiver_error_ends_the_run_with_its_message(run_cpu_verl, vllm_venv, tmp_path):
-    """Before the fix: vLLM raised in load_weights and the trainer waited for the ack forever."""
+    """Before the fix: vLLM raised in load_weights and the trainer waited for the ack forever (OPSD's launch;
+    GRPO's push is the same verl code, and GRPO's launches follow)."""
     run = _run_recipe(
         run_cpu_verl,
         vllm_venv,
-        "grpo",
+        "opsd",
         tmp_path,
         steps=1,
         hooks=["opsd_test_hooks.vllm_cpu_faults"],
