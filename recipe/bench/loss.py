@@ -6,7 +6,7 @@ honest. All three include the student and teacher lm_head matmuls (hidden [N, H]
 * naive   - materialises [N, V] float32 tensors the way the official OPSD code does:
             log_softmax of both logits / T, teacher probs, per-entry term, clamp(max=tau),
             sum over V; plain autograd.
-* chunked - the same logits, then ``recipe.opsd.core.losses.token_divergence(chunk_size=C)``.
+* chunked - the same logits, then ``recipe.bench.loss_variants.chunked_token_divergence(chunk_size=C)``.
 * fused   - ``recipe.bench.loss_variants.fused_linear_token_divergence(chunk_size=C)``: the lm_head
             matmul runs inside the row chunk, no [N, V] tensor exists.
 * fused_sum - ``recipe.opsd.core.losses.fused_linear_weighted_divergence`` with unit row weights: the
@@ -50,7 +50,8 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
     import torch
     import torch.nn.functional as F
 
-    from recipe.bench.loss_variants import fused_linear_token_divergence  # bench-only; the trainer's is below
+    from recipe.bench.loss_variants import (  # bench-only; the trainer's is below
+        chunked_token_divergence, fused_linear_token_divergence)
     from recipe.opsd.core.losses import fused_linear_weighted_divergence, token_divergence
 
     if threads:
@@ -79,7 +80,7 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
         s_logits = hs @ ws.T
         with torch.no_grad():
             t_logits = ht @ wt.T
-        return token_divergence(s_logits, t_logits, chunk_size=chunk, **opts)
+        return chunked_token_divergence(s_logits, t_logits, chunk_size=chunk, **opts)
 
     def fused():
         return fused_linear_token_divergence(hs, ws, ht, wt, chunk_size=chunk, **opts)
@@ -171,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             print(rows[-1], file=sys.stderr, flush=True)
     print(header)
     print("\n".join(rows))
-    return 0
+    failed = sum("failed (exit" in row or "timed out" in row for row in rows)
+    if failed:
+        print(f"{failed} configuration(s) did not finish (see the rows above)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import smollm2_available
+from tests.conftest import build_smollm2_once, smollm2_available
 from tests.e2e.conftest import bound
 from tests.e2e.doc_commands import (REPO_ROOT, Block, Run, Skip, block_cache, block_environment, documented_commands,
                                     hub_reachable, vllm_venv_present, workspace)
@@ -354,10 +354,10 @@ def test_documented_commands_run(tmp_path_factory):
     plans, skipped = plan_runs(documented_commands())
     cache = tmp_path_factory.mktemp("opsd_cache")
     tiny("opsd", Settings(device="cpu", cache_dir=str(cache)))  # built once here: blocks run side by side
-    if smollm2_available():  # likewise SmolLM2 from the wheel (M=$(python -m recipe.models.smollm2) finds it)
-        from recipe.models.smollm2 import fetch_smollm2
-
-        fetch_smollm2(cache_dir=cache, log=lambda *_: None)
+    if smollm2_available():  # likewise SmolLM2 (the session's build, linked: M=$(python -m recipe.models.smollm2) finds it)
+        built = build_smollm2_once(tmp_path_factory)
+        (cache / "models").mkdir(exist_ok=True)
+        (cache / "models" / built.parent.name).symlink_to(built.parent)
     roots = [tmp_path_factory.mktemp("block") for _ in plans]
     order = sorted(range(len(plans)), key=lambda i: -len(plans[i][1]))  # the longest blocks first
     with ThreadPoolExecutor(max_workers=2) as pool:
