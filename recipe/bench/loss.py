@@ -1,7 +1,7 @@
 """Benchmark the OPSD clipped forward-KL loss (paper eq:opsd_clipped): naive vs chunked vs fused.
 
 Each (implementation, N) runs forward + backward in a fresh subprocess so its peak RSS is
-honest. All three include the student and teacher lm_head matmuls (hidden [N, H] @ W.T):
+honest. All four include the student and teacher lm_head matmuls (hidden [N, H] @ W.T):
 
 * naive   - materialises [N, V] float32 tensors the way the official OPSD code does:
             log_softmax of both logits / T, teacher probs, per-entry term, clamp(max=tau),
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"V={args.vocab} H={args.hidden} chunk={args.chunk_size} repeats={args.repeats} "
           f"beta={BETA} clip_tau={CLIP_TAU} T={TEMPERATURE}; float32 inputs, fwd+bwd incl. lm_head matmuls", flush=True)
     header = f"{'N':>6} {'impl':>9} {'time s':>8} {'x naive':>8} {'peak extra GB':>14} {'x naive':>8} {'err values':>11} {'err grad_h':>11}"
-    rows = []
+    rows, failed = [], 0
     for n in args.n:
         naive = None
         for impl in args.impls:
@@ -158,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
                 rows.append(f"{n:>6} {impl:>9}  timed out after {args.timeout:.0f} s")
+                failed += 1
                 continue
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["killed (out of memory?)"])[-1]
                 rows.append(f"{n:>6} {impl:>9}  failed (exit {proc.returncode}): {tail}")
+                failed += 1
                 continue
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             naive = r if impl == "naive" else naive
@@ -172,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
             print(rows[-1], file=sys.stderr, flush=True)
     print(header)
     print("\n".join(rows))
-    failed = sum("failed (exit" in row or "timed out" in row for row in rows)
     if failed:
         print(f"{failed} configuration(s) did not finish (see the rows above)", file=sys.stderr)
     return 1 if failed else 0
