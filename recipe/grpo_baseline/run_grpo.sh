@@ -5,7 +5,7 @@
 # python -m verl.trainer.main_ppo.
 #
 #   bash recipe/grpo_baseline/run_grpo.sh                 # CPU: the toy demo, GRPO on the toy student
-#   CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh   # CPU: 4-step smoke run on a random tiny model, ~1 min
+#   CPU_DEMO=tiny bash recipe/grpo_baseline/run_grpo.sh   # CPU: 4-step smoke run on a random tiny model, ~2 min
 #   CPU_DEMO=tiny CPU_NUM_RANKS=2 bash recipe/grpo_baseline/run_grpo.sh   # the same on 2 FSDP ranks over gloo
 #   MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo.parquet NGPUS=8 bash recipe/grpo_baseline/run_grpo.sh
 #   MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=omr.parquet bash recipe/grpo_baseline/run_grpo.sh +experiment=released_grpo

@@ -4,7 +4,7 @@
 # the effective settings and starts python -m recipe.opsd.main_opsd.
 #
 #   bash recipe/opsd/run_opsd.sh                          # CPU: the toy demo (docs/toy_world.md), ~9 min
-#   CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh            # CPU: 4-step smoke run on a random tiny model, ~1 min
+#   CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh            # CPU: 4-step smoke run on a random tiny model, ~2 min
 #   MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet NGPUS=8 bash recipe/opsd/run_opsd.sh
 #   TRAIN_FILES=train.parquet bash recipe/opsd/run_opsd.sh +model=qwen3_4b +experiment=rollout_256
 #   python -m recipe.toy.demo --out-dir tiny              # toy problems as verl parquet (tiny/train.parquet, ...)

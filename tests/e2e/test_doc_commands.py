@@ -73,7 +73,7 @@ def inputs(reason):
 
 TOY = ("the toy demo: the toy student's SFT build (~9 min) then 150 steps (~24 min in all on a 2-core AVX2-only CPU); "
        "tests/e2e/test_toy_e2e.py builds the student and trains it, CPU_DEMO=tiny runs the same launcher path")
-REAL = ("the SmolLM2 demo (~12-15 min per launch); tests/e2e/test_vllm_cpu_e2e.py runs its format SFT and OPSD steps "
+REAL = ("the SmolLM2 demo (~43 min on a fresh cache on 2 cores); tests/e2e/test_vllm_cpu_e2e.py runs its format SFT and OPSD steps "
         "(through the vLLM server)")
 CLUSTER = ("GPU nodes of a Ray cluster; tests/e2e/test_two_nodes_e2e.py runs the same commands on two CPU nodes of "
            "this machine (ray start, RAY_ADDRESS, NNODES=2)")
