@@ -173,7 +173,8 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
     # applied to it as hydra applies value overrides (the launch's override list holds every one once).
     notes, derived = [], []
     base = _base_config(recipe)
-    cfg = composer.compose(recipe, overrides.as_list())
+    presets = _presets_config(recipe, overrides)
+    cfg = _with_values(recipe, presets, overrides)
     if settings.device == "gpu" and "trainer.n_gpus_per_node" not in overrides and \
             composer.select(cfg, "trainer.n_gpus_per_node") == composer.select(base, "trainer.n_gpus_per_node"):
         count = detect_gpus()
@@ -222,7 +223,7 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
             order, order_note = plan_data_order(
                 resolved, load_tokenizer=functools.partial(load_tokenizer, local_files_only=dry_run))
     recipe = launch_recipe(recipe, cfg)  # an async_training block: checked; GRPO's async entry point
-    notes += _preset_values_replaced(recipe, overrides, cfg, base)
+    notes += _preset_values_replaced(overrides, cfg, base, presets)
     notes += _micro_batch_note(cfg, overrides)
 
     nproc = int(composer.select(cfg, "trainer.n_gpus_per_node"))
@@ -239,6 +240,30 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
 def _base_config(recipe: Recipe):
     """The recipe yaml alone: what "nobody set it" looks like."""
     return composer.compose(recipe, [])
+
+
+def _presets_config(recipe: Recipe, overrides: OverrideList):
+    """The recipe yaml with the launch's group selections (presets, demo, platform) and no value override."""
+    groups = [text for text in overrides.as_list() if Override.parse(text).is_group]
+    return _composed_groups(recipe, tuple(groups)) if groups else _base_config(recipe)
+
+
+@functools.lru_cache(maxsize=8)
+def _composed_groups(recipe: Recipe, groups: tuple[str, ...]):
+    return composer.compose(recipe, list(groups))
+
+
+def _with_values(recipe: Recipe, presets, overrides: OverrideList):
+    """The launch's config: its value overrides applied to ``presets`` the way hydra applies them at the end of
+    a composition (``composer.with_values``, one composition fewer). An override ``with_values`` does not take
+    (a delete, a ``hydra.`` key, a key the config does not have) is composed by hydra, whose error names it."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    values = [text for text in overrides.as_list() if not Override.parse(text).is_group]
+    try:
+        return composer.with_values(presets, values)
+    except (ValueError, OmegaConfBaseException):
+        return composer.compose(recipe, overrides.as_list())
 
 
 def _ckpt_dir(recipe: Recipe, settings: Settings, demo: DemoInputs | None, overrides: OverrideList, cfg) -> Path:
@@ -266,12 +291,11 @@ def _check_presets(recipe: Recipe, groups: list[str]) -> None:
                                  f"one of {known} ({recipe.config_dir / group})")
 
 
-def _preset_values_replaced(recipe: Recipe, overrides: OverrideList, cfg, base) -> list[str]:
+def _preset_values_replaced(overrides: OverrideList, cfg, base, presets) -> list[str]:
     """A note for every value a preset (or the demo / platform) set that an override replaced."""
     groups = [str(Override.parse(a)) for a in overrides.as_list() if Override.parse(a).is_group]
     if not groups:
         return []
-    presets = composer.compose(recipe, groups)
     notes = []
     for text in overrides.as_list():
         item = Override.parse(text)

@@ -334,3 +334,23 @@ def test_dry_run_runs_the_launchs_start_up_checks():
     bad = _script("recipe/opsd/run_opsd.sh", "+model=qwen3_1p7b", "opsd.loss.beta=2", DEVICE="gpu",
                   TRAIN_FILES=str(INPUTS.train))
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("[opsd] invalid config: opsd.loss.beta")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe, argv, device", [
+    (OPSD, ["+model=qwen3_4b", "+experiment=[context_answer_only,rollout_256]", "actor_rollout_ref.actor.optim.lr=3e-6",
+            '+ray_kwargs.ray_init.runtime_env.env_vars.OPSD_X="1e-3"', "~trainer.logger", "+trainer.logger=[console]"], "gpu"),
+    (GRPO, ["+experiment=released_grpo", "data.seed=7", "++ray_kwargs.ray_init.num_cpus=null"], "gpu"),
+    (OPSD, ["+demo=tiny", "trainer.total_training_steps=3", 'trainer.experiment_name="a b"'], "cpu"),
+])
+def test_the_launchs_config_is_what_hydra_composes_from_its_override_list(recipe, argv, device):
+    """The launcher composes the group selections once and applies the value overrides itself (a delete falls
+    back to hydra's composition); verl composes the launch's whole override list: the two configs are equal."""
+    from recipe.launch.compose import compose
+
+    if device == "gpu":
+        launch = gpu_plan(recipe, argv, model_path=a_model())
+    else:
+        launch = plan(recipe, Settings(device="cpu", model_path=a_model(), train_files=str(INPUTS.train)), argv,
+                      environ=INPUTS.env)
+    assert OmegaConf.to_container(launch.config) == OmegaConf.to_container(compose(recipe, launch.overrides.as_list()))
