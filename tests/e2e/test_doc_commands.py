@@ -184,10 +184,10 @@ COMMANDS: dict[str, Run | Skip] = {
     "python -m recipe.analysis.replay CKPT_DIR/step_dumps/step_3.pt …": inputs(
         "reads a step dump of the user's run; tests/opsd test the replay on a dump of their own"),
     "CPU_DEMO=toy python scripts/probe.py --out-dir probe_toy --contexts full_solution unrelated …": HELP,
+    # ^ the toy student's build + 4 cells x 10 steps (~15 min); tests/experiments test the probe's grid and verdicts
     "CPU_DEMO=real python scripts/probe.py --out-dir probe_real --clip-taus 0.05 none --temperatures 1.1 0.7 …": long(
         "the SmolLM2 student's build, 4 probe cells and 4 full demo runs (~2.5 h); the toy command's --help runs the "
         "entry point, tests/experiments test the probe's grid, verdicts and validation"),
-    # ^ the toy student's build + 4 cells x 10 steps (~15 min); tests/experiments test the probe's grid and verdicts
     "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet python scripts/probe.py …": gpu(),
     "python -m pytest tests/opsd -q": suite(),
     "python -m pytest -m e2e tests/e2e/test_opsd_e2e.py tests/e2e/test_opsd_faults_e2e.py -q": suite(),
