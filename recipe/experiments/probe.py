@@ -21,7 +21,8 @@ grid of cells -- teacher context x reasoning modes (student:teacher) x clip tau 
 Outputs in ``--out-dir``: ``probe.json`` (everything, with each cell's cost), ``probe.md`` (the console
 table, the thresholds, the recommendation) and ``probe.png`` (the K-step traces). ``--validate`` then runs
 each cell in full (the demo's before/after held-out evaluation, ``--seeds``) and adds the outcome, a paired
-bootstrap interval of the accuracy change and the agreement (``validation.json``, ``validation.md``).
+bootstrap interval of the accuracy change and the agreement (``validation.json``, ``validation.md``);
+``--control OUT_DIR`` adds each validated cell against another probe's full runs (a control arm), seed by seed.
 
     CPU_DEMO=toy python scripts/probe.py --out-dir probe_toy --contexts full_solution unrelated --clip-taus none 0.05
     CPU_DEMO=real python scripts/probe.py --out-dir probe_real --clip-taus 0.05 none --temperatures 1.1 0.7
@@ -359,98 +360,6 @@ def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Se
 
 
 # ---------------------------------------------------------------------------------------------- validation
-def _eval_file(eval_dir: Path) -> Path:
-    """The greedy evaluation's results.json of a demo's evaluation directory (toy: ``greedy/``; real: itself)."""
-    for path in (eval_dir / "greedy" / "results.json", eval_dir / "results.json"):
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"no results.json of a greedy evaluation under {eval_dir}")
-
-
-def _greedy(eval_dir: Path) -> dict[str, Any]:
-    results = json.loads(_eval_file(eval_dir).read_text())
-    macro = results["macro"]
-    scores = {pid: score for per in results["per_problem"].values() for pid, score in per.items()}
-    return {"accuracy": macro["avg@1"], "mean_length": macro.get("mean_length"), "boxed_rate": macro.get("boxed_rate"),
-            "per_problem": scores}
-
-
-def full_runs(cells: Sequence[Cell], *, recipe, settings, demo, extra: Sequence[str], seeds: Sequence[int], out_dir: Path,
-              log=print) -> list[dict[str, Any]]:
-    """Each cell's full run per seed (``data.seed`` = the actor's data-loader seed), trained and evaluated before /
-    after by the demo (``recipe.launch.demos.train_demo``); the greedy held-out evaluations."""
-    from recipe.launch.demos import train_demo
-
-    runs = []
-    for cell in cells:
-        for seed in seeds:
-            run_dir = out_dir / "full" / f"{cell.slug}_seed{seed}"
-            build = demo.load()(recipe.name, dataclasses.replace(settings, ckpt_dir=str(run_dir)))
-            start = time.time()
-            result = train_demo(recipe, dataclasses.replace(settings, ckpt_dir=str(run_dir)),
-                                [*extra, *cell.overrides(), f"data.seed={seed}",
-                                 f"actor_rollout_ref.actor.data_loader_seed={seed}"], build)
-            before_dir = build.before_dir or Path(run_dir) / "eval" / "before"
-            runs.append({"name": cell.name, "seed": seed, "run_dir": str(run_dir), "wall_time_s": round(time.time() - start),
-                         "train_s": result["record"]["wall_time_s"], "before": _greedy(Path(before_dir)),
-                         "after": _greedy(Path(run_dir) / "eval" / "after"),
-                         "monitor_warnings": sorted({k.split("/")[1].removesuffix("_warning") for r in result["metrics"]
-                                                     for k, v in r.items() if k.endswith("_warning") and v})})
-            log(f"[probe] full run {cell.name} seed {seed}: greedy {100 * runs[-1]['before']['accuracy']:.1f} -> "
-                f"{100 * runs[-1]['after']['accuracy']:.1f}%")
-    return runs
-
-
-def agreement(probe: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per cell: the probe's verdict, the full runs' outcome (paired bootstrap interval of the greedy accuracy change
-    over the held-out problems and the seeds, length and boxed-rate change) and whether they agree."""
-    from recipe.evaluation import stats
-
-    rows = []
-    for cell in probe["cells"]:
-        mine = [r for r in runs if r["name"] == cell["name"]]
-        if not mine:
-            continue
-        before = mine[0]["before"]
-        ids = sorted(before["per_problem"])
-        ci = stats.paired_bootstrap(base_SP=[before["per_problem"][p] for p in ids],
-                                    ckpt_SP=[[r["after"]["per_problem"][p] for p in ids] for r in mine])
-        mean = lambda key: sum(r["after"][key] for r in mine) / len(mine) if all(  # noqa: E731
-            r["after"].get(key) is not None for r in mine) else None
-        change = {"estimate": ci.estimate, "low": ci.low, "high": ci.high}
-        result = compatibility.outcome(change=change, length_before=before["mean_length"], length_after=mean("mean_length"),
-                                       boxed_before=before["boxed_rate"], boxed_after=mean("boxed_rate"))
-        verdict = cell["verdict"]["verdict"]
-        rows.append({"name": cell["name"], "verdict": verdict, "basis": cell["verdict"]["basis"], "outcome": result,
-                     "agree": verdict == result, "compatible_agree": (verdict == "gain") == (result == "gain"),
-                     "seeds": [r["seed"] for r in mine], "accuracy_before": before["accuracy"],
-                     "accuracy_after": [r["after"]["accuracy"] for r in mine], "change": change,
-                     "length_before": before["mean_length"], "length_after": mean("mean_length"),
-                     "boxed_before": before["boxed_rate"], "boxed_after": mean("boxed_rate"),
-                     "probe_cost_s": cell["cost"]["cell_s"], "full_train_s": [r["train_s"] for r in mine]})
-    return {"rows": rows, "agree": sum(r["agree"] for r in rows), "compatible_agree": sum(r["compatible_agree"] for r in rows),
-            "cells": len(rows)}
-
-
-def agreement_table(result: dict[str, Any]) -> str:
-    lines = ["| cell | probe verdict | full run: greedy before -> after (%) | change, 95% CI (pts) | length before -> after "
-             "| boxed before -> after (%) | outcome | agree | probe cost / full training (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        after = ", ".join(f"{100 * a:.1f}" for a in r["accuracy_after"])
-        c = r["change"]
-        boxed = "-" if r["boxed_before"] is None or r["boxed_after"] is None else \
-            f"{100 * r['boxed_before']:.0f} -> {100 * r['boxed_after']:.0f}"
-        train = sum(r["full_train_s"]) / len(r["full_train_s"])
-        lines.append(f"| {r['name']} | {r['verdict']} ({r['basis']}) | {100 * r['accuracy_before']:.1f} -> {after} "
-                     f"| {100 * c['estimate']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}] "
-                     f"| {_f(r['length_before'])} -> {_f(r['length_after'])} | {boxed} | {r['outcome']} "
-                     f"| {'yes' if r['agree'] else 'no'} | {r['probe_cost_s']:.0f} / {train:.0f} ({100 * r['probe_cost_s'] / train:.0f}%) |")
-    lines.append(f"\nagreement: {result['agree']} of {result['cells']} cells (gain vs not gain: "
-                 f"{result['compatible_agree']} of {result['cells']})")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------------------------------------- CLI
 def _cell_axes(spec: str) -> dict[str, list[str]]:
     parts = spec.split(",")
@@ -488,6 +397,9 @@ def build_parser():
     parser.add_argument("--validate-cells", nargs="+", type=int, default=None,
                         help="indices (probe.json order) of the cells to run in full (default: all)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[42], help="data seeds of the --validate runs")
+    parser.add_argument("--control", type=Path, default=None, metavar="OUT_DIR",
+                        help="with --validate: another probe's --out-dir whose full runs are the control arm (one cell, "
+                             "the same seeds); each validated cell's held-out accuracy against it")
     parser.add_argument("overrides", nargs="*", help="hydra overrides of every cell (after --)")
     cli.add_debug_argument(parser)
     return parser
@@ -505,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.steps < 4:
         raise cli.InputError(f"--steps {args.steps}: the probe compares two windows of at least 2 steps; use >= 4")
+    control_file = args.control / "full_runs.jsonl" if args.control is not None else None
+    if control_file is not None and not (args.validate and control_file.is_file()):
+        raise cli.InputError(f"--control {args.control}: " + ("needs --validate" if not args.validate else
+                             "has no full_runs.jsonl (run that probe with --validate first)"))
     done = args.out_dir / "probe.json"
     if not args.validate:
         cli.refuse_overwrite([done], overwrite=False, other="another --out-dir")
@@ -550,15 +466,23 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [cells[i] for i in (args.validate_cells if args.validate_cells is not None else range(len(cells)))]
     log_file = args.out_dir / "full_runs.jsonl"
     runs = [json.loads(line) for line in log_file.read_text().splitlines()] if log_file.is_file() else []
+    from recipe.experiments import probe_validation as validation
+
     for cell in chosen:
         seeds = [seed for seed in args.seeds if not any(r["name"] == cell.name and r["seed"] == seed for r in runs)]
-        for run in full_runs([cell], recipe=recipe, settings=settings, demo=demo, extra=extra, seeds=seeds,
+        for run in validation.full_runs([cell], recipe=recipe, settings=settings, demo=demo, extra=extra, seeds=seeds,
                              out_dir=args.out_dir):
             runs.append(run)
             with open(log_file, "a") as handle:
                 handle.write(json.dumps(run, default=str) + "\n")
-    result = agreement(probe, runs)
-    text = agreement_table(result)
+    result = validation.agreement(probe, runs)
+    text = validation.agreement_table(result)
+    if args.control is not None:
+        control_runs = [json.loads(line) for line in control_file.read_text().splitlines()]
+        with cli.reraise_as_input(ValueError, file=control_file):
+            result["versus_control"] = validation.versus_control([r for r in runs if r["name"] in {c.name for c in chosen}],
+                                                      control_runs)
+        text += "\n\n" + validation.control_table(result["versus_control"])
     (args.out_dir / "validation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (args.out_dir / "validation.md").write_text(text + "\n")
     print(text)

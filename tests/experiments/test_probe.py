@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from recipe.analysis.signal_analysis import Rollout
-from recipe.experiments import probe
+from recipe.experiments import probe, probe_validation
 
 
 def test_grid_is_every_combination_with_its_overrides():
@@ -75,14 +75,50 @@ def test_agreement_against_full_runs_uses_the_paired_bootstrap():
             {"name": "b", "seed": 1, "train_s": 400, "before": {"accuracy": 0.5, "mean_length": 20.0, "boxed_rate": 0.9,
                                                                  "per_problem": scores},
              "after": {"accuracy": 0.5, "mean_length": 20.0, "boxed_rate": 0.9, "per_problem": same}}]
-    result = probe.agreement({"cells": [_cell("a", "gain"), _cell("b", "gain")]}, runs)
+    result = probe_validation.agreement({"cells": [_cell("a", "gain"), _cell("b", "gain")]}, runs)
     a, b = result["rows"]
     assert a["outcome"] == "gain" and a["agree"] and a["change"]["estimate"] == pytest.approx(0.5)
     assert b["outcome"] == "no measurable effect" and not b["agree"] and not b["compatible_agree"]
     assert (result["agree"], result["cells"]) == (1, 2)
-    text = probe.agreement_table(result)
+    text = probe_validation.agreement_table(result)
     assert "| a | gain (observed) | 50.0 -> 100.0 | +50.0 [" in text and "40 / 400 (10%)" in text
     assert "agreement: 1 of 2 cells" in text
+
+
+def _run(name, seed, after):
+    return {"name": name, "seed": seed, "after": {"accuracy": sum(after.values()) / len(after), "per_problem": after}}
+
+
+def test_a_cell_against_its_control_is_paired_by_seed_and_problem():
+    ids = [f"p{i}" for i in range(20)]
+    control = [_run("ctl", 1, {p: 0.0 for p in ids}), _run("ctl", 2, {p: float(i < 10) for i, p in enumerate(ids)})]
+    # seed 1: 4 of 20 above the control; seed 2: the control's 10 plus 2 more; seed 3 has no control run
+    cell = [_run("a", 1, {p: float(i < 4) for i, p in enumerate(ids)}),
+            _run("a", 2, {p: float(i < 12) for i, p in enumerate(ids)}), _run("a", 3, {p: 1.0 for p in ids})]
+    (row,) = probe_validation.versus_control(cell, control)
+    assert row["seeds"] == [1, 2] and row["problems"] == 20 and row["control"] == "ctl"
+    # hand computation: mean over problems of (seed-mean cell - seed-mean control) = ((4 + 12) - (0 + 10)) / 2 / 20
+    assert row["difference"]["estimate"] == pytest.approx(0.15)
+    assert row["difference"]["low"] <= 0.15 <= row["difference"]["high"]
+    assert row["after"] == [0.2, 0.6] and row["control_after"] == [0.0, 0.5]
+    text = probe_validation.control_table([row])
+    assert "| a | ctl | 1, 2 | 20.0, 60.0 | 0.0, 50.0 | +15.0 [" in text
+    # identical arms: a zero difference and a zero-width interval
+    (same,) = probe_validation.versus_control([{**r, "name": "b"} for r in control], control)
+    assert (same["difference"]["estimate"], same["difference"]["low"], same["difference"]["high"]) == (0.0, 0.0, 0.0)
+    assert probe_validation.versus_control([_run("a", 7, {"p0": 1.0})], control) == []
+    with pytest.raises(ValueError, match="one cell's; found"):
+        probe_validation.versus_control(cell, [*control, _run("other", 1, {"p0": 0.0})])
+
+
+def test_a_control_without_full_runs_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    from recipe.common import cli
+
+    monkeypatch.setattr(probe, "run_probe", lambda *a, **k: pytest.fail("no probe"))
+    with pytest.raises(cli.InputError, match="needs --validate"):
+        probe.main(["--out-dir", str(tmp_path), "--control", str(tmp_path)])
+    with pytest.raises(cli.InputError, match="has no full_runs.jsonl"):
+        probe.main(["--out-dir", str(tmp_path), "--validate", "--control", str(tmp_path / "ctl")])
 
 
 def test_the_cli_refuses_few_steps_and_a_validation_without_a_demo(tmp_path, monkeypatch):
