@@ -188,6 +188,11 @@ COMMANDS: dict[str, Run | Skip] = {
     "CPU_DEMO=real python scripts/probe.py --out-dir probe_real --clip-taus 0.05 none --temperatures 1.1 0.7 …": long(
         "the SmolLM2 student's build, 4 probe cells and 4 full demo runs (~2.5 h); the toy command's --help runs the "
         "entry point, tests/experiments test the probe's grid, verdicts and validation"),
+    "CPU_DEMO=real python scripts/probe.py --out-dir probe_real_control --cell unrelated,native:native,none,0.7 …": long(
+        "the control cell's probe and 2 full SmolLM2 demo runs (~55 min); tests/e2e/test_probe_e2e.py runs the probe "
+        "on the tiny demo, tests/experiments test --control"),
+    "CPU_DEMO=real python scripts/probe.py --out-dir probe_real --validate --validate-cells 3 --seeds 42 1 --control "
+    "probe_real_control": long("a full SmolLM2 demo run per missing seed (~25 min each); reads the runs above"),
     "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet python scripts/probe.py …": gpu(),
     "python -m pytest tests/opsd -q": suite(),
     "python -m pytest -m e2e tests/e2e/test_opsd_e2e.py tests/e2e/test_opsd_faults_e2e.py -q": suite(),
