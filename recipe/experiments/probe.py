@@ -359,7 +359,6 @@ def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Se
     return summary
 
 
-# ---------------------------------------------------------------------------------------------- validation
 # ---------------------------------------------------------------------------------------------- CLI
 def _cell_axes(spec: str) -> dict[str, list[str]]:
     parts = spec.split(",")
