@@ -416,10 +416,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.steps < 4:
         raise cli.InputError(f"--steps {args.steps}: the probe compares two windows of at least 2 steps; use >= 4")
-    control_file = args.control / "full_runs.jsonl" if args.control is not None else None
-    if control_file is not None and not (args.validate and control_file.is_file()):
-        raise cli.InputError(f"--control {args.control}: " + ("needs --validate" if not args.validate else
-                             "has no full_runs.jsonl (run that probe with --validate first)"))
+    from recipe.experiments import probe_validation as validation
+
+    control_runs = None
+    if args.control is not None:  # checked before any launch
+        control_file = args.control / "full_runs.jsonl"
+        if not (args.validate and control_file.is_file()):
+            raise cli.InputError(f"--control {args.control}: " + ("needs --validate" if not args.validate else
+                                 "has no full_runs.jsonl (run that probe with --validate first)"))
+        control_runs = validation.read_runs(control_file)
+        with cli.reraise_as_input(ValueError, file=control_file):
+            validation.control_cell(control_runs)
     done = args.out_dir / "probe.json"
     if not args.validate:
         cli.refuse_overwrite([done], overwrite=False, other="another --out-dir")
@@ -464,9 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     chosen = [cells[i] for i in (args.validate_cells if args.validate_cells is not None else range(len(cells)))]
     log_file = args.out_dir / "full_runs.jsonl"
-    runs = [json.loads(line) for line in log_file.read_text().splitlines()] if log_file.is_file() else []
-    from recipe.experiments import probe_validation as validation
-
+    runs = validation.read_runs(log_file)
     for cell in chosen:
         seeds = [seed for seed in args.seeds if not any(r["name"] == cell.name and r["seed"] == seed for r in runs)]
         for run in validation.full_runs([cell], recipe=recipe, settings=settings, demo=demo, extra=extra, seeds=seeds,
@@ -476,11 +481,9 @@ def main(argv: list[str] | None = None) -> int:
                 handle.write(json.dumps(run, default=str) + "\n")
     result = validation.agreement(probe, runs)
     text = validation.agreement_table(result)
-    if args.control is not None:
-        control_runs = [json.loads(line) for line in control_file.read_text().splitlines()]
-        with cli.reraise_as_input(ValueError, file=control_file):
-            result["versus_control"] = validation.versus_control([r for r in runs if r["name"] in {c.name for c in chosen}],
-                                                      control_runs)
+    if control_runs is not None:
+        chosen_names = {c.name for c in chosen}
+        result["versus_control"] = validation.versus_control([r for r in runs if r["name"] in chosen_names], control_runs)
         text += "\n\n" + validation.control_table(result["versus_control"])
     (args.out_dir / "validation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (args.out_dir / "validation.md").write_text(text + "\n")

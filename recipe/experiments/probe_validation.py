@@ -107,20 +107,31 @@ def agreement_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def read_runs(path: Path) -> list[dict[str, Any]]:
+    """The full runs a probe directory's ``full_runs.jsonl`` logged (none when it has none)."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def control_cell(control_runs: Sequence[dict[str, Any]]) -> str:
+    """The one cell a control arm's full runs are of (ValueError otherwise)."""
+    names = sorted({r["name"] for r in control_runs})
+    if len(names) != 1:
+        raise ValueError(f"the control's full runs must be one cell's; found {names or 'none'}")
+    return names[0]
+
+
 def versus_control(runs: Sequence[dict[str, Any]], control_runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each cell's full runs against a control arm's (e.g. the same cell with the ``unrelated`` teacher context): the
     greedy held-out accuracy after training, cell - control, paired by seed (the same data order) and problem, with
     the paired bootstrap over both. Only the seeds both arms ran count; a cell sharing none is left out."""
     from recipe.evaluation import stats
 
-    names = sorted({r["name"] for r in control_runs})
-    if len(names) != 1:
-        raise ValueError(f"the control's full runs must be one cell's; found {names or 'none'}")
+    control_name = control_cell(control_runs)
     control = {r["seed"]: r for r in control_runs}
     rows = []
     for name in dict.fromkeys(r["name"] for r in runs):
         mine = {r["seed"]: r for r in runs if r["name"] == name and r["seed"] in control}
-        if not mine or name == names[0]:
+        if not mine or name == control_name:
             continue
         seeds = sorted(mine)
         ids = sorted(set.intersection(*(set(mine[s]["after"]["per_problem"]) & set(control[s]["after"]["per_problem"])
@@ -128,7 +139,7 @@ def versus_control(runs: Sequence[dict[str, Any]], control_runs: Sequence[dict[s
         ci = stats.paired_bootstrap(base_SP=[[control[s]["after"]["per_problem"][p] for p in ids] for s in seeds],
                                     ckpt_SP=[[mine[s]["after"]["per_problem"][p] for p in ids] for s in seeds],
                                     pair_seeds=True)
-        rows.append({"name": name, "control": names[0], "seeds": seeds, "problems": len(ids),
+        rows.append({"name": name, "control": control_name, "seeds": seeds, "problems": len(ids),
                      "after": [mine[s]["after"]["accuracy"] for s in seeds],
                      "control_after": [control[s]["after"]["accuracy"] for s in seeds],
                      "difference": {"estimate": ci.estimate, "low": ci.low, "high": ci.high}})
