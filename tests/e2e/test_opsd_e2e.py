@@ -2,17 +2,13 @@
 
 Ray, FSDP2 over gloo, the batched HF rollout server, the frozen teacher in verl's reference slot
 (run next to the actor's update, on the workers), the fused loss in the actor, checkpoints and
-resume. Seven training launches and seven failing ones (before Ray starts). Each training launch
+resume. Six training launches and seven failing ones (before Ray starts). Each training launch
 costs ~1 min of CI on 2 cores, mostly start-up: a new check goes into an existing launch (the
 module-scoped fixtures ``one_rank_run`` / ``one_rank_resumed`` are read by three tests) unless it
 needs a configuration no launch has. The 1-rank launches run two at a time (``independent_runs``).
+The two-rank launch (a Hub id, every logged metric, the frozen teacher's checksum, the replicas' weights)
+is in test_two_nodes_e2e.py, where it is also the reference of the two-node run.
 
-- 2 FSDP ranks, 2 steps, the model given by a fake Hub id resolved offline from a temporary
-  Hugging Face cache (sharded): every logged metric is there and finite (file logger, and verl's
-  tensorboard logger with the same names and values); the teacher's float64
-  parameter checksum equals the initial model's at every step while the actor's moves; after
-  every step both rollout replicas serve bit-identical trainer weights (server sha256 log vs the
-  FSDP checkpoint of that step); the data order is verl's seeded sampler order.
 - 1 rank, 2 steps then the same command with 3 steps, the EMA teacher with decay 0.5: the rerun
   resumes from the step-2 checkpoint (no step repeated), its rollout serves the resumed weights,
   step 3 trains on the batch an uninterrupted run would see, the collapse monitor resumes with its
@@ -35,182 +31,16 @@ needs a configuration no launch has. The 1-rank launches run two at a time (``in
 import json
 import math
 
-import pandas as pd
 import pytest
 import torch
 
 from recipe.opsd.core.monitor import STOPPED_EXIT_CODE
+from tests.e2e.opsd_checks import (check_preflight_positions, check_step_metrics, expected_index_sums, float64_sums,
+                                   vocab_size)
 
 pytestmark = pytest.mark.e2e
 
 SCRIPT = "recipe/opsd/run_opsd.sh"
-
-# What the paper's diagnostics and the compute tables read, per step.
-LOGGED = (
-    "opsd/loss", "opsd/loss_token_mean", "opsd/fwd_kl", "opsd/clip_frac", "opsd/clipped_teacher_mass", "opsd/student_entropy",
-    "opsd/teacher_entropy", "opsd/top1_agree", "opsd/enc_frac", "opsd/disc_frac", "opsd/loss_tokens",
-    "actor/grad_norm", "actor/loss", "actor/lr", "response_length/mean", "opsd/rollout_boxed_rate",
-    "timing_s/step", "timing_s/gen", "timing_s/teacher", "timing_s/update_actor", "timing_s/update_weights",
-    "timing_s/save_checkpoint", "training/global_step",
-    "opsd/actor_param_checksum", "opsd/teacher_param_checksum", "training/data_index_sum",
-)
-BATCH_SIZE = 4  # data.train_batch_size of the tiny demo preset (recipe/opsd/config/demo/tiny.yaml)
-DATA_SEED = 42  # data.seed of config/opsd_trainer.yaml
-
-
-def _float64_sums(model_dir):
-    """(sum, sum of squares) over the initial model's parameters, as the trainer's checksum does."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    params = [p.detach().double() for p in model.parameters()]
-    return float(sum(p.sum() for p in params)), float(sum((p * p).sum() for p in params))
-
-
-def _expected_index_sums(train_file, *, steps):
-    """(sum, sum of squares) of extra_info.index per step of an uninterrupted run: verl's train
-    sampler is torchdata's RandomSampler over the rows with a generator seeded data.seed
-    (verl.trainer.ppo.utils.create_rl_sampler); batches are consecutive slices of its order."""
-    from torchdata.stateful_dataloader.sampler import RandomSampler
-
-    frame = pd.read_parquet(train_file)
-    indices = [int(info["index"]) for info in frame["extra_info"]]
-    generator = torch.Generator()
-    generator.manual_seed(DATA_SEED)
-    order = [indices[i] for i in RandomSampler(data_source=range(len(frame)), generator=generator)]
-    batches = [order[i * BATCH_SIZE:(i + 1) * BATCH_SIZE] for i in range(steps)]
-    return [(float(sum(b)), float(sum(x * x for x in b))) for b in batches]
-
-
-def _check_step_metrics(metrics, *, step, vocab_size, not_logged=()):
-    logged = [key for key in LOGGED if key not in not_logged]
-    missing = [key for key in logged if key not in metrics]
-    assert not missing, f"step {step} misses {missing}"
-    assert all(math.isfinite(metrics[key]) for key in logged), {k: metrics[k] for k in logged}
-    assert metrics["training/global_step"] == step
-    # positions=all: per token the loss is the per-entry clipped forward KL, never above the unclipped
-    # one (opsd/loss itself is the per-rollout mean, the paper's aggregation)
-    assert 0.0 <= metrics["opsd/fwd_kl"] and metrics["opsd/loss_token_mean"] <= metrics["opsd/fwd_kl"] + 1e-6
-    assert metrics["opsd/loss"] == pytest.approx(metrics["actor/loss"], rel=1e-5, abs=1e-8)
-    assert metrics["opsd/loss_tokens"] > 0 and 0.0 <= metrics["opsd/clip_frac"] <= 1.0
-    for key in ("opsd/student_entropy", "opsd/teacher_entropy"):
-        assert 0.0 < metrics[key] <= math.log(vocab_size) + 1e-6, key
-    assert 0.0 <= metrics["opsd/top1_agree"] <= 1.0
-    assert metrics["opsd/enc_frac"] >= 0 and metrics["opsd/disc_frac"] >= 0
-    assert metrics["opsd/enc_frac"] + metrics["opsd/disc_frac"] <= 1.0 + 1e-6
-    assert metrics["actor/grad_norm"] > 0
-    assert 1 <= metrics["response_length/mean"] <= 32 and 0.0 <= metrics["opsd/rollout_boxed_rate"] <= 1.0
-    assert metrics["timing_s/step"] > metrics["timing_s/gen"] > 0
-    assert metrics["timing_s/teacher"] > 0 and metrics["timing_s/update_actor"] > 0
-
-
-def _check_preflight_positions(run, kind, *, checked=True):
-    """The pre-flight gate's workers' part printed its table and verdict and logged with the launch's first step;
-    ``checked``: the teacher has the student's weights, so the none control must be exactly 0 (the CPU platform
-    computes in float32, whose tolerance is 1e-6; it is 0 in bf16 too)."""
-    assert "[opsd] preflight positions: divergence of the first 16 response positions (4 rows" in run.log, run.tail()
-    verdict = "[opsd] preflight positions: ok: none control max divergence "
-    verdict += f"0 <= 1e-06 (teacher {kind} has the student's weights, float32)" if checked else ""
-    assert verdict in run.log, run.tail()
-    assert checked or f"(reported only: the teacher ({kind}) does not have the student's weights now)" in run.log
-    first = min(run.metrics)
-    for key in ("context/fwd_kl_p0_3", "context/divergence_p4_15", "none/fwd_kl_p4_15", "none_control_max"):
-        assert math.isfinite(run.metrics[first][f"preflight/{key}"]), key
-    assert run.metrics[first]["preflight/context/fwd_kl_p0_3"] > 0
-    if checked:
-        assert run.metrics[first]["preflight/none_control_max"] == 0.0
-
-
-def _vocab_size(model_dir):
-    return json.loads((model_dir / "config.json").read_text())["vocab_size"]
-
-
-HUB_ID = "opsd-test/tiny-qwen3"  # a fake Hub id: only the local cache below knows it
-
-
-def _hub_cache(model_dir, hf_home):
-    """``hf_home`` laid out as Hugging Face's cache holding ``model_dir`` under ``HUB_ID``
-    (``hub/models--org--name/refs/main`` -> ``snapshots/<revision>/``), its weights sharded with a
-    ``model.safetensors.index.json`` as large checkpoints are."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    repo = hf_home / "hub" / ("models--" + HUB_ID.replace("/", "--"))
-    revision = "0123456789abcdef0123456789abcdef01234567"
-    snapshot = repo / "snapshots" / revision
-    AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).save_pretrained(
-        snapshot, max_shard_size="150KB"
-    )
-    AutoTokenizer.from_pretrained(model_dir).save_pretrained(snapshot)
-    (snapshot / "generation_config.json").write_text((model_dir / "generation_config.json").read_text())
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(revision)
-    assert (snapshot / "model.safetensors.index.json").is_file() and len(list(snapshot.glob("*.safetensors"))) > 1
-    return hf_home
-
-
-def test_two_ranks_two_steps(run_cpu_verl, check_rollout_weights, tiny_run_env, tiny_initial_state, tiny_model_dir,
-                             tiny_data, tmp_path):
-    """Also: the model is given by a Hub id (``MODEL_PATH=org/name``, as on GPU clusters) that
-    resolves offline from a local Hugging Face cache, sharded."""
-    ckpt, weights_log = tmp_path / "ckpt", tmp_path / "rollout_weights.jsonl"
-    env = tiny_run_env(ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
-    env |= {"MODEL_PATH": HUB_ID, "HF_HOME": str(_hub_cache(tiny_model_dir, tmp_path / "hf_home")),
-            "HF_HUB_OFFLINE": "1"}
-    run = run_cpu_verl(
-        SCRIPT,
-        ["trainer.log_fingerprints=true", "trainer.save_freq=1", "trainer.logger=[console,file,tensorboard]"],
-        workdir=tmp_path,
-        env=env,
-        script=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.tail()
-    assert sorted(run.metrics) == [1, 2], run.tail()
-    # the pre-flight gate ran before Ray (on by default) on the tokenizer of the Hub id
-    assert "[opsd] preflight: ok (4 rows, context full_solution, modes think/think)" in run.log, run.tail()
-    # and its model-level part on the workers before the first rollout (the frozen teacher is the student now)
-    _check_preflight_positions(run, "frozen_initial")
-    for step in (1, 2):
-        _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
-
-    # verl's tensorboard logger wrote event files next to the checkpoints (the launcher's TENSORBOARD_DIR)
-    # with the same metric names and values as the file logger.
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(ckpt / "tensorboard"))
-    events.Reload()
-    for key in ("opsd/loss", "opsd/fwd_kl", "actor/grad_norm", "timing_s/step"):
-        scalars = events.Scalars(key)
-        assert [e.step for e in scalars] == [1, 2], key
-        assert [e.value for e in scalars] == pytest.approx([run.metrics[1][key], run.metrics[2][key]], rel=1e-6), key
-
-    # The teacher is the frozen initial model at every step; the actor moves at every step.
-    initial_sum, initial_sqsum = _float64_sums(tiny_model_dir)
-    first, second = run.metrics[1], run.metrics[2]
-    for m in (first, second):
-        assert m["opsd/teacher_param_checksum"] == pytest.approx(initial_sum, rel=1e-12)
-        assert m["opsd/teacher_param_sqsum"] == pytest.approx(initial_sqsum, rel=1e-12)
-    assert first["opsd/teacher_param_checksum"] == second["opsd/teacher_param_checksum"]
-    assert first["opsd/teacher_param_sqsum"] == second["opsd/teacher_param_sqsum"]
-    assert first["opsd/actor_param_sqsum"] != pytest.approx(initial_sqsum, rel=1e-9)
-    assert second["opsd/actor_param_sqsum"] != pytest.approx(first["opsd/actor_param_sqsum"], rel=1e-9)
-
-    # After start-up (step 0) and after every step, each of the 2 replicas serves the trainer's weights.
-    served = check_rollout_weights(
-        weights_log, ckpt, expected_steps=[0, 1, 2], initial=tiny_initial_state
-    )
-    assert sorted(served) == [0, 1]
-    assert sum(served[0][0][n] != served[0][2][n] for n in served[0][0]) >= len(served[0][0]) // 2
-
-    # Data order: verl's seeded sampler (also the reference of the resume test).
-    expected = _expected_index_sums(tiny_data["train"], steps=2)
-    seen = [(run.metrics[s]["training/data_index_sum"], run.metrics[s]["training/data_index_sqsum"]) for s in (1, 2)]
-    assert seen == expected
-
-    launches = [json.loads(line) for line in (ckpt / "run_times.jsonl").read_text().splitlines()]
-    assert [(r["recipe"], r["n_devices"], r["exit_code"]) for r in launches] == [("opsd", 2, 0)]
-    assert launches[0]["wall_time_s"] >= first["timing_s/step"] + second["timing_s/step"]
-
 
 # A constant learning rate: the rerun below extends the run from 2 to 3 steps, and a schedule over
 # the total step count (the yaml's cosine) would differ between the two launches (with cosine, the
@@ -275,12 +105,12 @@ def test_resume_continues_from_the_last_checkpoint(
     assert sorted(second.metrics) == [3], "the rerun must continue at step 3 and repeat no step"
     # the pre-flight report (the one-rank launches run the EMA-0.5 teacher): checked at the fresh start; after a
     # resume the teacher is no longer the student's weights (reported, logged with step 3)
-    _check_preflight_positions(first, "ema")
-    _check_preflight_positions(second, "ema", checked=False)
-    _check_step_metrics(second.metrics[3], step=3, vocab_size=_vocab_size(tiny_model_dir))
+    check_preflight_positions(first, "ema")
+    check_preflight_positions(second, "ema", checked=False)
+    check_step_metrics(second.metrics[3], step=3, vocab_size=vocab_size(tiny_model_dir))
 
     # Same data order as an uninterrupted run (the dataloader state is restored, not restarted).
-    expected = _expected_index_sums(tiny_data["train"], steps=3)
+    expected = expected_index_sums(tiny_data["train"], steps=3)
     steps = {1: first.metrics[1], 2: first.metrics[2], 3: second.metrics[3]}
     seen = [(m["training/data_index_sum"], m["training/data_index_sqsum"]) for m in steps.values()]
     assert seen == expected
@@ -371,7 +201,7 @@ def test_lora_teacher_is_the_base_model(one_rank_run, independent_runs, fsdp_sta
     assert run.returncode == STOPPED_EXIT_CODE, run.tail()  # the monitor's stop, not a crash
     assert sorted(run.metrics) == [1, 2], "the monitor must stop the 3-step run after step 2: " + run.tail()
     # pre-flight: student (adapters on, B = 0) and teacher (adapters off) score the none control identically
-    _check_preflight_positions(run, "frozen_initial")
+    check_preflight_positions(run, "frozen_initial")
     assert run.metrics[2]["opsd_monitor/should_stop"] == 1.0 and run.metrics[1]["opsd_monitor/should_stop"] == 0.0
     assert "[opsd] stopped by the collapse monitor: step 2: length signature" in run.log
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
@@ -395,7 +225,7 @@ def test_lora_teacher_is_the_base_model(one_rank_run, independent_runs, fsdp_sta
     for step in (1, 2):
         # no teacher copy; one checkpoint, at the stop
         absent = ("opsd/teacher_param_checksum",) + (("timing_s/save_checkpoint",) if step == 1 else ())
-        _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir), not_logged=absent)
+        check_step_metrics(run.metrics[step], step=step, vocab_size=vocab_size(tiny_model_dir), not_logged=absent)
 
     # The base weights (= the teacher: the adapter-disabled model) are exactly the initial model's;
     # the adapters trained.
@@ -520,7 +350,7 @@ def _teacher_kind_run(independent_runs, kind, tiny_model_dir):
     assert run.returncode == 0, run.tail()
     assert sorted(run.metrics) == [1, 2], run.tail()
     for step in (1, 2):
-        _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
+        check_step_metrics(run.metrics[step], step=step, vocab_size=vocab_size(tiny_model_dir))
     return run
 
 
@@ -535,11 +365,11 @@ def test_ema_teacher_follows_the_student_and_resumes(one_rank_run, one_rank_resu
     model) at step 3."""
     run, ckpt, _ = one_rank_run
     assert sorted(run.metrics) == [1, 2], run.tail()
-    _check_preflight_positions(run, "ema")
+    check_preflight_positions(run, "ema")
     for step in (1, 2):
-        _check_step_metrics(run.metrics[step], step=step, vocab_size=_vocab_size(tiny_model_dir))
-    initial_sum, _ = _float64_sums(tiny_model_dir)
-    assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
+        check_step_metrics(run.metrics[step], step=step, vocab_size=vocab_size(tiny_model_dir))
+    initial_sum, _ = float64_sums(tiny_model_dir)
+    assert _sums(run.metrics[1], "teacher") == pytest.approx(float64_sums(tiny_model_dir), rel=1e-12)
     actor_sum, _ = _sums(run.metrics[1], "actor")
     assert run.metrics[2]["opsd/teacher_param_checksum"] == pytest.approx(0.5 * initial_sum + 0.5 * actor_sum, rel=1e-6)
     assert run.metrics[2]["opsd/teacher_param_checksum"] != pytest.approx(initial_sum, rel=1e-9)
@@ -556,8 +386,8 @@ def test_live_teacher_is_the_current_student(independent_runs, tiny_model_dir):
     """No second copy: the weights that score step s are the actor's after step s - 1 (the student
     that sampled the rollouts), the initial model at step 1."""
     run = _teacher_kind_run(independent_runs, "live", tiny_model_dir)
-    _check_preflight_positions(run, "live")
-    assert _sums(run.metrics[1], "teacher") == pytest.approx(_float64_sums(tiny_model_dir), rel=1e-12)
+    check_preflight_positions(run, "live")
+    assert _sums(run.metrics[1], "teacher") == pytest.approx(float64_sums(tiny_model_dir), rel=1e-12)
     assert _sums(run.metrics[2], "teacher") == _sums(run.metrics[1], "actor")
     assert _sums(run.metrics[2], "actor") != _sums(run.metrics[1], "actor")
 
@@ -567,11 +397,11 @@ def test_checkpoint_teacher_is_that_model(independent_runs, tiny_model_dir):
     rollouts, its lm_head the teacher head: its checksum at both steps is that checkpoint's."""
     teacher_dir = independent_runs["checkpoint_teacher_dir"]
     run = _teacher_kind_run(independent_runs, "checkpoint", tiny_model_dir)
-    _check_preflight_positions(run, "checkpoint", checked=False)  # another model: reported, not checked
+    check_preflight_positions(run, "checkpoint", checked=False)  # another model: reported, not checked
     assert run.metrics[1]["preflight/none_control_max"] > 0
     for step in (1, 2):
-        assert _sums(run.metrics[step], "teacher") == pytest.approx(_float64_sums(teacher_dir), rel=1e-12)
-    assert _float64_sums(teacher_dir) != _float64_sums(tiny_model_dir)
+        assert _sums(run.metrics[step], "teacher") == pytest.approx(float64_sums(teacher_dir), rel=1e-12)
+    assert float64_sums(teacher_dir) != float64_sums(tiny_model_dir)
 
 
 def test_teacher_refusals_before_ray_starts(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path):

@@ -1,4 +1,11 @@
-"""Two Ray nodes on this machine, joined as a user joins a cluster (docs/cluster.md).
+"""One node with two ranks, then two Ray nodes on this machine, joined as a user joins a cluster (docs/cluster.md).
+
+- One node, 2 FSDP ranks, 2 steps (``CPU_DEMO=tiny CPU_NUM_RANKS=2 STEPS=2``, greedy rollouts), the model given by a
+  fake Hub id resolved offline from a temporary Hugging Face cache (sharded): every logged metric is there and
+  finite (file logger, and verl's tensorboard logger with the same names and values); the teacher's float64
+  parameter checksum equals the initial model's at every step while the actor's moves; after every step both
+  rollout replicas serve bit-identical trainer weights (server sha256 log vs the FSDP checkpoint of that step);
+  the data order is verl's seeded sampler order. Its step 1 is the reference of the two-node run.
 
 A cluster of two raylets on this machine started with Ray's own ``ray start`` (one placeholder GPU
 each, in a Ray temp dir of its own so no other ``ray.init`` on the machine finds it, with a token of
@@ -9,7 +16,7 @@ Ray itself gives each node the machine's own address, never a loopback one), the
 - OPSD and GRPO run 1 step with ``trainer.nnodes=2``: one FSDP rank per node (each node has exactly
   one GPU and the job takes two), FSDP over gloo across the nodes, the teacher on every rank, the
   rollout server on its rank's node. The raylets' environment has none of the CPU path's variables:
-  the launch's environment reaches the workers through ``runtime_env``. Step 1 of OPSD equals the
+  the launch's environment reaches the workers through ``runtime_env``. Step 1 of OPSD equals step 1 of the
   one-node two-rank run (greedy rollouts, so both sample the same tokens) within float tolerance.
 - The launch's end (normal, or the launcher killed) leaves the cluster's daemons running: a second
   launch joins the same cluster.
@@ -31,18 +38,24 @@ import time
 import uuid
 from pathlib import Path
 
+import json
+
 import pytest
 
 from recipe.launch.processes import is_ray_daemon, kill_marked, pids_with
 from tests.e2e.conftest import bound
+from tests.e2e.opsd_checks import (HUB_ID, check_preflight_positions, check_step_metrics, expected_index_sums,
+                                   float64_sums, hub_cache, vocab_size)
 
 pytestmark = pytest.mark.e2e
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+OPSD = "recipe/opsd/run_opsd.sh"
 MARK = "OPSD_TEST_RAY_CLUSTER"
 RAY = str(Path(sys.executable).with_name("ray"))
 # Greedy rollouts: the one-node and two-node runs sample the same tokens whatever replica serves a prompt.
-SAME_SAMPLES = ["actor_rollout_ref.rollout.temperature=0", "trainer.save_freq=-1", "trainer.val_before_train=false"]
+GREEDY = "actor_rollout_ref.rollout.temperature=0"
+SAME_SAMPLES = [GREEDY, "trainer.save_freq=-1", "trainer.val_before_train=false"]
 STEP1_KEYS = ("opsd/loss", "opsd/fwd_kl", "actor/grad_norm")
 
 
@@ -115,19 +128,82 @@ def two_nodes(tmp_path_factory):
         cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def one_node_two_ranks(run_cpu_verl, tiny_run_env, tiny_model_dir, tmp_path_factory):
+    """``(VerlRun, ckpt_dir, weights_log)``: ``CPU_DEMO=tiny CPU_NUM_RANKS=2 STEPS=2`` with greedy rollouts, the model
+    given by a Hub id (``MODEL_PATH=org/name``, as on GPU clusters) that resolves offline from a local Hugging Face
+    cache, sharded."""
+    root = tmp_path_factory.mktemp("one_node")
+    ckpt, weights_log = root / "ckpt", root / "rollout_weights.jsonl"
+    env = tiny_run_env(ckpt, weights_log, STEPS="2", CPU_NUM_RANKS="2")
+    env |= {"MODEL_PATH": HUB_ID, "HF_HOME": str(hub_cache(tiny_model_dir, root / "hf_home")), "HF_HUB_OFFLINE": "1"}
+    args = [GREEDY, "trainer.log_fingerprints=true", "trainer.save_freq=1", "trainer.logger=[console,file,tensorboard]"]
+    return run_cpu_verl(OPSD, args, workdir=root, env=env, script=True, timeout=300), ckpt, weights_log
+
+
+def test_two_ranks_two_steps(one_node_two_ranks, check_rollout_weights, tiny_initial_state, tiny_model_dir, tiny_data):
+    run, ckpt, weights_log = one_node_two_ranks
+    assert run.returncode == 0, run.tail()
+    assert sorted(run.metrics) == [1, 2], run.tail()
+    # the pre-flight gate ran before Ray (on by default) on the tokenizer of the Hub id
+    assert "[opsd] preflight: ok (4 rows, context full_solution, modes think/think)" in run.log, run.tail()
+    # and its model-level part on the workers before the first rollout (the frozen teacher is the student now)
+    check_preflight_positions(run, "frozen_initial")
+    for step in (1, 2):
+        check_step_metrics(run.metrics[step], step=step, vocab_size=vocab_size(tiny_model_dir))
+
+    # verl's tensorboard logger wrote event files next to the checkpoints (the launcher's TENSORBOARD_DIR)
+    # with the same metric names and values as the file logger.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(ckpt / "tensorboard"))
+    events.Reload()
+    for key in ("opsd/loss", "opsd/fwd_kl", "actor/grad_norm", "timing_s/step"):
+        scalars = events.Scalars(key)
+        assert [e.step for e in scalars] == [1, 2], key
+        assert [e.value for e in scalars] == pytest.approx([run.metrics[1][key], run.metrics[2][key]], rel=1e-6), key
+
+    # The teacher is the frozen initial model at every step; the actor moves at every step.
+    initial_sum, initial_sqsum = float64_sums(tiny_model_dir)
+    first, second = run.metrics[1], run.metrics[2]
+    for m in (first, second):
+        assert m["opsd/teacher_param_checksum"] == pytest.approx(initial_sum, rel=1e-12)
+        assert m["opsd/teacher_param_sqsum"] == pytest.approx(initial_sqsum, rel=1e-12)
+    assert first["opsd/teacher_param_checksum"] == second["opsd/teacher_param_checksum"]
+    assert first["opsd/teacher_param_sqsum"] == second["opsd/teacher_param_sqsum"]
+    assert first["opsd/actor_param_sqsum"] != pytest.approx(initial_sqsum, rel=1e-9)
+    assert second["opsd/actor_param_sqsum"] != pytest.approx(first["opsd/actor_param_sqsum"], rel=1e-9)
+
+    # After start-up (step 0) and after every step, each of the 2 replicas serves the trainer's weights.
+    served = check_rollout_weights(
+        weights_log, ckpt, expected_steps=[0, 1, 2], initial=tiny_initial_state
+    )
+    assert sorted(served) == [0, 1]
+    assert sum(served[0][0][n] != served[0][2][n] for n in served[0][0]) >= len(served[0][0]) // 2
+
+    # Data order: verl's seeded sampler.
+    expected = expected_index_sums(tiny_data["train"], steps=2)
+    seen = [(run.metrics[s]["training/data_index_sum"], run.metrics[s]["training/data_index_sqsum"]) for s in (1, 2)]
+    assert seen == expected
+
+    launches = [json.loads(line) for line in (ckpt / "run_times.jsonl").read_text().splitlines()]
+    assert [(r["recipe"], r["n_devices"], r["exit_code"]) for r in launches] == [("opsd", 2, 0)]
+    assert launches[0]["wall_time_s"] >= first["timing_s/step"] + second["timing_s/step"]
+
+
 def _cluster_env(tiny_run_env, ckpt: Path, cluster: RayCluster, *, steps: int = 1) -> dict[str, str]:
     # no test hook: the second node's workers cannot import tests/hooks (the launcher forwards no PYTHONPATH)
     return tiny_run_env(ckpt, rollout_hook=False, RAY_ADDRESS=cluster.address, NNODES="2", STEPS=str(steps),
                         **cluster.auth)
 
 
-def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, run_cpu_verl, tiny_run_env, tmp_path):
+def test_opsd_on_two_nodes_equals_one_node_two_ranks_and_grpo_runs(two_nodes, one_node_two_ranks, run_cpu_verl,
+                                                                   tiny_run_env, tmp_path):
     daemons = two_nodes.daemons()
     assert len([p for p in daemons if Path(os.readlink(f"/proc/{p}/exe")).name == "raylet"]) == 2, daemons
-    one_node = run_cpu_verl("recipe/opsd/run_opsd.sh", SAME_SAMPLES, workdir=tmp_path / "one_node", script=True,
-                            env=tiny_run_env(tmp_path / "one_node" / "ckpt", STEPS="1", CPU_NUM_RANKS="2"), timeout=400)
+    one_node = one_node_two_ranks[0]
     assert one_node.returncode == 0, one_node.tail()
-    opsd = run_cpu_verl("recipe/opsd/run_opsd.sh", SAME_SAMPLES, workdir=tmp_path / "opsd", script=True,
+    opsd = run_cpu_verl(OPSD, SAME_SAMPLES, workdir=tmp_path / "opsd", script=True,
                         env=_cluster_env(tiny_run_env, tmp_path / "opsd" / "ckpt", two_nodes), timeout=400)
     assert opsd.returncode == 0, opsd.tail()
     assert "[launch] Ray cluster at 127.0.0.1" in opsd.log and "2 nodes" in opsd.log, opsd.tail()
@@ -182,7 +258,7 @@ def test_killing_the_launcher_spares_the_cluster(two_nodes, tiny_run_env, tmp_pa
 def _refused(env: dict[str, str], args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Launch OPSD expecting a refusal; every process it started (the cluster probe included) must be gone."""
     mark = uuid.uuid4().hex
-    done = subprocess.run(["bash", str(REPO_ROOT / "recipe/opsd/run_opsd.sh"), *args], cwd=REPO_ROOT, capture_output=True,
+    done = subprocess.run(["bash", str(REPO_ROOT / OPSD), *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, env={**os.environ, **env, "PYTHON": sys.executable, MARK + "_LAUNCH": mark},
                           timeout=240)
     assert pids_with(variable=MARK + "_LAUNCH", value=mark) == [], "the refused launch left processes running"

@@ -57,7 +57,7 @@ from pathlib import Path
 
 import pytest
 from opsd_test_hooks import launch_env
-from tests.e2e.conftest import bound
+from tests.e2e.conftest import bound, wait_for_the_vllm_venv_build
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm_cpu]
 
@@ -82,6 +82,7 @@ def _default_venv() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_venv() -> Path:
+    wait_for_the_vllm_venv_build()
     venv = _default_venv()
     if not (venv / VENV_MARKER).is_file():
         if os.environ.get("OPSD_BUILD_VLLM_VENV") != "1":
