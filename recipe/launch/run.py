@@ -418,7 +418,9 @@ def execute(launch: Launch, *, log: Path | None = None, on_line=None, timeout_s:
     relaunch that resumes keeps the earlier launches' output) and ``on_line(line)`` sees every line (the CPU demos print condensed progress from it). After
     ``timeout_s``, or when this process is interrupted, every process of the launch (driver, Ray's
     daemons and workers: ``recipe.launch.processes``) is killed (exit code -9); so is it when this
-    process gets SIGTERM. A launch on a GPU or on a cluster (RAY_ADDRESS) is first checked by
+    process gets SIGTERM. A launch whose driver failed because Ray's node missed Ray's fixed 30 s start-up wait
+    (``RAY_START_TIMEOUT`` in its log, an overloaded machine) is started once more, with a line saying so.
+    A launch on a GPU or on a cluster (RAY_ADDRESS) is first checked by
     ``recipe.launch.cluster.preflight`` (its PreflightError: one line, nothing started).
 
     The launch holds the checkpoint directory's lock while it runs (``recipe.launch.lock``: a second
@@ -453,27 +455,15 @@ def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | No
         write_record(launch.data_order, launch.data_order_note, launch.ckpt_dir)
     start = time.time()
     sink = disk.TolerantLog(log) if log is not None else None
-    launch_id = new_launch_id()
-    process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env={**launch.env, LAUNCH_ID_ENV: launch_id},
-                               start_new_session=True, text=True, pass_fds=(lock_fd,),
-                               stdout=subprocess.PIPE if sink else None, stderr=subprocess.STDOUT if sink else None)
-    watchdog = threading.Timer(timeout_s, _kill, args=(process, launch_id, joined)) if timeout_s else None
     try:
-        if watchdog:
-            watchdog.start()
-        if sink is not None:
-            for line in process.stdout:
-                sink.write(line)
-                if on_line is not None:
-                    on_line(line)
-        returncode = process.wait()
-        _kill_orphans(launch_id, joined)
-    except BaseException:
-        _kill(process, launch_id, joined)
-        raise
+        returncode, ray_start_timed_out = _drive(launch, sink=sink, on_line=on_line, timeout_s=timeout_s,
+                                                 lock_fd=lock_fd, joined=joined)
+        if returncode != 0 and ray_start_timed_out:
+            print("[launch] Ray's node did not register within Ray's fixed 30 s (an overloaded machine; no worker "
+                  "had started): starting the launch once more", flush=True)
+            returncode, _ = _drive(launch, sink=sink, on_line=on_line, timeout_s=timeout_s, lock_fd=lock_fd,
+                                   joined=joined)
     finally:
-        if watchdog:
-            watchdog.cancel()
         if sink is not None:
             sink.close()
     record = _record(launch, start=start, returncode=returncode)
@@ -485,6 +475,40 @@ def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | No
         elif (full := disk.failure_line(launch.ckpt_dir, plan_disk, log_text=_tail(log))) is not None:
             record["disk_full"] = full  # the one line the caller prints
     return record
+
+
+# Ray waits a fixed 30 s for a new node's raylet to register with its GCS (ray/_private/node.py) and raises
+# this when an overloaded machine misses it, before any worker starts: such a launch is started once more.
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def _drive(launch: Launch, *, sink, on_line, timeout_s: float | None, lock_fd: int, joined: bool) -> tuple[int, bool]:
+    """Start the driver, follow it to its end, kill what it left running; ``(exit code, whether its output has
+    RAY_START_TIMEOUT)`` (seen only when the output goes to ``sink``, a launch's log)."""
+    launch_id = new_launch_id()
+    process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env={**launch.env, LAUNCH_ID_ENV: launch_id},
+                               start_new_session=True, text=True, pass_fds=(lock_fd,),
+                               stdout=subprocess.PIPE if sink else None, stderr=subprocess.STDOUT if sink else None)
+    watchdog = threading.Timer(timeout_s, _kill, args=(process, launch_id, joined)) if timeout_s else None
+    ray_start_timed_out = False
+    try:
+        if watchdog:
+            watchdog.start()
+        if sink is not None:
+            for line in process.stdout:
+                sink.write(line)
+                ray_start_timed_out = ray_start_timed_out or RAY_START_TIMEOUT in line
+                if on_line is not None:
+                    on_line(line)
+        returncode = process.wait()
+        _kill_orphans(launch_id, joined)
+    except BaseException:
+        _kill(process, launch_id, joined)
+        raise
+    finally:
+        if watchdog:
+            watchdog.cancel()
+    return returncode, ray_start_timed_out
 
 
 def _tail(log: Path | None, size: int = 200_000) -> str:

@@ -99,3 +99,38 @@ def test_execute_timeout_kills_the_driver_and_its_workers(tmp_path):
     worker = int((tmp_path / "worker.pid").read_text())
     assert record["exit_code"] == -9
     assert not _alive(worker)
+
+
+# A "driver" whose ray.init fails as Ray's does when its node misses the 30 s start-up wait, argv[2] times
+# (counted in the file argv[1]); then it succeeds.
+RAY_START_FAILS = """
+import pathlib, sys
+count = pathlib.Path(sys.argv[1])
+runs = int(count.read_text()) + 1 if count.exists() else 1
+count.write_text(str(runs))
+if runs <= int(sys.argv[2]):
+    print("Exception: The current node timed out during startup. This could happen because some of the raylet "
+          "failed to startup or the GCS has become overloaded.")
+    sys.exit(1)
+print("trained")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failures, exit_code, runs", [(1, 0, 2), (2, 1, 2)])
+def test_a_driver_whose_ray_node_missed_its_start_up_wait_is_started_once_more(tmp_path, capsys, failures, exit_code,
+                                                                                runs):
+    launch = dataclasses.replace(_launch(tmp_path, 0), command=[sys.executable, "-c", RAY_START_FAILS,
+                                                                str(tmp_path / "runs"), str(failures)])
+    record = execute(launch, log=tmp_path / "train.log")
+    assert record["exit_code"] == exit_code and int((tmp_path / "runs").read_text()) == runs
+    assert capsys.readouterr().out.count("[launch] Ray's node did not register within Ray's fixed 30 s") == 1
+    assert (tmp_path / "train.log").read_text().count("timed out during startup") == failures
+
+
+@pytest.mark.slow
+def test_a_driver_failing_otherwise_is_not_started_again(tmp_path):
+    fails = "import sys; open(sys.argv[1], 'a').write('run'); print('ValueError: bad value'); sys.exit(1)"
+    launch = dataclasses.replace(_launch(tmp_path, 0), command=[sys.executable, "-c", fails, str(tmp_path / "runs")])
+    assert execute(launch, log=tmp_path / "train.log")["exit_code"] == 1
+    assert (tmp_path / "runs").read_text() == "run"
