@@ -13,7 +13,8 @@ grid of cells -- teacher context x reasoning modes (student:teacher) x clip tau 
    top token around (``recipe.opsd.core.signals.top_push_summary``);
 2. runs each cell for K monitored OPSD steps through the launcher (``recipe.launch.run.plan`` /
    ``execute``): the cell's own config, batch and data order at the full run's peak learning rate from the
-   first step (``probe_overrides``), no checkpoint;
+   first step (``probe_overrides``), no checkpoint; the cells that share student prompts and rollout temperature
+   share one launch (``launch_groups``; ``opsd.cells``: each cell from the initial student on the same batches);
 3. classifies each cell (``recipe.analysis.compatibility``: gain / ineffective length growth / stable
    degradation / collapse / no measurable effect, every indicator with its threshold and its source) and
    recommends a cell or says that none is compatible.
@@ -192,13 +193,13 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
 
 
 # ---------------------------------------------------------------------------------------------- K monitored steps
-def probe_overrides(config, *, steps: int, batch: int | None) -> list[str]:
-    """The K-step launch of a cell whose full run is ``config``: its batch, data order and peak learning rate from
-    the first step (no warmup: in the warmup of a full run the first K steps barely move the student; a cosine
-    schedule over K steps would decay to 0), no checkpoint, the collapse monitor's windows scaled to K, no
-    pre-flight gate (a one-time check the full run makes)."""
+def probe_overrides(config, *, steps: int, batch: int | None, cells: int = 1) -> list[str]:
+    """The launch of K steps of each of ``cells`` cells whose full run is ``config``: its batch, data order and peak
+    learning rate from the first step (no warmup: in the warmup of a full run the first K steps barely move the
+    student; a cosine schedule over K steps would decay to 0), no checkpoint, the collapse monitor's windows scaled
+    to K, no pre-flight gate (a one-time check the full run makes)."""
     early, late = compatibility.windows(steps)
-    out = [f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+    out = [f"trainer.total_training_steps={steps * cells}", "trainer.save_freq=-1", "trainer.resume_mode=disable",
            "trainer.test_freq=-1", "trainer.val_before_train=false",
            "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
@@ -209,30 +210,59 @@ def probe_overrides(config, *, steps: int, batch: int | None) -> list[str]:
     return out
 
 
-def run_cell_steps(cell: Cell, *, recipe, settings, demo_inputs, extra: Sequence[str], steps: int, batch: int | None,
-                   out_dir: Path, timeout_s: float | None = None) -> dict[str, Any]:
-    """Plan the cell's full run (for its schedule), then launch its K steps; the logged rows and the cost."""
+def launch_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
+    """The cells that share a launch (``opsd.cells``): the same student prompts (student mode; a context that
+    changes the student prompt: that context) and rollout temperature. In the order of ``cells``."""
+    from recipe.common.prompts import student_style
+
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        key = (cell.student_mode, cell.temperature, cell.context if student_style(cell.context) is not None else None)
+        groups.setdefault(key, []).append(cell)
+    return list(groups.values())
+
+
+def cells_override(cells: Sequence[Cell]) -> str:
+    """``opsd.cells=[...]``: each cell's teacher context, teacher mode and clip tau (its loss temperature is
+    the launch's: ``launch_groups`` shares a temperature)."""
+    items = []
+    for cell in cells:
+        tau = "null" if cell.clip_tau is None else f"{cell.clip_tau:g}"
+        items.append(f"{{teacher_context:{cell.context},teacher_mode:{cell.teacher_mode},loss:{{clip_tau:{tau}}}}}")
+    return f"opsd.cells=[{','.join(items)}]"
+
+
+def run_cells_steps(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Sequence[str], steps: int,
+                    batch: int | None, run_dir: Path, timeout_s: float | None = None) -> list[dict[str, Any]]:
+    """Plan the first cell's full run (for its schedule), then launch K steps of every cell in one launch
+    (``opsd.cells``: each from the initial student on the same batches); per cell its rows (steps 1..K) and
+    its share of the launch."""
     from recipe.analysis.run_logs import read_jsonl_metrics
     from recipe.launch.run import execute, plan
 
-    argv = [*extra, *cell.overrides()]
-    full = plan(recipe, settings, argv, demo=demo_inputs)
-    cfg = full.config
-    run_dir = out_dir / "cells" / cell.slug
+    argv = [*extra, *cells[0].overrides()]
+    cfg = plan(recipe, settings, argv, demo=demo_inputs).config
     launch = plan(recipe, dataclasses.replace(settings, ckpt_dir=str(run_dir), steps=None),
-                  [*argv, *probe_overrides(cfg, steps=steps, batch=batch)], demo=demo_inputs)
+                  [*argv, *probe_overrides(cfg, steps=steps, batch=batch, cells=len(cells)), cells_override(cells)],
+                  demo=demo_inputs)
     record = execute(launch, log=run_dir / "train.log", timeout_s=timeout_s)
     if record["exit_code"] != 0:
-        raise RuntimeError(f"the probe launch of {cell.name} failed (exit {record['exit_code']}); log "
-                           f"{run_dir / 'train.log'}:\n" + (run_dir / "train.log").read_text()[-3000:])
+        raise RuntimeError(f"the probe launch of {', '.join(c.name for c in cells)} failed (exit {record['exit_code']}); "
+                           f"log {run_dir / 'train.log'}:\n" + (run_dir / "train.log").read_text()[-3000:])
     rows = read_jsonl_metrics(record["metrics"])
     pcfg = launch.config
-    return {"rows": rows, "wall_time_s": record["wall_time_s"],
-            "step_times_s": [r["timing_s/step"] for r in rows if "timing_s/step" in r],
-            "rollouts_per_step": int(pcfg.data.train_batch_size) * int(pcfg.actor_rollout_ref.rollout.n),
-            "full_steps": int(cfg.trainer.total_training_steps), "cap": int(cfg.data.max_response_length),
-            "top_p": float(cfg.actor_rollout_ref.rollout.top_p), "top_k": int(cfg.actor_rollout_ref.rollout.top_k),
-            "model": str(launch.overrides.get(recipe.model_key)), "train_file": str(launch.overrides.get(recipe.train_key))}
+    out = []
+    for index, cell in enumerate(cells):
+        own = [{**row, "step": row["step"] - index * steps} for row in rows
+               if index * steps < row["step"] <= (index + 1) * steps]
+        out.append({"rows": own, "launch_dir": str(run_dir), "launch_s": record["wall_time_s"], "launch_cells": len(cells),
+                    "step_times_s": [r["timing_s/step"] for r in own if "timing_s/step" in r],
+                    "rollouts_per_step": int(pcfg.data.train_batch_size) * int(pcfg.actor_rollout_ref.rollout.n),
+                    "full_steps": int(cfg.trainer.total_training_steps), "cap": int(cfg.data.max_response_length),
+                    "top_p": float(cfg.actor_rollout_ref.rollout.top_p), "top_k": int(cfg.actor_rollout_ref.rollout.top_k),
+                    "model": str(launch.overrides.get(recipe.model_key)),
+                    "train_file": str(launch.overrides.get(recipe.train_key))})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -323,13 +353,17 @@ def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Se
               batch: int | None, out_dir: Path, signal_prompts: int, frozen: bool = True, log=print) -> dict[str, Any]:
     """The probe over ``cells`` (module docstring); writes probe.json / probe.md / probe.png and returns the result."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    ran = {}
+    for number, group in enumerate(launch_groups(cells), start=1):
+        log(f"[probe] launch {number}: {steps} monitored steps of each of " + "; ".join(c.name for c in group))
+        for cell, result in zip(group, run_cells_steps(group, recipe=recipe, settings=settings, demo_inputs=demo_inputs,
+                                                       extra=extra, steps=steps, batch=batch,
+                                                       run_dir=out_dir / "launches" / str(number))):
+            ran[cell] = result
     results = []
     for cell in cells:
-        log(f"[probe] {cell.name}: {steps} monitored steps")
-        ran = run_cell_steps(cell, recipe=recipe, settings=settings, demo_inputs=demo_inputs, extra=extra, steps=steps,
-                             batch=batch, out_dir=out_dir)
-        indicators = compatibility.step_indicators(ran["rows"], rollouts_per_step=ran["rollouts_per_step"])
-        results.append({"name": cell.name, "cell": dataclasses.asdict(cell), "overrides": cell.overrides(), **ran,
+        indicators = compatibility.step_indicators(ran[cell]["rows"], rollouts_per_step=ran[cell]["rollouts_per_step"])
+        results.append({"name": cell.name, "cell": dataclasses.asdict(cell), "overrides": cell.overrides(), **ran[cell],
                         "indicators": indicators})
     first = results[0]
     signals = {}
@@ -341,8 +375,9 @@ def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Se
         result["verdict"] = compatibility.classify(result["indicators"], result["frozen"]).as_dict()
         per_step = sum(result["step_times_s"]) / max(len(result["step_times_s"]), 1)
         frozen_s = (result["frozen"] or {}).get("seconds_shared", 0.0)
-        result["cost"] = {"launch_s": result["wall_time_s"], "frozen_s": round(frozen_s, 1),
-                          "cell_s": round(result["wall_time_s"] + frozen_s, 1), "step_s": round(per_step, 2),
+        launch_share = result["launch_s"] / result["launch_cells"]
+        result["cost"] = {"launch_s": round(launch_share, 1), "frozen_s": round(frozen_s, 1),
+                          "cell_s": round(launch_share + frozen_s, 1), "step_s": round(per_step, 2),
                           "probe_steps": steps, "full_steps": result["full_steps"]}
     recommendation = compatibility.recommend(results)
     summary = {"steps": steps, "batch": batch, "extra_overrides": list(extra), "signal_prompts": signal_prompts,

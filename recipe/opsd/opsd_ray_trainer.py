@@ -9,6 +9,8 @@ runs on verl's one-step-off and fully-async trainers (``recipe.opsd.opsd_async_t
 
 from __future__ import annotations
 
+import os
+import shutil
 import uuid
 from pprint import pprint
 
@@ -40,6 +42,29 @@ class RayOPSDTrainer(OPSDStepMixin, RayPPOTrainer):
         self.use_critic = False
         self.use_rm = False
         self._init_opsd(opsd_config)
+        self.cells = None  # opsd.cells: the Cells schedule, set up by fit
+
+    def _training_batches(self, current_epoch: int):
+        """``(epoch, batch_dict)`` of every step: verl's epochs over the dataloader; with ``opsd.cells``, the
+        first cell's batches (drawn from the dataloader) and the same batches again for every later cell,
+        each cell started from the initial student (``Cells``)."""
+        if not self.opsd.cells:
+            for epoch in range(current_epoch, self.config.trainer.total_epochs):
+                for batch_dict in self.train_dataloader:
+                    yield epoch, batch_dict
+            return
+        dataloader = ((epoch, b) for epoch in range(current_epoch, self.config.trainer.total_epochs)
+                      for b in self.train_dataloader)
+        self.cells = Cells(self, directory=os.path.join(self.config.trainer.default_local_dir, "cell_start"))
+        first = []
+        for index in range(len(self.cells.configs)):
+            self.cells.start(index)
+            for step in range(self.cells.steps):
+                if index == 0:
+                    first.append(next(dataloader))
+                if not self.cells.stopped:  # a cell the monitor stopped skips its other steps
+                    self.global_steps = self.cells.first_step + step
+                    yield first[step]
 
     def fit(self):
         """verl 0.9.1's ``RayPPOTrainer.fit`` with the PPO step replaced by the OPSD step. Every
@@ -74,6 +99,7 @@ class RayOPSDTrainer(OPSDStepMixin, RayPPOTrainer):
                 return
 
         progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="OPSD")
+        batches = self._training_batches(current_epoch)
         self.global_steps += 1
         if preflight_metrics:  # logged with the launch's first step (readers merge a step's records)
             logger.log(data=preflight_metrics, step=self.global_steps)
@@ -83,105 +109,152 @@ class RayOPSDTrainer(OPSDStepMixin, RayPPOTrainer):
         prev_step_profile = False
         curr_step_profile = self.global_steps in profile_steps if profile_steps is not None else False
         rollout_n = self.config.actor_rollout_ref.rollout.n
-        for epoch in range(current_epoch, self.config.trainer.total_epochs):
-            for batch_dict in self.train_dataloader:
-                if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
-                    self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=False)
-                metrics, timing_raw = {}, {}
-                with marked_timer("start_profile", timing_raw):
-                    self._start_profiling(
-                        not prev_step_profile and curr_step_profile
-                        if self.config.global_profiler.profile_continuous_steps
-                        else curr_step_profile
-                    )
-                is_last_step = self.global_steps >= self.total_training_steps
-                batch = DataProto.from_single_dict(batch_dict)
-                batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
-                batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-                gen_batch = self._get_gen_batch(batch)
-                gen_batch.meta_info["global_steps"] = self.global_steps
-                gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
+        for epoch, batch_dict in batches:
+            if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
+                self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=False)
+            metrics, timing_raw = {}, {}
+            with marked_timer("start_profile", timing_raw):
+                self._start_profiling(
+                    not prev_step_profile and curr_step_profile
+                    if self.config.global_profiler.profile_continuous_steps
+                    else curr_step_profile
+                )
+            is_last_step = self.global_steps >= self.total_training_steps
+            batch = DataProto.from_single_dict(batch_dict)
+            batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            gen_batch = self._get_gen_batch(batch)
+            gen_batch.meta_info["global_steps"] = self.global_steps
+            gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
 
-                with marked_timer("step", timing_raw):
-                    with marked_timer("gen", timing_raw, color="red"):
-                        if curr_step_profile:
-                            self.llm_server_manager.start_profile()
-                        gen_output = self.async_rollout_manager.generate_sequences(gen_batch)
-                        self.checkpoint_manager.sleep_replicas()
-                        if curr_step_profile:
-                            self.llm_server_manager.stop_profile()
-                        timing_raw.update(gen_output.meta_info.pop("timing", {}))
-                    batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(gen_output)
-                    if "response_mask" not in batch.batch.keys():
-                        batch.batch["response_mask"] = compute_response_mask(batch)
-                    if self.config.trainer.balance_batch:
-                        self._balance_batch(batch, metrics=metrics)
-                    batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+            with marked_timer("step", timing_raw):
+                with marked_timer("gen", timing_raw, color="red"):
+                    if curr_step_profile:
+                        self.llm_server_manager.start_profile()
+                    gen_output = self.async_rollout_manager.generate_sequences(gen_batch)
+                    self.checkpoint_manager.sleep_replicas()
+                    if curr_step_profile:
+                        self.llm_server_manager.stop_profile()
+                    timing_raw.update(gen_output.meta_info.pop("timing", {}))
+                batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(gen_output)
+                if "response_mask" not in batch.batch.keys():
+                    batch.batch["response_mask"] = compute_response_mask(batch)
+                if self.config.trainer.balance_batch:
+                    self._balance_batch(batch, metrics=metrics)
+                batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
 
-                    metrics.update({"training/epoch": epoch, "training/resumed_from_step": resumed_from_step})
-                    stop = self._opsd_step(batch, metrics=metrics, timing_raw=timing_raw)
-                    esi_close_to_expiration = should_save_ckpt_esi(
-                        max_steps_duration=self.max_steps_duration,
-                        redundant_time=self.config.trainer.esi_redundant_time,
-                    )
-                    if self.config.trainer.save_freq > 0 and (
-                        is_last_step
-                        or stop
-                        or self.global_steps % self.config.trainer.save_freq == 0
-                        or esi_close_to_expiration
-                    ):
-                        if esi_close_to_expiration:
-                            print("Force saving checkpoint: ESI instance expiration approaching.")
-                        with marked_timer("save_checkpoint", timing_raw, color="green"):
-                            self._save_checkpoint()
-                    with marked_timer("update_weights", timing_raw, color="red"):
-                        self.checkpoint_manager.update_weights(self.global_steps)
-
-                    rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
-                    if rollout_data_dir:
-                        self._log_rollouts(batch, timing_raw, rollout_data_dir)
-
-                if self.config.trainer.test_freq > 0 and (
-                    is_last_step or self.global_steps % self.config.trainer.test_freq == 0
+                metrics.update({"training/epoch": epoch, "training/resumed_from_step": resumed_from_step})
+                stop = self._opsd_step(batch, metrics=metrics, timing_raw=timing_raw)
+                if self.cells is not None:
+                    metrics["opsd/cell"] = self.cells.index
+                    stop = self.cells.end_early(stop)  # a stop ends the cell; the launch goes on to the next
+                esi_close_to_expiration = should_save_ckpt_esi(
+                    max_steps_duration=self.max_steps_duration,
+                    redundant_time=self.config.trainer.esi_redundant_time,
+                )
+                if self.config.trainer.save_freq > 0 and (
+                    is_last_step
+                    or stop
+                    or self.global_steps % self.config.trainer.save_freq == 0
+                    or esi_close_to_expiration
                 ):
-                    with marked_timer("testing", timing_raw, color="green"):
-                        metrics.update(self._validate())
+                    if esi_close_to_expiration:
+                        print("Force saving checkpoint: ESI instance expiration approaching.")
+                    with marked_timer("save_checkpoint", timing_raw, color="green"):
+                        self._save_checkpoint()
+                with marked_timer("update_weights", timing_raw, color="red"):
+                    self.checkpoint_manager.update_weights(self.global_steps)
 
-                with marked_timer("stop_profile", timing_raw):
-                    next_step_profile = self.global_steps + 1 in profile_steps if profile_steps is not None else False
-                    self._stop_profiling(
-                        curr_step_profile and not next_step_profile
-                        if self.config.global_profiler.profile_continuous_steps
-                        else curr_step_profile,
-                        run_command=bool(
-                            curr_step_profile and profile_steps
-                            and (self.global_steps == max(profile_steps) or is_last_step)
-                        ),
-                    )
-                    prev_step_profile, curr_step_profile = curr_step_profile, next_step_profile
-                self.max_steps_duration = max(self.max_steps_duration, timing_raw["step"])
+                rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
+                if rollout_data_dir:
+                    self._log_rollouts(batch, timing_raw, rollout_data_dir)
 
-                metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
-                metrics.update(compute_throughout_metrics(
-                    batch=batch, timing_raw=timing_raw, n_gpus=self.resource_pool_manager.get_n_gpus()
-                ))
-                metrics.update(compute_spec_decode_metrics(
-                    *(batch.non_tensor_batch.get(f"spec_num_{k}") for k in ("draft_tokens", "accepted_tokens", "verify_steps"))
-                ))
-                if self.config.trainer.get("log_fingerprints", False):
-                    metrics.update(self._param_checksum_metrics())
-                    metrics.update(self._data_fingerprint(batch))
-                logger.log(data=metrics, step=self.global_steps)
-                progress_bar.update(1)
-                self.global_steps += 1
-                SkipManager.set_step(self.global_steps)
-                if is_last_step or stop:
-                    if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
-                        self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=True)
-                    self._shutdown_dump_executor()
-                    progress_bar.close()
-                    self._finish_run(stop=stop)
-                    return
-                if hasattr(self.train_dataset, "on_batch_end"):
-                    self.train_dataset.on_batch_end(batch=batch)
+            if self.config.trainer.test_freq > 0 and (
+                is_last_step or self.global_steps % self.config.trainer.test_freq == 0
+            ):
+                with marked_timer("testing", timing_raw, color="green"):
+                    metrics.update(self._validate())
+
+            with marked_timer("stop_profile", timing_raw):
+                next_step_profile = self.global_steps + 1 in profile_steps if profile_steps is not None else False
+                self._stop_profiling(
+                    curr_step_profile and not next_step_profile
+                    if self.config.global_profiler.profile_continuous_steps
+                    else curr_step_profile,
+                    run_command=bool(
+                        curr_step_profile and profile_steps
+                        and (self.global_steps == max(profile_steps) or is_last_step)
+                    ),
+                )
+                prev_step_profile, curr_step_profile = curr_step_profile, next_step_profile
+            self.max_steps_duration = max(self.max_steps_duration, timing_raw["step"])
+
+            metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+            metrics.update(compute_throughout_metrics(
+                batch=batch, timing_raw=timing_raw, n_gpus=self.resource_pool_manager.get_n_gpus()
+            ))
+            metrics.update(compute_spec_decode_metrics(
+                *(batch.non_tensor_batch.get(f"spec_num_{k}") for k in ("draft_tokens", "accepted_tokens", "verify_steps"))
+            ))
+            if self.config.trainer.get("log_fingerprints", False):
+                metrics.update(self._param_checksum_metrics())
+                metrics.update(self._data_fingerprint(batch))
+            logger.log(data=metrics, step=self.global_steps)
+            progress_bar.update(1)
+            self.global_steps += 1
+            SkipManager.set_step(self.global_steps)
+            if is_last_step or stop:
+                if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
+                    self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=True)
+                self._shutdown_dump_executor()
+                progress_bar.close()
+                if self.cells is not None:
+                    self.cells.close()
+                self._finish_run(stop=stop)
+                return
+            if hasattr(self.train_dataset, "on_batch_end"):
+                self.train_dataset.on_batch_end(batch=batch)
         self._shutdown_dump_executor()
+
+
+class Cells:
+    """``opsd.cells`` on a ``RayOPSDTrainer``: several short runs in one launch (the compatibility probe's cells).
+
+    Before the first cell the actor's state (weights, optimizer, learning-rate schedule, RNG) is saved with verl's
+    worker checkpoint call under ``directory``; every later cell loads it back, pushes those weights to the rollout
+    and switches the trainer's and the workers' ``opsd`` block to its own (``OPSDConfig.cell_configs``,
+    ``set_opsd_cell``), with a new collapse monitor whose windows count the cell's steps. The trainer replays the
+    first cell's batches (``_training_batches``).
+    """
+
+    def __init__(self, trainer: RayOPSDTrainer, *, directory: str):
+        self.trainer, self.directory = trainer, directory
+        self.base = trainer.opsd
+        self.configs = self.base.cell_configs()
+        self.steps = trainer.total_training_steps // len(self.configs)
+        self.index, self.first_step, self.stopped = -1, 1, False
+        trainer.actor_rollout_wg.save_checkpoint(directory, None, 0, max_ckpt_to_keep=None)
+
+    def start(self, index: int) -> None:
+        trainer = self.trainer
+        if index > 0:
+            trainer.checkpoint_manager.sleep_replicas()
+            trainer.actor_rollout_wg.load_checkpoint(self.directory, None, del_local_after_load=False)
+            trainer.checkpoint_manager.update_weights(trainer.global_steps)
+        trainer.actor_rollout_wg.set_opsd_cell(index)
+        trainer._init_opsd(self.configs[index])
+        trainer.step_offset, trainer.cell_steps = index * self.steps, self.steps
+        self.index, self.first_step, self.stopped = index, index * self.steps + 1, False
+        print(f"[opsd] cell {index + 1}/{len(self.configs)}: steps {self.first_step}-{self.first_step + self.steps - 1}, "
+              f"{self.base.cells[index]}", flush=True)
+
+    def end_early(self, stop: bool) -> bool:
+        """A stop (collapse monitor, non-finite guard) ends this cell when another follows: False then."""
+        if not stop or self.index == len(self.configs) - 1:
+            return stop
+        self.stopped = True
+        print(f"[opsd] cell {self.index + 1} stopped at step {self.trainer.global_steps}; the next cell starts", flush=True)
+        return False
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -73,6 +73,10 @@ MONITOR_STATE_FILE = "opsd_monitor.json"
 class OPSDStepMixin:
     """The OPSD step (see the module docstring); mixed in before a verl trainer class."""
 
+    # opsd.cells: the global steps before the current cell and its steps (a run: 0 and None = all of them); the
+    # collapse monitor, the objective's schedule and the loss positions' seed count the cell's own steps
+    step_offset, cell_steps = 0, None
+
     def _init_opsd(self, opsd_config: OPSDConfig) -> None:
         self.opsd = opsd_config
         self.teacher_inputs = TeacherInputs.from_config(
@@ -208,12 +212,13 @@ class OPSDStepMixin:
             self.opsd.loss.positions,
             response_mask_BT=response_mask_BT,
             entropy_BT=entropy_BT,
-            seed=int(self.config.data.get("seed", 0) or 0) * 100003 + self.global_steps,
+            seed=int(self.config.data.get("seed", 0) or 0) * 100003 + self.global_steps - self.step_offset,
         )
 
     def _step_values(self) -> dict[str, float]:
         """The objective's values for this step (0-based step = global_steps - 1), e.g. beta-OPSD's teacher weight."""
-        return self.objective.step_values(step=self.global_steps - 1, total_steps=int(self.total_training_steps))
+        return self.objective.step_values(step=self.global_steps - self.step_offset - 1,
+                                          total_steps=int(self.cell_steps or self.total_training_steps))
 
     def _update_opsd_actor(self, batch: DataProto, *, timing_raw: dict, **non_tensors) -> dict:
         batch.meta_info["temperature"] = self.opsd.loss.student_temperature
@@ -467,7 +472,7 @@ class OPSDStepMixin:
             return False
         seen, acted = len(self.monitor.events), self.monitor.action
         try:
-            metrics.update(self.monitor.update(metrics, step=self.global_steps))
+            metrics.update(self.monitor.update(metrics, step=self.global_steps - self.step_offset))
         except TrainingCollapseError:
             if self.config.trainer.save_freq > 0:
                 self._save_checkpoint()

@@ -167,6 +167,7 @@ def prepare_config(config) -> OPSDConfig:
         )
     actor = config.actor_rollout_ref.actor
     _check_objective(config, opsd)
+    _check_cells(config, opsd)
     if opsd.loss.position_kind in ("he", "le") and (
         actor.ppo_mini_batch_size != config.data.train_batch_size or actor.get("ppo_epochs", 1) != 1
     ):
@@ -176,6 +177,26 @@ def prepare_config(config) -> OPSDConfig:
             "or ppo_epochs > 1) later updates rank by the partly updated student, not the rollout policy"
         )
     return opsd
+
+
+def _check_cells(config, opsd: OPSDConfig) -> None:
+    """opsd.cells: equal whole cells, on the synchronous trainer, no checkpoint (a resume would not know the cell)."""
+    if not opsd.cells:
+        return
+    from recipe.async_rl.config import async_settings
+
+    for cell in opsd.cell_configs():
+        _check_objective(config, cell)
+    steps, n = config.trainer.get("total_training_steps"), len(opsd.cells)
+    if not isinstance(steps, int) or steps % n:
+        raise ValueError(f"opsd.cells: trainer.total_training_steps ({steps}) must be a multiple of the {n} cells "
+                         "(each cell trains total_training_steps / len(opsd.cells) steps)")
+    if async_settings(config, opsd=True) is not None:
+        raise ValueError("opsd.cells runs on the synchronous trainer: remove the async_training block")
+    trainer = config.trainer
+    if trainer.save_freq > 0 or trainer.resume_mode != "disable":
+        raise ValueError(f"opsd.cells: set trainer.save_freq=-1 and trainer.resume_mode=disable (got {trainer.save_freq}, "
+                         f"{trainer.resume_mode}): a launch of cells saves no checkpoint and starts from the initial student")
 
 
 def _check_objective(config, opsd: OPSDConfig) -> None:

@@ -144,6 +144,20 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
             self._teacher_head_VH = loss_fn.keywords["teacher_weight_VH"]
             self.actor.engine.opsd_after_optimizer_step = self._ema_teacher_step
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_opsd_cell(self, index: int) -> None:
+        """``opsd.cells[index]`` (``OPSDConfig.cell_configs``) is this worker's block from the next update on:
+        its loss settings and objective; the teacher's weights and head stay."""
+        if self.actor is None:
+            return
+        from recipe.opsd.core.config import OPSDConfig
+
+        self.opsd = OPSDConfig.from_hydra(self.opsd_config).cell_configs()[index]
+        current = self.actor.loss_fn
+        self.objective = self.opsd.loss.build_objective()
+        self.actor.set_loss_fn(partial(current.func, **{**current.keywords, "loss_config": self.opsd.loss,
+                                                        "objective": self.objective}))
+
     def _check_teacher_tokenizer(self, teacher_config) -> None:
         """kind checkpoint: the teacher's tokenizer and vocabulary size are the student's (also
         checked before Ray for local models; here for Hub ids, after the download)."""
