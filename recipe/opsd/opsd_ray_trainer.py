@@ -61,14 +61,18 @@ class RayOPSDTrainer(OPSDStepMixin, RayPPOTrainer):
             self.cells.start(index)
             for step in range(self.cells.steps):
                 if index == 0:
-                    first.append(next(dataloader))
+                    first.append(next(dataloader, None))
+                    if first[-1] is None:
+                        raise RuntimeError(f"opsd.cells: each cell trains {self.cells.steps} steps, but the data has "
+                                           f"{step} batches (trainer.total_epochs x batches per epoch)")
                 if not self.cells.stopped:  # a cell the monitor stopped skips its other steps
                     self.global_steps = self.cells.first_step + step
                     yield first[step]
 
     def fit(self):
-        """verl 0.9.1's ``RayPPOTrainer.fit`` with the PPO step replaced by the OPSD step. Every
-        difference from verl's loop is listed in docs/opsd_recipe.md ("Differences from verl's fit")."""
+        """verl 0.9.1's ``RayPPOTrainer.fit`` with the PPO step replaced by the OPSD step. Also differs: the
+        pre-flight divergence before the first rollout, a run that the collapse monitor stopped or that finished
+        is not trained again, a stop ends the run, and ``opsd.cells`` (``_training_batches``, ``Cells``)."""
         if self._dump_executor._shutdown:
             self._init_dump_executor()
         logger = Tracking(
