@@ -181,7 +181,7 @@ def test_the_trainer_prints_each_new_warning_as_an_opsd_console_line(capsys):
     from recipe.opsd.opsd_ray_trainer import RayOPSDTrainer
 
     trainer = SimpleNamespace(monitor=TrainingDynamicsMonitor(MonitorConfig(early_end=3, recent_window=3)),
-                              config=SimpleNamespace(trainer=SimpleNamespace(save_freq=0)), global_steps=0)
+                              config=SimpleNamespace(trainer=SimpleNamespace(save_freq=0)), global_steps=0, step_offset=0)
     printed = []
     for row in trace(16, length=lambda s: 40.0 if s <= 3 else 90.0):
         trainer.global_steps = row.pop("step")

@@ -111,7 +111,7 @@ def _trainer(tmp_path, config, lr_scale=1.0):
     monitor.lr_scale = lr_scale
     calls = []
     worker_group = SimpleNamespace(world_size=2, execute_with_func_generator=lambda fn, data: calls.append((fn, data)))
-    trainer = SimpleNamespace(monitor=monitor, actor_rollout_wg=worker_group, global_steps=20,
+    trainer = SimpleNamespace(monitor=monitor, actor_rollout_wg=worker_group, global_steps=20, step_offset=0,
                               opsd=SimpleNamespace(diagnostics=SimpleNamespace(monitor=config)),
                               config=SimpleNamespace(trainer=SimpleNamespace(save_freq=10, default_local_dir=str(tmp_path))))
     trainer._record_monitor_action = lambda action: RayOPSDTrainer._record_monitor_action(trainer, action)
