@@ -216,7 +216,8 @@ class OPSDStepMixin:
         )
 
     def _step_values(self) -> dict[str, float]:
-        """The objective's values for this step (0-based step = global_steps - 1), e.g. beta-OPSD's teacher weight."""
+        """The objective's values for this step (0-based: global_steps - step_offset - 1 of the run's or the cell's
+        steps), e.g. beta-OPSD's teacher weight."""
         return self.objective.step_values(step=self.global_steps - self.step_offset - 1,
                                           total_steps=int(self.cell_steps or self.total_training_steps))
 
