@@ -13,7 +13,7 @@ grid of cells -- teacher context x reasoning modes (student:teacher) x clip tau 
    top token around (``recipe.opsd.core.signals.top_push_summary``);
 2. runs each cell for K monitored OPSD steps through the launcher (``recipe.launch.run.plan`` /
    ``execute``): the cell's own config, batch and data order at the full run's peak learning rate from the
-   first step (``probe_overrides``), no checkpoint; the cells that share student prompts and rollout temperature
+   first step (``probe_overrides``), no checkpoint; the cells that share student prompts
    share one launch (``launch_groups``; ``opsd.cells``: each cell from the initial student on the same batches);
 3. classifies each cell (``recipe.analysis.compatibility``: gain / ineffective length growth / stable
    degradation / collapse / no measurable effect, every indicator with its threshold and its source) and
@@ -212,23 +212,23 @@ def probe_overrides(config, *, steps: int, batch: int | None, cells: int = 1) ->
 
 def launch_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
     """The cells that share a launch (``opsd.cells``): the same student prompts (student mode; a context that
-    changes the student prompt: that context) and rollout temperature. In the order of ``cells``."""
+    changes the student prompt: that context). In the order of ``cells``."""
     from recipe.common.prompts import student_style
 
     groups: dict[tuple, list[Cell]] = {}
     for cell in cells:
-        key = (cell.student_mode, cell.temperature, cell.context if student_style(cell.context) is not None else None)
+        key = (cell.student_mode, cell.context if student_style(cell.context) is not None else None)
         groups.setdefault(key, []).append(cell)
     return list(groups.values())
 
 
 def cells_override(cells: Sequence[Cell]) -> str:
-    """``opsd.cells=[...]``: each cell's teacher context, teacher mode and clip tau (its loss temperature is
-    the launch's: ``launch_groups`` shares a temperature)."""
+    """``opsd.cells=[...]``: each cell's teacher context, teacher mode, clip tau and temperature (sampling and loss)."""
     items = []
     for cell in cells:
         tau = "null" if cell.clip_tau is None else f"{cell.clip_tau:g}"
-        items.append(f"{{teacher_context:{cell.context},teacher_mode:{cell.teacher_mode},loss:{{clip_tau:{tau}}}}}")
+        items.append(f"{{teacher_context:{cell.context},teacher_mode:{cell.teacher_mode},loss:{{clip_tau:{tau}}},"
+                     f"temperature:{cell.temperature:g}}}")
     return f"opsd.cells=[{','.join(items)}]"
 
 

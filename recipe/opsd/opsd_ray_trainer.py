@@ -15,6 +15,7 @@ import uuid
 from pprint import pprint
 
 import numpy as np
+import ray
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -227,14 +228,18 @@ class Cells:
     Before the first cell the actor's state (weights, optimizer, learning-rate schedule, RNG) is saved with verl's
     worker checkpoint call under ``directory``; every later cell loads it back, pushes those weights to the rollout
     and switches the trainer's and the workers' ``opsd`` block to its own (``OPSDConfig.cell_configs``,
-    ``set_opsd_cell``), with a new collapse monitor whose windows count the cell's steps. The trainer replays the
-    first cell's batches (``_training_batches``).
+    ``set_opsd_cell``), with a new collapse monitor whose windows count the cell's steps. A cell with its own
+    ``temperature`` sets verl's agent-loop workers' sampling temperature (``set_sampling_temperature``). The trainer
+    replays the first cell's batches (``_training_batches``).
     """
 
     def __init__(self, trainer: RayOPSDTrainer, *, directory: str):
         self.trainer, self.directory = trainer, directory
         self.base = trainer.opsd
         self.configs = self.base.cell_configs()
+        launch_temperature = float(trainer.config.actor_rollout_ref.rollout.temperature)
+        self.temperatures = [launch_temperature if t is None else t for t in self.base.cell_temperatures()]
+        self.sampling_temperature = launch_temperature
         self.steps = trainer.total_training_steps // len(self.configs)
         self.index, self.first_step, self.stopped = -1, 1, False
         trainer.actor_rollout_wg.save_checkpoint(directory, None, 0, max_ckpt_to_keep=None)
@@ -247,6 +252,10 @@ class Cells:
             trainer.checkpoint_manager.update_weights(trainer.global_steps)
         trainer.actor_rollout_wg.set_opsd_cell(index)
         trainer._init_opsd(self.configs[index])
+        if self.temperatures[index] != self.sampling_temperature:
+            self.sampling_temperature = self.temperatures[index]
+            trainer.config.actor_rollout_ref.rollout.temperature = self.sampling_temperature
+            set_sampling_temperature(trainer.async_rollout_manager.agent_loop_workers, self.sampling_temperature)
         trainer.step_offset, trainer.cell_steps = index * self.steps, self.steps
         self.index, self.first_step, self.stopped = index, index * self.steps + 1, False
         print(f"[opsd] cell {index + 1}/{len(self.configs)}: steps {self.first_step}-{self.first_step + self.steps - 1}, "
@@ -262,3 +271,18 @@ class Cells:
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def set_sampling_temperature(agent_loop_workers, temperature: float) -> None:
+    """The sampling temperature of verl's agent-loop workers (read from their ``rollout_config`` on every
+    ``generate_sequences``; verl fixes it when the worker starts): set on each worker through Ray's ``__ray_call__``."""
+
+    def apply(worker, value):
+        import dataclasses
+
+        worker.rollout_config = dataclasses.replace(worker.rollout_config, temperature=value)
+        return worker.rollout_config.temperature
+
+    served = ray.get([worker.__ray_call__.remote(apply, float(temperature)) for worker in agent_loop_workers])
+    if served != [float(temperature)] * len(agent_loop_workers):
+        raise RuntimeError(f"agent-loop workers sample at {served}, not {temperature}")

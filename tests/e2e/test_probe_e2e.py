@@ -2,11 +2,13 @@
 cells' K monitored OPSD steps in one launch (``opsd.cells``), the verdicts with their indicators and thresholds, the
 outputs. The validation against full runs needs a demo with a held-out evaluation (toy, real): docs/results/probe.md.
 
-The cells (greedy rollouts: top-k 1): the full-solution and the ``none`` teacher context, each without a clip and with
-a clip tau of 1e-6 that caps every entry. Each cell starts from the initial student on the same batches, so the ``none``
-cells, whose teacher is the initial student reading the student's own prompt, have a forward KL of exactly 0 at their
-first step although the cells before them trained the student; the clipped full-solution cell's step 1 has the unclipped
-cell's forward KL (the same samples of the same weights) and a smaller loss (the workers switched the loss)."""
+The cells (greedy rollouts: top-k 1): the full-solution context at temperature 1 and the ``none`` context at 0.5, each
+without a clip and with a clip tau of 1e-6 that caps every entry. Each cell starts from the initial student on the same
+batches, so the ``none`` cells, whose teacher is the initial student reading the student's own prompt, have a forward KL
+of exactly 0 at their first step although the cells before them trained the student; the clipped full-solution cell's
+step 1 has the unclipped cell's forward KL (the same samples of the same weights) and a smaller loss (the workers
+switched the loss). The rollout server logs the temperature of every request (``opsd_test_hooks.rollout``): verl's
+agent loop sampled each cell at its own."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from opsd_test_hooks import launch_env
 from tests.e2e.conftest import bound
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,17 +30,23 @@ VERDICTS = {"gain", "ineffective length growth", "stable degradation", "collapse
 @pytest.mark.e2e
 def test_probe_of_four_cells_in_one_launch_on_the_tiny_demo(tmp_path):
     out = tmp_path / "probe"
-    env = dict(os.environ, CPU_DEMO="tiny", OPSD_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", RAY_DEDUP_LOGS="0")
+    requests = tmp_path / "requests.jsonl"
+    env = dict(os.environ, CPU_DEMO="tiny", OPSD_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", RAY_DEDUP_LOGS="0",
+               **launch_env("opsd_test_hooks.rollout", OPSD_TEST_ROLLOUT_REQUESTS_LOG=str(requests)))
+    cells_spec = [f"{context},think:think,{tau},{t}" for context, t in (("full_solution", 1.0), ("none", 0.5))
+                  for tau in ("none", "1e-6")]
     cmd = [sys.executable, "scripts/probe.py", "--out-dir", str(out), "--steps", "4", "--batch", "2",
-           "--signal-prompts", "2", "--contexts", "full_solution", "none", "--clip-taus", "none", "1e-6",
+           "--signal-prompts", "2", *[arg for spec in cells_spec for arg in ("--cell", spec)],
            "--", "actor_rollout_ref.rollout.top_k=1"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=bound(400))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     result = json.loads((out / "probe.json").read_text())
     cells = result["cells"]
-    assert [(c["cell"]["context"], c["cell"]["clip_tau"]) for c in cells] == [
-        ("full_solution", None), ("full_solution", 1e-6), ("none", None), ("none", 1e-6)]
+    assert [(c["cell"]["context"], c["cell"]["clip_tau"], c["cell"]["temperature"]) for c in cells] == [
+        ("full_solution", None, 1.0), ("full_solution", 1e-6, 1.0), ("none", None, 0.5), ("none", 1e-6, 0.5)]
+    sampled = [json.loads(line)["temperature"] for line in requests.read_text().splitlines()]
+    assert sampled == [1.0] * 16 + [0.5] * 16  # 4 cells x 4 steps x 2 prompts, each cell at its temperature
     assert {c["launch_dir"] for c in cells} == {str(out / "launches" / "1")} and cells[0]["launch_cells"] == 4
     train_log = (out / "launches" / "1" / "train.log").read_text()  # verl's output of the 16 steps
     assert all(f"[opsd] cell {i}/4: steps {4 * i - 3}-{4 * i}," in train_log for i in range(1, 5)), train_log[-3000:]

@@ -39,13 +39,10 @@ def test_the_k_step_launch_runs_at_the_peak_learning_rate_without_a_checkpoint()
     assert "data.train_batch_size=16" in probe.probe_overrides(config, steps=12, batch=16)
 
 
-def test_cells_share_a_launch_when_their_student_prompts_and_temperature_agree():
+def test_cells_share_a_launch_when_their_student_prompts_agree():
     cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["think:think", "think:no_think"],
                        clip_taus=["none", "0.05"], temperatures=[1.1, 0.7])
-    groups = probe.launch_groups(cells)
-    assert [len(g) for g in groups] == [8, 8]  # two temperatures; contexts, teacher modes and taus share
-    assert {c.temperature for c in groups[0]} == {1.1} and {c.temperature for c in groups[1]} == {0.7}
-    assert [c for g in groups for c in g] == sorted(cells, key=lambda c: -c.temperature)  # each group in grid order
+    assert probe.launch_groups(cells) == [cells]  # contexts, teacher modes, taus and temperatures share a launch
     # concise_to_detailed changes the student's prompt too: its own launch
     styled = probe.grid(contexts=["full_solution", "concise_to_detailed", "unrelated"], modes=["think:think"],
                         clip_taus=["none"], temperatures=[1.0])
@@ -61,14 +58,15 @@ def test_the_cells_override_composes_into_the_opsd_block_of_each_cell():
     from recipe.opsd.core.config import OPSDConfig
 
     cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["think:no_think"], clip_taus=["none", "0.05"],
-                       temperatures=[1.1])
+                       temperatures=[1.1, 0.7])[:4]
     (override,) = OverridesParser.create().parse_overrides([probe.cells_override(cells)])
     assert override.key_or_group == "opsd.cells"
     opsd = OPSDConfig.from_hydra({"cells": override.value(), "student_mode": "think", "teacher_mode": "no_think"})
     got = [(c.teacher_context, c.teacher_mode, c.loss.clip_tau, c.loss.student_temperature, c.cells)
            for c in opsd.cell_configs()]
-    assert got == [("full_solution", "no_think", None, 1.1, []), ("full_solution", "no_think", 0.05, 1.1, []),
-                   ("unrelated", "no_think", None, 1.1, []), ("unrelated", "no_think", 0.05, 1.1, [])]
+    assert got == [("full_solution", "no_think", None, 1.1, []), ("full_solution", "no_think", None, 0.7, []),
+                   ("full_solution", "no_think", 0.05, 1.1, []), ("full_solution", "no_think", 0.05, 0.7, [])]
+    assert opsd.cell_temperatures() == [1.1, 0.7, 1.1, 0.7]  # each cell's rollout samples at its temperature
     out = probe.probe_overrides(OmegaConf.create({"trainer": {"total_training_steps": 150}}), steps=4, batch=None, cells=4)
     assert {"trainer.total_training_steps=16", "opsd.diagnostics.monitor.early_end=2",
             "opsd.diagnostics.monitor.recent_window=2"} <= set(out)  # the monitor's windows are a cell's

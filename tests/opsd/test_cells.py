@@ -25,7 +25,9 @@ def _trainer(tmp_path, *, cells, total_steps, batches_per_epoch=2, epochs=2):
     trainer = object.__new__(RayOPSDTrainer)
     trainer.opsd = OPSDConfig(cells=cells)
     trainer.cells = None
-    trainer.config = SimpleNamespace(trainer=SimpleNamespace(total_epochs=epochs, default_local_dir=str(tmp_path)))
+    trainer.config = SimpleNamespace(trainer=SimpleNamespace(total_epochs=epochs, default_local_dir=str(tmp_path)),
+                                     actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(temperature=1.1)))
+    trainer.async_rollout_manager = SimpleNamespace(agent_loop_workers="the agent-loop workers")
     trainer.train_dataloader = [f"b{i}" for i in range(batches_per_epoch)]
     trainer.total_training_steps, trainer.global_steps = total_steps, 1
     trainer.actor_rollout_wg = Recorder(calls, "wg")
@@ -60,6 +62,46 @@ def test_every_cell_trains_the_first_cells_batches_from_the_saved_initial_state(
         ("wg.set_opsd_cell", (1,)), ("init_opsd", ("unrelated", None)),
     ]
     assert trainer.cell_steps == 3
+
+
+def test_a_cell_with_its_own_temperature_samples_and_trains_at_it(tmp_path, monkeypatch):
+    import recipe.opsd.opsd_ray_trainer as module
+
+    trainer, calls = _trainer(tmp_path, cells=[{"temperature": 0.7}, {}, {"loss": {"clip_tau": None}}, {"temperature": 1.1}],
+                              total_steps=4)
+    monkeypatch.setattr(module, "set_sampling_temperature",
+                        lambda workers, t: calls.append(("sampling", (workers, t, trainer.config.actor_rollout_ref.rollout.temperature))))
+    temperatures = []
+    trainer._init_opsd = lambda opsd: temperatures.append(opsd.loss.student_temperature)
+    _run(trainer)
+    # the launch's 1.1 for the cells without one; a switch only where the temperature changes
+    assert [c for c in calls if c[0] == "sampling"] == [("sampling", ("the agent-loop workers", 0.7, 0.7)),
+                                                        ("sampling", ("the agent-loop workers", 1.1, 1.1))]
+    assert temperatures == [0.7, 1.1, 1.1, 1.1]  # the loss's student temperature of each cell
+
+
+def test_the_agent_loop_workers_sample_at_the_temperature_set(monkeypatch):
+    """``set_sampling_temperature`` on stand-ins of verl's agent-loop workers holding verl's ``RolloutConfig``, run
+    as Ray's ``__ray_call__`` runs it (the function, the worker); verl reads that config on every call."""
+    import inspect
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.workers.config import RolloutConfig
+
+    import recipe.opsd.opsd_ray_trainer as module
+
+    class Worker:
+        def __init__(self):
+            self.rollout_config = RolloutConfig(name="hf", temperature=1.1)
+            self.__ray_call__ = SimpleNamespace(remote=lambda fn, *args: fn(self, *args))
+
+    workers = [Worker(), Worker()]
+    monkeypatch.setattr(module.ray, "get", lambda values: values)
+    module.set_sampling_temperature(workers, 0.7)
+    assert [w.rollout_config.temperature for w in workers] == [0.7, 0.7]
+    assert workers[0].rollout_config.top_k == RolloutConfig(name="hf").top_k  # the rest of the config unchanged
+    source = inspect.getsource(AgentLoopWorker.generate_sequences)
+    assert "config = self.rollout_config" in source and "temperature=config.temperature" in source
 
 
 def test_a_stop_ends_the_cell_and_the_next_cell_still_gets_every_batch(tmp_path):

@@ -230,6 +230,9 @@ def test_cells_are_the_block_with_each_cells_fields_and_their_launch_is_checked_
     assert (second.teacher_context, second.teacher_mode, second.loss.clip_tau, second.loss.beta) == (
         "unrelated", "no_think", 0.05, 0.5)
     assert first.cells == second.cells == [] and opsd.loss.clip_tau == 0.05  # the block itself is unchanged
+    warm = prepare_config(_compose([*CELLS_RUN, "opsd.cells=[{temperature:0.7},{}]"]))
+    assert [c.loss.student_temperature for c in warm.cell_configs()] == [0.7, 1.1]
+    assert warm.cell_temperatures() == [0.7, None]  # None: the launch's rollout temperature
     one_cell = "opsd.cells=[{loss:{clip_tau:null}},{}]"
     for overrides, message in (
         (["trainer.total_training_steps=5", one_cell], r"total_training_steps \(5\) must be a multiple of the 2 cells"),
@@ -237,6 +240,8 @@ def test_cells_are_the_block_with_each_cells_fields_and_their_launch_is_checked_
         ([*CELLS_RUN, "opsd.cells=[{student_mode:no_think}]"], r"cells\[0\] sets \['student_mode'\]; a cell sets only"),
         ([*CELLS_RUN, "opsd.cells=[{},{loss:{clip_tau:-1}}]"], r"opsd.cells\[1\]: opsd.loss.clip_tau"),
         ([*CELLS_RUN, "opsd.cells=[{},{loss:{tau:1}}]"], r"opsd.cells\[1\]: unknown field\(s\) \['opsd.loss.tau'\]"),
+        ([*CELLS_RUN, "opsd.cells=[{},{temperature:0}]"], r"opsd.cells\[1\].temperature must be a number > 0"),
+        ([*CELLS_RUN, "opsd.cells=[{temperature:0.7,loss:{student_temperature:0.5}},{}]"], "temperature sets both"),
         ([*CELLS_RUN, "opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.5", one_cell], "EMA teacher"),
         ([*CELLS_RUN, "opsd.diagnostics.monitor.rollback_on=[length]", one_cell], "rollback_on=\\[\\]"),
     ):

@@ -249,8 +249,9 @@ class OPSDConfig:
 
     def cell_configs(self) -> list["OPSDConfig"]:
         """The block of each of ``cells``: this block with the cell's ``teacher_context`` / ``teacher_mode`` /
-        ``loss`` fields in place (``cells`` empty). A cell that sets another field is refused, naming it: the
-        student's prompts, the rollout and the teacher's weights are the launch's, shared by its cells."""
+        ``loss`` fields in place (``cells`` empty); a cell's ``temperature`` is its ``loss.student_temperature``
+        (and its rollout's, ``cell_temperatures``). A cell that sets another field is refused, naming it: the
+        student's prompts and the teacher's weights are the launch's, shared by its cells."""
         out = []
         for index, cell in enumerate(self.cells):
             if not isinstance(cell, Mapping):
@@ -261,6 +262,15 @@ class OPSDConfig:
             loss = cell.get("loss") or {}
             if not isinstance(loss, Mapping):
                 raise ValueError(f"opsd.cells[{index}].loss must be a mapping of opsd.loss fields, got {loss!r}")
+            temperature = cell.get("temperature")
+            if temperature is not None:
+                if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+                    raise ValueError(f"opsd.cells[{index}].temperature must be a number > 0 (the cell's sampling and "
+                                     f"loss temperature), got {temperature!r}")
+                if loss.get("student_temperature", temperature) != temperature:
+                    raise ValueError(f"opsd.cells[{index}] sets temperature {temperature} and loss.student_temperature "
+                                     f"{loss['student_temperature']}: temperature sets both; drop one")
+                loss = {**loss, "student_temperature": float(temperature)}
             try:
                 out.append(dataclasses.replace(
                     self, cells=[], teacher_context=cell.get("teacher_context", self.teacher_context),
@@ -269,6 +279,11 @@ class OPSDConfig:
             except ValueError as err:
                 raise ValueError(f"opsd.cells[{index}]: {err}") from None
         return out
+
+    def cell_temperatures(self) -> list[float | None]:
+        """Each cell's rollout sampling temperature: its ``temperature``, None = the launch's
+        (``actor_rollout_ref.rollout.temperature``)."""
+        return [None if cell.get("temperature") is None else float(cell["temperature"]) for cell in self.cells]
 
     @property
     def student_enable_thinking(self) -> bool | None:
@@ -291,7 +306,7 @@ class OPSDConfig:
 
 
 # what one of opsd.cells may set (OPSDConfig.cell_configs)
-CELL_FIELDS = ("teacher_context", "teacher_mode", "loss")
+CELL_FIELDS = ("teacher_context", "teacher_mode", "loss", "temperature")
 
 # settings that moved: the old name -> the new one (a config that still uses an old name is told where it went)
 RENAMED = {

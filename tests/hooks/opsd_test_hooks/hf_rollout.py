@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from opsd_test_hooks.rollout import SKIP_WEIGHT_SYNC_ENV, WEIGHTS_LOG_ENV, skip_weight_sync
+from opsd_test_hooks.rollout import REQUESTS_LOG_ENV, SKIP_WEIGHT_SYNC_ENV, WEIGHTS_LOG_ENV, skip_weight_sync
 from recipe.cpu.rollout import HFReplica, HFRolloutServer, HFServerAdapter
 
 logger = logging.getLogger(__name__)
@@ -25,7 +25,8 @@ def weights_fingerprint(state_dict: dict[str, torch.Tensor]) -> dict[str, str]:
 
 
 class LoggedHFRolloutServer(HFRolloutServer):
-    """The server, logging the fingerprint of what it serves after every load (``OPSD_TEST_ROLLOUT_WEIGHTS_LOG``)."""
+    """The server, logging the fingerprint of what it serves after every load (``OPSD_TEST_ROLLOUT_WEIGHTS_LOG``)
+    and the sampling temperature of every request (``OPSD_TEST_ROLLOUT_REQUESTS_LOG``)."""
 
     async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps=None):
         await super().load_weights(state_dict, global_steps)
@@ -39,6 +40,14 @@ class LoggedHFRolloutServer(HFRolloutServer):
             }
             with open(log_path, "a") as log_file:
                 log_file.write(json.dumps(record) + "\n")
+
+    async def generate(self, prompt_ids, sampling_params, request_id, image_data=None, video_data=None, **kwargs):
+        log_path = os.environ.get(REQUESTS_LOG_ENV)
+        if log_path:
+            record = {"num_weight_updates": self.num_weight_updates, "temperature": sampling_params.get("temperature")}
+            with open(log_path, "a") as log_file:
+                log_file.write(json.dumps(record) + "\n")
+        return await super().generate(prompt_ids, sampling_params, request_id, image_data, video_data, **kwargs)
 
     def weights_snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of the served weights."""

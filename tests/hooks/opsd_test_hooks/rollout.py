@@ -13,6 +13,8 @@ Settings (environment, read at every weight push; each off unless set):
   ``{"replica", "global_steps", "num_weight_updates", "sha256": {name: digest}}`` (``weights_fingerprint``
   of every served float32 tensor), so a test can check that the rollout serves exactly the trainer's
   weights (the same digests of the checkpoint);
+- ``OPSD_TEST_ROLLOUT_REQUESTS_LOG=<jsonl>`` (hf): every generate request appends
+  ``{"num_weight_updates", "temperature"}`` (the sampling temperature verl's agent loop sent);
 - ``OPSD_TEST_SYNC_PROBE_LOG=<jsonl>`` (vllm): after every push the rollout's log-probs of a fixed
   probe are compared with a float32 forward of the pushed weights (``recipe.rollout.sync_probe``);
 - ``OPSD_TEST_SKIP_WEIGHT_SYNC=1`` (hf, vllm; negative control): every push after the start-up one
@@ -25,6 +27,7 @@ import importlib.util
 import os
 
 WEIGHTS_LOG_ENV = "OPSD_TEST_ROLLOUT_WEIGHTS_LOG"
+REQUESTS_LOG_ENV = "OPSD_TEST_ROLLOUT_REQUESTS_LOG"
 PROBE_LOG_ENV = "OPSD_TEST_SYNC_PROBE_LOG"
 SKIP_WEIGHT_SYNC_ENV = "OPSD_TEST_SKIP_WEIGHT_SYNC"
 HF_ADAPTER = "opsd_test_hooks.hf_rollout.HookedHFServerAdapter"
