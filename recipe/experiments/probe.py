@@ -349,6 +349,16 @@ def plot(cells: Sequence[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def launch_shares(results: Sequence[dict[str, Any]]) -> list[float]:
+    """Each cell's share of its launch's wall time: its own steps (``step_times_s``) plus an equal share of what the
+    launch spent outside steps (start-up, the resets between cells, shutdown)."""
+    steps_s: dict[str, float] = {}
+    for result in results:
+        steps_s[result["launch_dir"]] = steps_s.get(result["launch_dir"], 0.0) + sum(result["step_times_s"])
+    return [sum(r["step_times_s"]) + max(r["launch_s"] - steps_s[r["launch_dir"]], 0.0) / r["launch_cells"]
+            for r in results]
+
+
 def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Sequence[str], steps: int,
               batch: int | None, out_dir: Path, signal_prompts: int, frozen: bool = True, log=print) -> dict[str, Any]:
     """The probe over ``cells`` (module docstring); writes probe.json / probe.md / probe.png and returns the result."""
@@ -370,12 +380,11 @@ def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Se
     if frozen:
         signals = frozen_signals(first["model"], first["train_file"], cells, cap=first["cap"], top_p=first["top_p"],
                                  top_k=first["top_k"], num_prompts=signal_prompts, log=log)
-    for result in results:
+    for result, launch_share in zip(results, launch_shares(results)):
         result["frozen"] = signals.get(result["name"])
         result["verdict"] = compatibility.classify(result["indicators"], result["frozen"]).as_dict()
         per_step = sum(result["step_times_s"]) / max(len(result["step_times_s"]), 1)
         frozen_s = (result["frozen"] or {}).get("seconds_shared", 0.0)
-        launch_share = result["launch_s"] / result["launch_cells"]
         result["cost"] = {"launch_s": round(launch_share, 1), "frozen_s": round(frozen_s, 1),
                           "cell_s": round(launch_share + frozen_s, 1), "step_s": round(per_step, 2),
                           "probe_steps": steps, "full_steps": result["full_steps"]}

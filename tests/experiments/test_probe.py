@@ -52,6 +52,13 @@ def test_cells_share_a_launch_when_their_student_prompts_agree():
                                               clip_taus=["none"], temperatures=[1.0]))) == 2  # student modes differ
 
 
+def test_a_cell_pays_its_own_steps_and_an_equal_share_of_the_rest_of_its_launch():
+    launch = {"launch_dir": "a", "launch_s": 100.0, "launch_cells": 2}
+    results = [{**launch, "step_times_s": [10.0, 20.0]}, {**launch, "step_times_s": [5.0, 5.0]},
+               {"launch_dir": "b", "launch_s": 50.0, "launch_cells": 1, "step_times_s": [40.0]}]
+    assert probe.launch_shares(results) == [30.0 + 30.0, 10.0 + 30.0, 50.0]  # 100 - 40 s outside the steps of a
+
+
 def test_the_cells_override_composes_into_the_opsd_block_of_each_cell():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
