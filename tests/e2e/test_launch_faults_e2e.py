@@ -5,19 +5,19 @@ checkpoint that do not exist, a training file that is not a parquet: one line na
 the fix, exit 2; the same for run_sft.sh and the pipeline.
 
 One checkpoint directory on a small real file system (a tmpfs; skipped where the machine cannot
-mount one), three Ray launches of the same command and four that end before Ray:
+mount one), two Ray launches and three that end before Ray:
 
 A. 3 steps, a save every step, every save kept, a ballast file on the disk: the first launch prints
    the size of one save and the free space, warns that its 3 saves will not fit, saves steps 1 and 2
    and fails in the step-3 save: one line naming the directory, the space one save needs and the
    last whole save (global_step_2, intact); exit non-zero.
-B. the ballast removed (space freed), the same command: resumes from global_step_2 (the partial
-   global_step_3 is removed first), trains step 3 only, exit 0. While it runs a second launch on the
-   same directory is refused naming it (exit 2).
-C. the same command again: "holds a finished run" (step 3 of 3), exit 0, nothing trained.
+B. the ballast removed (space freed), the same command with the other fix A's line names
+   (trainer.max_actor_ckpt_to_keep=1) and STEPS=4: resumes from global_step_2 (the partial
+   global_step_3 is removed first), trains steps 3 and 4, and the saves of earlier launches beyond
+   the retention count are removed (only global_step_4 is left); exit 0. While it runs a second
+   launch on the same directory is refused naming it (exit 2).
+C. the same command again: "holds a finished run" (step 4 of 4), exit 0, nothing trained.
 D. the same command with another learning rate: refused, one line per differing key, exit 2.
-E. STEPS=4 and trainer.max_actor_ckpt_to_keep=1: continues the finished run with step 4 only; the
-   saves of earlier launches beyond the retention count are removed (only global_step_4 is left).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ pytestmark = pytest.mark.e2e
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "recipe/opsd/run_opsd.sh"
 ARGS = ["trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=null"]
+RETAINED = ["trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=1"]  # B, C, D: A's line's other fix
 MB = 1024 * 1024
 
 
@@ -105,28 +106,28 @@ def relaunches(run_cpu_verl, tiny_run_env, tmp_path_factory):
         check_resumable(ckpt / "global_step_2")  # the last complete save is intact
         ballast.unlink()  # the user frees space
         # B, and a second launch on the same directory while B holds it
+        env = {**env, "STEPS": "4"}
         full = {**os.environ, "VERL_FILE_LOGGER_PATH": str(root / "B" / "metrics.jsonl"), "PYTHON": sys.executable,
                 **env}
         (root / "B").mkdir()
         with open(root / "B" / "run.log", "w") as log:
-            b = subprocess.Popen(["bash", str(REPO_ROOT / SCRIPT), *ARGS], cwd=REPO_ROOT, env=full, stdout=log,
+            b = subprocess.Popen(["bash", str(REPO_ROOT / SCRIPT), *RETAINED], cwd=REPO_ROOT, env=full, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.monotonic() + 120
             while not (ckpt / "launch_config.1.yaml").exists():  # B holds the lock, then writes its config
                 assert b.poll() is None and time.monotonic() < deadline, (root / "B" / "run.log").read_text()[-3000:]
                 time.sleep(0.2)
-            runs["second"] = _run(SCRIPT, ARGS, env)
+            runs["second"] = _run(SCRIPT, RETAINED, env)
             runs["second_pid"] = b.pid
             runs["B_code"] = b.wait(timeout=bound(300))
         runs["B_log"] = (root / "B" / "run.log").read_text() + (ckpt / "train.log").read_text(errors="replace")
         from tests.e2e.conftest import read_metrics_jsonl
 
         runs["B_metrics"] = read_metrics_jsonl(root / "B" / "metrics.jsonl")
-        runs["C"] = _run(SCRIPT, ARGS, env)
+        runs["B_files"] = sorted(p.name for p in ckpt.glob("global_step_*"))
+        runs["C"] = _run(SCRIPT, RETAINED, env)
         runs["C_files"] = sorted(p.name for p in ckpt.glob("global_step_*"))
-        runs["D"] = _run(SCRIPT, [*ARGS, "actor_rollout_ref.actor.optim.lr=1e-3"], env)
-        runs["E"] = run_cpu_verl(SCRIPT, ["trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=1"], workdir=root / "E",
-                                 env={**env, "STEPS": "4"}, script=True, timeout=300)
+        runs["D"] = _run(SCRIPT, [*RETAINED, "actor_rollout_ref.actor.optim.lr=1e-3"], env)
         yield ckpt, runs
     finally:
         fs.unmount()
@@ -155,7 +156,13 @@ def test_freeing_space_and_relaunching_resumes_from_the_last_whole_save(relaunch
     assert runs["B_code"] == 0, runs["B_log"][-4000:]
     assert f"[launch] removed {ckpt / 'global_step_3'} (" in runs["B_log"]  # the partial save, written again
     assert f"Resuming from {ckpt / 'global_step_2'}" in runs["B_log"]
-    assert sorted(runs["B_metrics"]) == [3] and runs["B_metrics"][3]["training/resumed_from_step"] == 2
+    assert sorted(runs["B_metrics"]) == [3, 4]
+    assert all(runs["B_metrics"][step]["training/resumed_from_step"] == 2 for step in (3, 4))
+    # raising the step count continued the run; the retention count bounds the directory
+    assert runs["B_files"] == ["global_step_4"], runs["B_log"][-4000:]
+    removed = [line.split(" (")[0] for line in runs["B_log"].splitlines() if line.startswith("[launch] removed ")]
+    assert {f"[launch] removed {ckpt / f'global_step_{s}'}" for s in (1, 2, 3)} <= set(removed), removed
+    check_resumable(ckpt / "global_step_4")
 
 
 def test_a_second_launch_on_the_same_directory_is_refused_naming_the_first(relaunches):
@@ -171,11 +178,11 @@ def test_a_finished_run_is_not_trained_again(relaunches):
     ckpt, runs = relaunches
     c = runs["C"]
     assert c.returncode == 0, c.stderr[-3000:]
-    assert c.stdout.strip().splitlines()[-1] == (f"[launch] {ckpt} holds a finished run: its save global_step_3 is step 3 of "
-                             "trainer.total_training_steps=3; nothing to train (raise STEPS or "
+    assert c.stdout.strip().splitlines()[-1] == (f"[launch] {ckpt} holds a finished run: its save global_step_4 is step 4 of "
+                             "trainer.total_training_steps=4; nothing to train (raise STEPS or "
                              "trainer.total_training_steps to continue it, or set CKPT_DIR to another directory for a "
                              "new run)")
-    assert "Ray" not in c.stdout and runs["C_files"] == ["global_step_1", "global_step_2", "global_step_3"]
+    assert "Ray" not in c.stdout and runs["C_files"] == ["global_step_4"]
 
 
 def test_another_config_is_not_resumed(relaunches):
@@ -183,18 +190,7 @@ def test_another_config_is_not_resumed(relaunches):
     d = runs["D"]
     assert d.returncode == 2
     lines = d.stderr.strip().splitlines()[-3:]
-    assert lines[0].startswith(f"[launch] error: {ckpt / 'global_step_3'} was saved by a launch with another config "
+    assert lines[0].startswith(f"[launch] error: {ckpt / 'global_step_4'} was saved by a launch with another config "
                                f"({ckpt / 'launch_config.1.yaml'}); this launch differs in 1 setting(s)")
     assert lines[1] == "[launch]   actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.001"  # the tiny demo's lr
     assert lines[2].endswith("to resume this save with the new values anyway set RESUME_WITH_CHANGES=1")
-
-
-def test_raising_the_step_count_continues_and_retention_bounds_the_directory(relaunches):
-    ckpt, runs = relaunches
-    e = runs["E"]
-    assert e.returncode == 0, e.tail()
-    assert sorted(e.metrics) == [4] and e.metrics[4]["training/resumed_from_step"] == 3
-    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_4"]
-    removed = [line for line in e.log.splitlines() if line.startswith("[launch] removed ")]
-    assert [line.split(" (")[0] for line in removed] == [f"[launch] removed {ckpt / f'global_step_{s}'}" for s in (2, 1, 3)]
-    check_resumable(ckpt / "global_step_4")

