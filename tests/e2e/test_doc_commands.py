@@ -172,8 +172,10 @@ COMMANDS: dict[str, Run | Skip] = {
     "MODEL_PATH=/models/Qwen3-4B-Base TRAIN_FILES=/data/omr_cot_sft.parquet NGPUS=8 bash recipe/sft/run_sft.sh": gpu(),
     "DEVICE=gpu MODEL_PATH=Qwen/Qwen3-4B-Base TRAIN_FILES=tiny/sft.parquet bash recipe/sft/run_sft.sh --dry-run": RUN,
     "bash scripts/merge_checkpoint.sh CKPT TARGET_DIR": inputs("the usage line; runnable: the two lines below it"),
-    "CPU_DEMO=tiny CKPT_DIR=runs/tiny_opsd bash recipe/opsd/run_opsd.sh": Run(env=(("STEPS", "1"),)),
-    "bash scripts/merge_checkpoint.sh runs/tiny_opsd runs/tiny_opsd_merged": RUN,
+    "CPU_DEMO=tiny CKPT_DIR=runs/tiny_opsd bash recipe/opsd/run_opsd.sh": launched_by("tests/e2e/test_opsd_e2e.py"),
+    "bash scripts/merge_checkpoint.sh runs/tiny_opsd runs/tiny_opsd_merged": HELP,
+    # ^ merges the run above: tests/e2e/test_sft_merge_e2e.py runs this script on a run's checkpoint,
+    #   tests/e2e/test_vllm_cpu_e2e.py merges an OPSD run's (recipe.launch.merge, what the script starts)
     # docs/opsd_recipe.md
     "bash recipe/opsd/run_opsd.sh opsd.teacher_context=answer_only": DRY_RUN,  # the toy demo: TOY
     "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=ot_train.parquet CKPT_DIR=/ckpt/opsd bash recipe/opsd/run_opsd.sh …": gpu(),
