@@ -108,8 +108,12 @@ def merge_checkpoint(ckpt: str | Path, target: str | Path, *, log: Path | None =
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m recipe.launch.merge CKPT TARGET_DIR (scripts/merge_checkpoint.sh says what each is)"
+    if "-h" in args or "--help" in args:
+        print(usage)
+        return 0
     if len(args) != 2:
-        print("usage: python -m recipe.launch.merge CKPT TARGET_DIR", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return cli.EXIT_INPUT_ERROR
     merge_checkpoint(args[0], args[1])
     return 0

@@ -98,3 +98,8 @@ def test_a_full_disk_stops_the_merge_with_one_line_and_no_partial_output(tmp_pat
     from recipe.common.checkpoints import check_model_dir
 
     check_model_dir(fs.path / "merged")
+
+
+def test_help_exits_0_and_a_wrong_argument_count_exits_2(capsys):
+    assert main(["runs/a", "runs/b", "--help"]) == 0 and capsys.readouterr().out.startswith("usage: ")
+    assert main(["runs/a"]) == 2 and capsys.readouterr().err.startswith("usage: ")
