@@ -238,7 +238,7 @@ class Cells:
         self.base = trainer.opsd
         self.configs = self.base.cell_configs()
         launch_temperature = float(trainer.config.actor_rollout_ref.rollout.temperature)
-        self.temperatures = [launch_temperature if t is None else t for t in self.base.cell_temperatures()]
+        self.temperatures = self.base.cell_temperatures(launch=launch_temperature)
         self.sampling_temperature = launch_temperature
         self.steps = trainer.total_training_steps // len(self.configs)
         self.index, self.first_step, self.stopped = -1, 1, False

@@ -73,7 +73,7 @@ def test_the_cells_override_composes_into_the_opsd_block_of_each_cell():
            for c in opsd.cell_configs()]
     assert got == [("full_solution", "no_think", None, 1.1, []), ("full_solution", "no_think", None, 0.7, []),
                    ("full_solution", "no_think", 0.05, 1.1, []), ("full_solution", "no_think", 0.05, 0.7, [])]
-    assert opsd.cell_temperatures() == [1.1, 0.7, 1.1, 0.7]  # each cell's rollout samples at its temperature
+    assert opsd.cell_temperatures(launch=1.0) == [1.1, 0.7, 1.1, 0.7]  # each cell's rollout samples at its temperature
     out = probe.probe_overrides(OmegaConf.create({"trainer": {"total_training_steps": 150}}), steps=4, batch=None, cells=4)
     assert {"trainer.total_training_steps=16", "opsd.diagnostics.monitor.early_end=2",
             "opsd.diagnostics.monitor.recent_window=2"} <= set(out)  # the monitor's windows are a cell's

@@ -232,7 +232,7 @@ def test_cells_are_the_block_with_each_cells_fields_and_their_launch_is_checked_
     assert first.cells == second.cells == [] and opsd.loss.clip_tau == 0.05  # the block itself is unchanged
     warm = prepare_config(_compose([*CELLS_RUN, "opsd.cells=[{temperature:0.7},{}]"]))
     assert [c.loss.student_temperature for c in warm.cell_configs()] == [0.7, 1.1]
-    assert warm.cell_temperatures() == [0.7, None]  # None: the launch's rollout temperature
+    assert warm.cell_temperatures(launch=0.9) == [0.7, 0.9]  # a cell without one samples at the launch's
     one_cell = "opsd.cells=[{loss:{clip_tau:null}},{}]"
     for overrides, message in (
         (["trainer.total_training_steps=5", one_cell], r"total_training_steps \(5\) must be a multiple of the 2 cells"),

@@ -280,10 +280,10 @@ class OPSDConfig:
                 raise ValueError(f"opsd.cells[{index}]: {err}") from None
         return out
 
-    def cell_temperatures(self) -> list[float | None]:
-        """Each cell's rollout sampling temperature: its ``temperature``, None = the launch's
-        (``actor_rollout_ref.rollout.temperature``)."""
-        return [None if cell.get("temperature") is None else float(cell["temperature"]) for cell in self.cells]
+    def cell_temperatures(self, *, launch: float) -> list[float]:
+        """Each cell's rollout sampling temperature: its ``temperature``, else ``launch`` (the launch's
+        ``actor_rollout_ref.rollout.temperature``)."""
+        return [float(launch if cell.get("temperature") is None else cell["temperature"]) for cell in self.cells]
 
     @property
     def student_enable_thinking(self) -> bool | None:
