@@ -34,7 +34,9 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +74,13 @@ requires_smollm2 = pytest.mark.skipif(
 # in collection order.
 LONGEST_FIRST = ("test_vllm_cpu_e2e", "test_async_e2e", "test_doc_commands", "test_opsd_e2e",
                  "test_launch_faults_e2e", "test_two_nodes_e2e")
+
+
+def pytest_configure(config):
+    # A stop of the test run (SIGTERM, e.g. a CI timeout) unwinds every test process as Ctrl-C does, so the
+    # fixture that started a launch ends it (tests/e2e/conftest.py) instead of leaving it running.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):

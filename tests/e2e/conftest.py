@@ -283,6 +283,13 @@ def run_cpu_verl():
                 os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group (driver + Ray)
                 proc.wait()
                 returncode = -9
+            except BaseException:  # Ctrl-C or a stop of the test run: the launcher ends its own processes
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                raise
         log = log_path.read_text(errors="replace")
         if train_log is not None and train_log.exists():
             with open(train_log, "rb") as handle:
