@@ -29,8 +29,8 @@ ALLOWED = {
                            "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "recipe.async_rl", "data_prep"},
     "recipe.grpo_baseline": set(),
     "recipe.sft": set(),
-    # bench-only code (scripts/bench.py): nothing imports it
-    "recipe.bench": {"recipe.common", "recipe.analysis", "recipe.launch", "recipe.models", "recipe.opsd", "recipe.toy",
+    # bench-only code (scripts/bench.py; not installed): nothing imports it
+    "benchmarks": {"recipe.common", "recipe.analysis", "recipe.launch", "recipe.models", "recipe.opsd", "recipe.toy",
                      "recipe.evaluation"},
 }
 # Frameworks the pure OPSD core never imports (its modules are math, prompts and decisions).
@@ -39,8 +39,8 @@ FRAMEWORKS = ("verl", "ray", "vllm", "sglang", "hydra")
 
 def _package(module: str) -> str | None:
     parts = module.split(".")
-    if parts[0] == "data_prep":
-        return "data_prep"
+    if parts[0] in ("data_prep", "benchmarks"):
+        return parts[0]
     if parts[0] == "recipe" and len(parts) > 1:
         return f"recipe.{parts[1]}"
     return None
@@ -48,7 +48,7 @@ def _package(module: str) -> str | None:
 
 def package_imports() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    for path in sorted([*REPO_ROOT.glob("recipe/**/*.py"), *REPO_ROOT.glob("data_prep/*.py")]):
+    for path in sorted([*REPO_ROOT.glob("recipe/**/*.py"), *REPO_ROOT.glob("data_prep/*.py"), *REPO_ROOT.glob("benchmarks/*.py")]):
         me = _package(".".join(path.relative_to(REPO_ROOT).with_suffix("").parts))
         if me == "recipe.__init__":
             continue

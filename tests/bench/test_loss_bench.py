@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.bench import loss
+from benchmarks import loss
 
 REPO = Path(__file__).resolve().parents[2]
 

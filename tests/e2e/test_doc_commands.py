@@ -233,10 +233,6 @@ COMMANDS: dict[str, Run | Skip] = {
     # docs/results/*.md
     "python -m recipe.experiments.async_compare toy": HELP,  # 3 toy launches of 150 steps
     "python -m recipe.experiments.async_compare smollm2 --steps 6": HELP,  # the SmolLM2 SFT + 3 launches (~35 min)
-    "python scripts/bench.py teacher-transport --before dc3fddf --after 0523b7a --response-length 1024 --steps 3": HELP,
-    # ^ checks out two revisions and runs 3 OPSD steps with each
-    "python scripts/bench.py teacher-transport --before dc3fddf --after 0523b7a --response-length 256 --steps 3 [--model …":
-        inputs("[...] marks optional arguments; runnable: the --help of the line above"),
     # docs/toy_world.md
     "python scripts/toy_studies.py compare --steps 100": HELP,  # the toy student's build + 2 launches of 100 steps (~21 min)
     "python scripts/toy_studies.py compare --methods rlsd --steps 100": HELP,  # 100 RLSD steps of ~20 s (~37 min)

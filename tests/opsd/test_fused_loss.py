@@ -1,6 +1,6 @@
 """Gradients of the chunked (custom autograd Function, analytic backward) and fused
 (lm_head inside the chunk) paths of the divergence (recipe.opsd.core.losses, and the bench-only
-kernels of recipe.bench.loss_variants that share its row kernel): gradcheck in float64, chunked ==
+kernels of benchmarks.loss_variants that share its row kernel): gradcheck in float64, chunked ==
 unchunked autograd, fused == unfused (paper eq:opsd_clipped / eq:generalized_jsd).
 
 Run: python -m pytest tests/opsd/test_fused_loss.py
@@ -9,14 +9,14 @@ Run: python -m pytest tests/opsd/test_fused_loss.py
 import pytest
 import torch
 
-from recipe.bench.loss_variants import chunked_token_divergence, fused_linear_token_divergence
+from benchmarks.loss_variants import chunked_token_divergence, fused_linear_token_divergence
 from recipe.opsd.core.losses import fused_linear_weighted_divergence
 from recipe.opsd.core.losses import token_divergence as reference_divergence
 
 
 def token_divergence(student_logits, teacher_logits, *, chunk_size=None, **options):
     """The reference on full logits (``chunk_size`` None) or the same divergence through the chunked
-    analytic-gradient row kernel the production loss uses (``recipe.bench.loss_variants``)."""
+    analytic-gradient row kernel the production loss uses (``benchmarks.loss_variants``)."""
     if chunk_size is None:
         return reference_divergence(student_logits, teacher_logits, **options)
     return chunked_token_divergence(student_logits, teacher_logits, chunk_size=chunk_size, **options)

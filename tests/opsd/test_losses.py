@@ -9,14 +9,14 @@ import math
 import pytest
 import torch
 
-from recipe.bench.loss_variants import chunked_token_divergence
+from benchmarks.loss_variants import chunked_token_divergence
 from recipe.opsd.core.losses import LOSS_AGG_MODES, aggregation_weights
 from recipe.opsd.core.losses import token_divergence as reference_divergence
 
 
 def token_divergence(student_logits, teacher_logits, *, chunk_size=None, **options):
     """The reference on full logits (``chunk_size`` None) or the same divergence through the chunked
-    analytic-gradient row kernel the production loss uses (``recipe.bench.loss_variants``)."""
+    analytic-gradient row kernel the production loss uses (``benchmarks.loss_variants``)."""
     if chunk_size is None:
         return reference_divergence(student_logits, teacher_logits, **options)
     return chunked_token_divergence(student_logits, teacher_logits, chunk_size=chunk_size, **options)

@@ -125,7 +125,7 @@ def measure(args) -> None:
 def check(args) -> None:
     config = json.loads(cli.require_file(Path(args.model) / "config.json", what="model config").read_text())
     shape = ModelShape.from_hf_config(config, name=Path(args.model).name)
-    command = [sys.executable, "-m", "recipe.bench.memory", "measure", "--model", args.model, "--micro-batch", str(args.micro_batch),
+    command = [sys.executable, "-m", "benchmarks.memory", "measure", "--model", args.model, "--micro-batch", str(args.micro_batch),
                "--response", str(args.response), "--chunk-size", str(args.chunk_size)] + ([] if args.gc else ["--no-gc"])
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=str(REPO))
     proc = subprocess.run(command, capture_output=True, text=True, env=env)

@@ -6,8 +6,8 @@ honest. All four include the student and teacher lm_head matmuls (hidden [N, H] 
 * naive   - materialises [N, V] float32 tensors the way the official OPSD code does:
             log_softmax of both logits / T, teacher probs, per-entry term, clamp(max=tau),
             sum over V; plain autograd.
-* chunked - the same logits, then ``recipe.bench.loss_variants.chunked_token_divergence(chunk_size=C)``.
-* fused   - ``recipe.bench.loss_variants.fused_linear_token_divergence(chunk_size=C)``: the lm_head
+* chunked - the same logits, then ``benchmarks.loss_variants.chunked_token_divergence(chunk_size=C)``.
+* fused   - ``benchmarks.loss_variants.fused_linear_token_divergence(chunk_size=C)``: the lm_head
             matmul runs inside the row chunk, no [N, V] tensor exists.
 * fused_sum - ``recipe.opsd.core.losses.fused_linear_weighted_divergence`` with unit row weights: the
             same sum(values) every implementation differentiates, with the gradients formed in
@@ -34,8 +34,16 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from recipe.common import cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _worker_env() -> dict:
+    """The worker process's environment: the repository root importable (``benchmarks`` is not installed)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 IMPLS = ("naive", "chunked", "fused", "fused_sum")
 BETA, CLIP_TAU, TEMPERATURE = 0.0, 0.05, 1.1
@@ -50,7 +58,7 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
     import torch
     import torch.nn.functional as F
 
-    from recipe.bench.loss_variants import (  # bench-only; the trainer's is below
+    from benchmarks.loss_variants import (  # bench-only; the trainer's is below
         chunked_token_divergence, fused_linear_token_divergence)
     from recipe.opsd.core.losses import fused_linear_weighted_divergence, token_divergence
 
@@ -151,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.n:
         naive = None
         for impl in args.impls:
-            cmd = [sys.executable, "-m", "recipe.bench.loss", "--worker", "--impls", impl, "--n", str(n),
+            cmd = [sys.executable, "-m", "benchmarks.loss", "--worker", "--impls", impl, "--n", str(n),
                    "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk-size", str(args.chunk_size),
                    "--repeats", str(args.repeats), "--ref-rows", str(args.ref_rows), "--threads", str(args.threads)]
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=_worker_env())
             except subprocess.TimeoutExpired:
                 rows.append(f"{n:>6} {impl:>9}  timed out after {args.timeout:.0f} s")
                 failed += 1
