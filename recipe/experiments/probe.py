@@ -1,4 +1,9 @@
-"""The compatibility probe: which regime an OPSD setup is in, for the price of a few steps.
+"""The compatibility probe: frozen signals and K monitored OPSD steps per cell, with indicators and a verdict per cell.
+
+Tested only in sample so far and not shown to predict a full run's regime (docs/results/probe.md: toy world
+4 of 4 full runs, but two deciding indicators were added after earlier runs of the same four cells; SmolLM2
+1 of 4, and the verdicts did not repeat across runs); the paper: "Initial forward KL does not predict the
+signed effect".
 
 For one model and training parquet (the launcher's: ``MODEL_PATH`` / ``TRAIN_FILES``, or a CPU demo) and a
 grid of cells -- teacher context x reasoning modes (student:teacher) x clip tau x temperature -- it
