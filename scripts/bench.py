@@ -5,6 +5,7 @@
     python scripts/bench.py bootstrap-coverage --trials 1000
     python scripts/bench.py memory-model table
     python scripts/bench.py memory-model check --model DIR --micro-batch 2 --response 512
+    python scripts/bench.py gpu --out gpu_out
 
 ``python scripts/bench.py <command> --help`` lists a command's options. Each prints a ratio table.
 """
@@ -23,6 +24,7 @@ COMMANDS = {
     "bootstrap-coverage": ("benchmarks.bootstrap_coverage:main",
                            "coverage of the paired bootstrap interval on simulated evaluations"),
     "memory-model": ("benchmarks.memory:main", "per-GPU memory of the OPSD update: the model (table), its CPU check"),
+    "gpu": ("benchmarks.gpu:main", "on one GPU: fused vs naive vs Liger loss, memory model vs measured (--smoke: CPU)"),
 }
 
 if __name__ == "__main__":

@@ -135,6 +135,8 @@ COMMANDS: dict[str, Run | Skip] = {
     "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=data/parquet/omr/int_th_1k.parquet CKPT_DIR=ckpt/grpo_matched NGPUS=4 …": gpu(),
     "python scripts/sweep.py run --model qwen3_1p7b --out sweeps/matched …": gpu(),
     "python scripts/bench.py memory-model table": RUN,
+    "python scripts/bench.py gpu --out gpu_out": HELP,  # needs a GPU; its --smoke below runs the same code
+    "python scripts/bench.py gpu --smoke": RUN,
     "python scripts/bench.py memory-model check --model DIR …": inputs("DIR stands for a model directory"),
     # docs/cpu_path.md
     "python -m pytest tests/models tests/cpu tests/launch tests/grpo_baseline tests/sft -q": suite(),
