@@ -40,6 +40,11 @@ ANSWER_ONLY_HEADER = "Here is the verified answer:"
 ANSWER_ONLY_TRANSITION = (
     "After understanding the privileged information, solve the problem using your own reasoning."
 )
+# RLSD's teacher prompt (not in the paper): the reference RLSD trainer's, siyan-zhao/OPSD rlsd_train.py
+# (make_format_prompt), character for character.
+RLSD_EVIDENCE_INSTRUCTION = (
+    "Using the reference solution only as privileged evidence, solve the problem in your own words. "
+)
 # CoT+Solution: "the reference block contains the dataset-provided CoT followed by the gold
 # solution". The paper does not print the joint; we separate the two by one blank line.
 COT_SOLUTION_SEPARATOR = "\n\n"
@@ -66,6 +71,7 @@ TEACHER_CONTEXTS = (
     "none",
     "concise_to_detailed",
     "detailed_to_concise",
+    "rlsd_solution",
 )
 
 # Fields of the parquet ``extra_info`` each context needs (besides ``problem``).
@@ -77,6 +83,7 @@ REQUIRED_FIELDS = {
     "none": (),
     "concise_to_detailed": (),
     "detailed_to_concise": (),
+    "rlsd_solution": ("solution",),
 }
 
 # (student style, teacher style) for the instruction-only contexts.
@@ -153,7 +160,8 @@ def teacher_messages(
     ``unrelated``: ``Problem: {unrelated_problem}\\n\\nSolution: {unrelated_solution}\\n\\n``
     + the student message of the target problem. ``none``: the student message itself.
     ``concise_to_detailed`` / ``detailed_to_concise``: the student message with the
-    teacher's style instruction (``"detailed"`` / ``"concise"``).
+    teacher's style instruction (``"detailed"`` / ``"concise"``). ``rlsd_solution``: the
+    reference RLSD trainer's prompt (problem + reference-solution block + one evidence sentence).
 
     Raises:
         ValueError: unknown context, or a field the context needs is missing/empty (the
@@ -188,6 +196,12 @@ def teacher_messages(
             f"Solution: {values['unrelated_solution']}\n\n"
             f"Problem: {problem}\n\n"
             f"{BOXED_INSTRUCTION}"
+        )
+    if context == "rlsd_solution":
+        return _user(
+            f"Problem: {problem}\n\n"
+            f"{FULL_SOLUTION_HEADER}\n{REFERENCE_BEGIN}\n{values['solution']}\n{REFERENCE_END}\n\n"
+            f"{RLSD_EVIDENCE_INSTRUCTION}{BOXED_INSTRUCTION}"
         )
     if context == "none":
         return student_messages(problem)

@@ -30,13 +30,14 @@ from recipe.evaluation import stats
 from recipe.toy.demo import change_interval
 
 METHODS = ("opsd", "grpo", "rlsd")
-# RLSD (recipe/opsd/core/objectives/rlsd.py) is the OPSD recipe with the RLSD objective, on the GRPO control's toy
-# settings where the OPSD recipe has its own: learning rate, sampling temperature, DAPO's clip-higher, token-mean
-# aggregation, gradient clip 1.0, weight decay 0.01 (no reference-KL term: the OPSD recipe has none).
+# RLSD (recipe/opsd/core/objectives/rlsd.py) is the OPSD recipe with the objective_rlsd preset (the reference's
+# setting: 8 rollouts per prompt, 2 updates per batch, the current policy as teacher, lam 0.5 -> 0 over 50 optimizer
+# steps), on the GRPO control's toy settings where the OPSD recipe has its own: learning rate, sampling temperature,
+# clip-higher, gradient clip 1.0, weight decay 0.01 (no reference-KL term: the OPSD recipe has none).
 RECIPE_OF = {"rlsd": "opsd"}
 METHOD_OVERRIDES = {"rlsd": (
     "+experiment=objective_rlsd", "actor_rollout_ref.actor.optim.lr=5e-5", "actor_rollout_ref.rollout.temperature=0.6",
-    "opsd.loss.student_temperature=0.6", "opsd.loss.clip_ratio_high=0.28", "opsd.loss.loss_agg_mode=token-mean",
+    "opsd.loss.student_temperature=0.6", "opsd.loss.clip_ratio_high=0.28",
     "actor_rollout_ref.actor.grad_clip=1.0", "actor_rollout_ref.actor.optim.clip_grad=1.0",
     "actor_rollout_ref.actor.optim.weight_decay=0.01")}
 

@@ -50,6 +50,9 @@ RESPONSE_TOKENS_KEY = "opsd_response_tokens"
 LOSS_SEQUENCES_KEY = "opsd_loss_sequences"
 # tensor [B] the trainer adds when opsd.loss.task_weight > 0: each response's GRPO advantage
 TASK_ADVANTAGES_KEY = "opsd_task_advantages"
+# tensor [B, R] the trainer adds when the surrogate's pS_old must be the behaviour policy's
+# (objectives.needs_behaviour_log_probs): the rollout's log-probs of its sampled tokens
+OLD_LOG_PROBS_KEY = "opsd_old_log_probs"
 # the objective's per-step values (objective.step_values) travel as non-tensors <prefix><name>
 STEP_VALUE_PREFIX = "opsd_step_"
 # opsd.loss.sft_weight > 0: the SFT rows travel with the actor batch as <prefix><field> tensors
@@ -126,7 +129,7 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, objective=None,
         ``batch_num_tokens`` (loss positions in the mini-batch over all dp ranks), ``dp_size``,
         ``opsd_response_tokens``, ``opsd_loss_sequences``; what the objective asks for
         (``reference_hidden`` [b, R, H], ``opsd_step_<name>``), ``opsd_task_advantages`` [b] with a
-        task weight, ``opsd_sft_responses`` / ``opsd_sft_response_mask`` [b, S] and
+        task weight, ``opsd_old_log_probs`` [b, R] when pS_old is the rollout's, ``opsd_sft_responses`` / ``opsd_sft_response_mask`` [b, S] and
         ``opsd_sft_tokens`` with an SFT weight.
     loss_config: ``recipe.opsd.core.config.LossConfig``; objective: its built objective (default: built here).
     teacher_weight_VH: the teacher's lm_head; None = the live one, detached (LoRA / kind live).
@@ -174,12 +177,13 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, objective=None,
     reference = data["reference_hidden"].to(device=device, dtype=dtype) if objective.needs_reference_forward else None
     task_advantages_b = data[TASK_ADVANTAGES_KEY].to(device) if objective.uses_task_reward() else None
     step_values = {name: float(data[STEP_VALUE_PREFIX + name]) for name in objective.step_value_names}
+    old_log_probs_bR = data[OLD_LOG_PROBS_KEY].to(device) if OLD_LOG_PROBS_KEY in data.keys() else None
     out = objective.loss(ObjectiveBatch(
         student_hidden_bRH=student_hidden_bRH, student_weight_VH=student_weight_VH, student_bias_V=student_bias_V,
         teacher_hidden_bRH=teacher_hidden_bRH, teacher_weight_VH=teacher_weight, teacher_bias_V=teacher_bias,
         student_NH=student_NH, teacher_NH=teacher_NH, sampled_N=sampled_N, response_mask_bR=response_mask_bR,
         loss_mask_bR=loss_mask_bR, weight_bR=weight_bR, signals=signals, reference_hidden_bRH=reference,
-        task_advantages_b=task_advantages_b, step_values=step_values,
+        task_advantages_b=task_advantages_b, step_values=step_values, old_log_probs_bR=old_log_probs_bR,
     ))
     loss, signals = out.loss, out.signals
     sft_nll_N = None

@@ -70,6 +70,8 @@ class SeparatePoolsOPSD(OPSDStepMixin):
     """The OPSD step on a separated trainer: the OPSD worker in verl's ``Role.Actor`` slot of the
     training pool, with the role string that builds its teacher; no reference, critic or reward group."""
 
+    stale_samples = True
+
     def _init_separated_opsd(self, opsd: OPSDConfig) -> None:
         self.use_reference_policy, self.use_critic, self.use_rm = False, False, False
         self.opsd_worker_role = worker_role(self.config, opsd)

@@ -50,13 +50,20 @@ from verl.trainer.ppo.reward import extract_reward
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
-from verl.workers.utils.padding import left_right_2_no_padding
+from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-from recipe.opsd.actor_loss import SFT_INPUT_FIELDS, SFT_INPUT_PREFIX, STEP_VALUE_PREFIX, TASK_ADVANTAGES_KEY
+from recipe.opsd.actor_loss import (
+    OLD_LOG_PROBS_KEY,
+    SFT_INPUT_FIELDS,
+    SFT_INPUT_PREFIX,
+    STEP_VALUE_PREFIX,
+    TASK_ADVANTAGES_KEY,
+)
 from recipe.opsd.core import nonfinite
 from recipe.opsd.core.config import OPSDConfig
 from recipe.opsd.core.inputs import TeacherInputs
 from recipe.opsd.core.monitor import TrainingCollapseError, TrainingDynamicsMonitor
+from recipe.opsd.core.objectives.base import needs_behaviour_log_probs
 from recipe.opsd.engine import OPSD_FORWARD_KEY, RESPONSE_LENGTHS_KEY
 from recipe.opsd.worker import (
     REFERENCE_INPUT_PREFIX,
@@ -76,6 +83,8 @@ class OPSDStepMixin:
     # opsd.cells: the global steps before the current cell and its steps (a run: 0 and None = all of them); the
     # collapse monitor, the objective's schedule and the loss positions' seed count the cell's own steps
     step_offset, cell_steps = 0, None
+    # the trained samples come from an older policy than the trainer's (verl's async trainers)
+    stale_samples = False
 
     def _init_opsd(self, opsd_config: OPSDConfig) -> None:
         self.opsd = opsd_config
@@ -105,9 +114,13 @@ class OPSDStepMixin:
             metrics.update(self._add_task_advantages(batch))
         if self.sft_inputs is not None:  # the SFT rows (opsd.loss.sft_weight)
             metrics.update(self._add_sft_inputs(batch))
+        updates = self._updates_per_step(len(batch))
+        if needs_behaviour_log_probs(self.objective, stale_samples=self.stale_samples, updates_per_batch=updates):
+            with marked_timer("old_log_prob", timing_raw, color="blue"):
+                batch.batch[OLD_LOG_PROBS_KEY] = self._behaviour_log_probs(batch)
         if self.opsd.diagnostics.dump_steps:
             self._dump_step(batch)
-        step_values = self._step_values()  # what the objective needs at this step
+        step_values = self._step_values(updates_per_step=updates)  # what the objective needs at this step
         metrics.update({f"opsd/{name}": value for name, value in step_values.items()})
 
         # the teacher forward runs inside the update, on the workers (timing_s/teacher: its part of
@@ -215,11 +228,34 @@ class OPSDStepMixin:
             seed=int(self.config.data.get("seed", 0) or 0) * 100003 + self.global_steps - self.step_offset,
         )
 
-    def _step_values(self) -> dict[str, float]:
+    def _step_values(self, *, updates_per_step: int) -> dict[str, float]:
         """The objective's values for this step (0-based: global_steps - step_offset - 1 of the run's or the cell's
-        steps), e.g. beta-OPSD's teacher weight."""
+        steps), e.g. beta-OPSD's teacher weight, RLSD's lambda."""
         return self.objective.step_values(step=self.global_steps - self.step_offset - 1,
-                                          total_steps=int(self.cell_steps or self.total_training_steps))
+                                          total_steps=int(self.cell_steps or self.total_training_steps),
+                                          updates_per_step=updates_per_step)
+
+    def _updates_per_step(self, rows: int) -> int:
+        """Optimizer steps the update takes on a batch of ``rows`` samples: ppo_epochs x its mini-batches."""
+        actor = self.config.actor_rollout_ref.actor
+        mini_batch = int(actor.ppo_mini_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+        return int(actor.get("ppo_epochs", 1)) * -(-rows // mini_batch)
+
+    def _behaviour_log_probs(self, batch: DataProto) -> torch.Tensor:
+        """log pS_old(y_t) [B, R] of the policy that sampled the batch, the surrogate's pS_old when the update's own
+        forward is not it (``needs_behaviour_log_probs``). Fresh samples: the actor before this step's update (verl's
+        ``compute_log_prob``, full vocabulary at the student temperature). Stale samples (the trainer's weights are
+        newer): the rollout's own log-probs of its sampled tokens."""
+        if self.stale_samples:
+            if "rollout_log_probs" not in batch.batch.keys():
+                raise ValueError("the policy-gradient surrogate of stale samples needs the rollout's log-probs: set "
+                                 "actor_rollout_ref.rollout.calculate_log_probs=true")
+            return batch.batch["rollout_log_probs"].float()
+        batch.meta_info["temperature"] = self.opsd.loss.student_temperature
+        batch_td = left_right_2_no_padding(batch.to_tensordict())
+        tu.assign_non_tensor(batch_td, calculate_entropy=False, compute_loss=False)
+        output = self.actor_rollout_wg.compute_log_prob(batch_td)
+        return no_padding_2_padding(tu.get(output, "log_probs"), batch_td).float()
 
     def _update_opsd_actor(self, batch: DataProto, *, timing_raw: dict, **non_tensors) -> dict:
         batch.meta_info["temperature"] = self.opsd.loss.student_temperature

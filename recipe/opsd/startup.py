@@ -200,8 +200,8 @@ def _check_cells(config, opsd: OPSDConfig) -> None:
 
 
 def _check_objective(config, opsd: OPSDConfig) -> None:
-    """The task reward needs groups of rollouts; a policy-gradient objective's student log-prob is
-    the update's own forward (the rollout policy only with one update per batch)."""
+    """The task reward needs groups of rollouts; the surrogate's pS_old of stale samples is the rollout's
+    log-probs (``needs_behaviour_log_probs``; fresh samples: the actor's own, always available)."""
     loss = opsd.loss
     n = int(config.actor_rollout_ref.rollout.n)
     objective = loss.build_objective()
@@ -213,13 +213,16 @@ def _check_objective(config, opsd: OPSDConfig) -> None:
             f"{what} needs actor_rollout_ref.rollout.n > 1 (the GRPO advantage compares the rollouts of one "
             f"prompt; with n={n} it is 0), {fix}"
         )
-    actor = config.actor_rollout_ref.actor
-    policy_gradient = objective.uses_policy_gradient or loss.task_weight > 0
-    if policy_gradient and (actor.ppo_mini_batch_size != config.data.train_batch_size or actor.get("ppo_epochs", 1) != 1):
-        print(
-            "[opsd] note: the policy-gradient objective takes pS_old from each update's own forward; with several "
-            "updates per batch (ppo_mini_batch_size < train_batch_size or ppo_epochs > 1) later updates use the "
-            "partly updated student (verl's use_policy_gradient does the same), not the rollout policy"
+    from recipe.async_rl.config import async_settings
+    from recipe.opsd.core.objectives.base import needs_behaviour_log_probs
+
+    stale = async_settings(config, opsd=True) is not None
+    if needs_behaviour_log_probs(objective, stale_samples=stale, updates_per_batch=1) \
+            and not config.actor_rollout_ref.rollout.get("calculate_log_probs", False):
+        raise ValueError(
+            f"actor_rollout_ref.rollout.calculate_log_probs=false: the policy-gradient surrogate of "
+            f"opsd.loss.objective={loss.objective} (task_weight {loss.task_weight}) needs the rollout's log-probs as "
+            "pS_old, because its samples come from the previous policy (async_training); set it to true"
         )
 
 

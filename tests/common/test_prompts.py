@@ -157,7 +157,17 @@ def test_context_list():
         "none",
         "concise_to_detailed",
         "detailed_to_concise",
+        "rlsd_solution",
     )
+
+
+def test_the_rlsd_teacher_prompt_is_the_reference_trainers():
+    """siyan-zhao/OPSD rlsd_train.py, make_format_prompt: the teacher message, written out."""
+    want = (f"Problem: {PROBLEM}\n\nHere is a reference solution to this problem:\n"
+            f"=== Reference Solution Begin ===\n{RECORD['solution']}\n=== Reference Solution End ===\n\n"
+            "Using the reference solution only as privileged evidence, solve the problem in your own words. "
+            "Please reason step by step, and put your final answer within \\boxed{}.")
+    assert _content(build_prompt_pair("rlsd_solution", RECORD)[1]) == want
 
 
 @pytest.mark.parametrize(

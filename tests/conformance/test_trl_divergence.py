@@ -1,7 +1,9 @@
 """Our beta-divergence (clip_tau None) against TRL's self-distillation divergence, code the project did not write.
 
-Checked against TRL 1.16.0 (``trl.__version__``, asserted below; a pinned test-only dependency: the
-``dev`` extra and .ci/constraints.txt), module ``trl/experimental/sdft/loss_utils.py``:
+Checked against TRL 1.12.0 (``trl.__version__``, asserted below; a pinned test-only dependency: the
+``dev`` extra and .ci/constraints.txt), module ``trl/experimental/sdft/loss_utils.py`` (byte-identical in
+1.12.0 through 1.16.0; 1.12.0 is the newest release that still ships ``trl.experimental.ppo``, which verl
+0.9.1's FSDP engine imports whenever trl is installed):
 
 - ``compute_divergence(student_log_probs, teacher_log_probs, alpha)``: per-position divergence from
   log-probs (``F.kl_div(..., reduction="none", log_target=True)`` per entry, then ``.sum(-1)``: no
@@ -68,8 +70,8 @@ def _grad(values_N, logits_NV):
     return torch.autograd.grad((values_N * weights_N).sum(), logits_NV)[0]
 
 
-def test_checks_trl_1_16_0():
-    assert trl.__version__ == "1.16.0", "the conformance targets TRL 1.16.0's code: re-read it for a new version"
+def test_checks_trl_1_12_0():
+    assert trl.__version__ == "1.12.0", "the conformance targets TRL 1.12.0's code: re-read it for a new version"
 
 
 @pytest.mark.parametrize("temperature", [1.0, 1.1])
@@ -104,7 +106,7 @@ def test_topk_reverse_kl_matches_trl_student_topk_support():
 
 
 def _trl_sequence_mean(per_token_loss_BT, loss_mask_BT):
-    """SDFTTrainer._compute_self_distillation_loss's reduction (TRL 1.16.0), verbatim."""
+    """SDFTTrainer._compute_self_distillation_loss's reduction (TRL 1.12.0), written out."""
     loss = (per_token_loss_BT * loss_mask_BT).sum(-1) / loss_mask_BT.sum(-1).clamp(min=1.0)
     return loss.mean()
 

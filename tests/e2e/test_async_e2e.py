@@ -10,6 +10,10 @@ Launches (each ~1-1.5 min; all of them two at a time, ``async_runs``):
   samples have lag exactly 1; the rollout served exactly the pushed weights (versions 0, 0, 1);
 - ``fully_s1`` (OPSD, staleness 1, 4 steps): SIGKILLed right after its step-2 checkpoint, then the
   same command resumes from step 2 and finishes; every lag is 0 or 1 and some is 1;
+- ``one_step_off_pg``: the sampled-token objective on the one-step-off trainer, sampling from the full
+  vocabulary (top-k / top-p off) at a large learning rate: pS_old is the rollout's log-probs, so at step 1
+  (lag 0) the ratios are 1 up to the two engines' numerics and at step 2 (lag 1) they are off 1 and the
+  PPO clip acts;
 - ``grpo_one_step_off`` / ``grpo_fully_s1``: the GRPO baseline on both async trainers, 2 steps: lag 1
   at step 2 and the gap to the behaviour policy (verl's ``rollout_corr/*``) logged.
 """
@@ -36,6 +40,8 @@ GREEDY = ["actor_rollout_ref.rollout.top_k=1"]
 ONE_STEP_OFF, FULLY = "+experiment=async_one_step_off", "+experiment=async_fully"
 LAG_KEYS = ("async/lag_mean", "async/lag_min", "async/lag_max", "async/policy_version")
 MARK = "OPSD_TEST_LAUNCH_ID"
+STALE_PG = ["opsd.loss.objective=sampled_token", "actor_rollout_ref.rollout.top_k=-1", "actor_rollout_ref.rollout.top_p=1.0",
+            "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0"]
 
 
 def _launch(name, script, args, *, root, tiny_run_env, steps=2):
@@ -56,6 +62,8 @@ def async_runs(run_cpu_verl, run_cpu_verl_side_by_side, tiny_run_env, tmp_path_f
                             tiny_run_env=tiny_run_env),
         "one_step_off": _launch("one_step_off", OPSD, [ONE_STEP_OFF, "trainer.save_freq=1", *GREEDY], root=root,
                                 tiny_run_env=tiny_run_env),
+        "one_step_off_pg": _launch("one_step_off_pg", OPSD, [ONE_STEP_OFF, *STALE_PG], root=root,
+                                   tiny_run_env=tiny_run_env),
         "grpo_one_step_off": _launch("one_step_off", GRPO, [ONE_STEP_OFF], root=grpo, tiny_run_env=tiny_run_env),
         "grpo_fully_s1": _launch("fully_s1", GRPO, [FULLY, "async_training.staleness_threshold=1"], root=grpo,
                                  tiny_run_env=tiny_run_env),
@@ -96,6 +104,18 @@ def test_staleness_zero_stays_on_policy_and_one_step_off_lags_exactly_one(opsd_r
     # fully-async pushes after each step: 0 (start), 1, 2
     check_rollout_weights(root / "fully_s0" / "weights.jsonl", root / "fully_s0" / "ckpt", expected_steps=[0, 1, 2],
                           initial=tiny_initial_state)
+
+
+def test_stale_samples_take_the_rollouts_log_probs_and_the_clip_acts(async_runs):
+    _, runs = async_runs
+    run = runs["one_step_off_pg"]
+    assert run.returncode == 0, run.tail()
+    fresh, stale = run.metrics[1], run.metrics[2]
+    assert fresh["async/lag_max"] == 0 and stale["async/lag_min"] == 1
+    # the weights that sampled step 1 are the trainer's: the rollout's log-probs are the update's own up to numerics
+    assert abs(fresh["opsd/pg_ratio"] - 1) < 1e-3 and fresh["opsd/pg_clip_frac"] == 0, fresh
+    # step 2 trains on samples of the weights before step 1's update
+    assert abs(stale["opsd/pg_ratio"] - 1) > 1e-2 and stale["opsd/pg_clip_frac"] > 0, stale
 
 
 def _launch_and_kill_after_save(job, *, save_step, timeout=400):

@@ -144,7 +144,10 @@ LORA_RANK, LORA_ALPHA = 8, 16
 # the one-rank pair (two dependent launches) in one slot.
 # also (folded in): opsd.diagnostics.preflight=false skips both parts of the pre-flight gate
 SAMPLED_TOKEN_ARGS = ["+experiment=objective_sampled_token_task", "opsd.loss.sft_weight=0.1",
-                      "data.train_batch_size=2", "trainer.save_freq=-1", "opsd.diagnostics.preflight=false"]
+                      "data.train_batch_size=2", "trainer.save_freq=-1", "opsd.diagnostics.preflight=false",
+                      "actor_rollout_ref.actor.ppo_epochs=2"]
+# RLSD as its reference runs it (current policy as teacher, 8 rollouts, 2 updates per batch, lam schedule), 2 steps
+RLSD_ARGS = ["+experiment=objective_rlsd", "data.train_batch_size=2", "trainer.save_freq=-1"]
 # The checkpoint teacher: a larger model with the student's tokenizer (hidden 128 vs 64, another seed).
 CHECKPOINT_TEACHER = {"seed": 1, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
 
@@ -159,7 +162,7 @@ def independent_runs(run_cpu_verl_side_by_side, run_cpu_verl, tiny_run_env, tmp_
 
     root = tmp_path_factory.mktemp("independent_runs")
     teacher_dir = build_tiny_model(root / "checkpoint_teacher", **CHECKPOINT_TEACHER)
-    plans = {"lora": (LORA_ARGS, "3"), "sampled_token": (SAMPLED_TOKEN_ARGS, "1")}
+    plans = {"lora": (LORA_ARGS, "3"), "sampled_token": (SAMPLED_TOKEN_ARGS, "1"), "rlsd": (RLSD_ARGS, "2")}
     plans |= {kind: (RESUME_ARGS + overrides, "2") for kind, overrides in TEACHER_KINDS.items()}
     plans["checkpoint"][0].append(f"opsd.teacher.path={teacher_dir}")
     paths = {name: (root / name / "ckpt", root / name / "rollout_weights.jsonl") for name in plans}
@@ -277,10 +280,13 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_run_env, tmp
 def test_sampled_token_objective_with_task_reward_one_step(independent_runs):
     """opsd.loss.objective through the real trainer: the sampled-token surrogate with the grader's GRPO group
     advantage (2 prompts x 4 rollouts, one step): the trainer grades, the workers get the advantages; with
-    an SFT term (folded into this launch): the workers run the student on prompt + reference solution."""
+    an SFT term (folded into this launch): the workers run the student on prompt + reference solution. Two
+    updates per batch (ppo_epochs 2): pS_old is the actor's log-probs before the first, so the second update's
+    ratios are off 1."""
     run, _, _ = independent_runs["sampled_token"]
     assert run.returncode == 0, run.tail()
     metrics = run.metrics[1]
+    assert metrics["timing_s/old_log_prob"] > 0 and abs(metrics["opsd/pg_ratio"] - 1) > 1e-7
     for key in ("opsd/loss", "actor/loss", "actor/grad_norm", "opsd/pg_advantage", "opsd/task_reward",
                 "opsd/task_advantage_abs", "opsd/fwd_kl", "opsd/sft_nll", "opsd/sft_truncated_frac"):
         assert math.isfinite(metrics[key]), (key, metrics)
@@ -288,6 +294,20 @@ def test_sampled_token_objective_with_task_reward_one_step(independent_runs):
     assert metrics["opsd/loss"] == pytest.approx(metrics["actor/loss"], rel=1e-5, abs=1e-8)
     assert 0.0 <= metrics["opsd/task_reward"] <= 1.0 and metrics["actor/grad_norm"] > 0
     assert "[opsd] preflight" not in run.log and not any(key.startswith("preflight/") for key in metrics)
+
+
+def test_rlsd_as_its_reference_runs_it(independent_runs):
+    """The objective_rlsd preset through the real trainer: the current policy scores the reference's teacher prompt,
+    8 rollouts per prompt, two updates per batch against the actor's pre-update log-probs, and lam read at
+    generation time (0.5, then 0.5 x (1 - 2/50) after the first batch's two optimizer steps)."""
+    run, _, _ = independent_runs["rlsd"]
+    assert run.returncode == 0, run.tail()
+    assert [run.metrics[s]["opsd/rlsd_lambda"] for s in (1, 2)] == pytest.approx([0.5, 0.48], abs=1e-12)
+    for step in (1, 2):
+        metrics = run.metrics[step]
+        for key in ("opsd/pg_ratio", "opsd/rlsd_weight", "opsd/task_reward", "timing_s/old_log_prob", "actor/loss"):
+            assert math.isfinite(metrics[key]), (key, metrics)
+        assert 0.8 <= metrics["opsd/rlsd_weight"] <= 1.2
 
 
 def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, tiny_run_env, tmp_path):

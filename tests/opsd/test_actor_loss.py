@@ -371,7 +371,7 @@ def test_sampled_token_objective_equals_the_pure_surrogate_on_full_logits(task_w
     _close(loss, ref_loss)
     _close(grads[0], ref_grads[0])
     _close(grads[1], ref_grads[1])
-    assert set(metrics) == EXPECTED_METRICS | {"opsd/pg_advantage"}
+    assert set(metrics) == EXPECTED_METRICS | {"opsd/pg_advantage", "opsd/pg_ratio", "opsd/pg_clip_frac"}
     assert metrics["opsd/loss"] == pytest.approx(float(ref_loss), rel=1e-10)
     # at r = 1 the surrogate is -A per token: the loss is minus the aggregated advantage (by hand)
     s_logp, t_logp = _sampled_logps(hs @ ws.T, data["teacher_hidden"] @ wt.T, data)

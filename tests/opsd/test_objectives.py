@@ -260,7 +260,7 @@ def test_the_registry_knows_each_objective_and_what_it_needs():
         "sampled_token": (False, True, False, True, True, False, ()),
         "purified": (True, False, False, False, False, False, ()),
         "beta_opsd": (False, False, False, False, False, False, ("teacher_weight",)),
-        "rlsd": (False, True, False, False, False, True, ()),
+        "rlsd": (False, True, False, False, False, True, ("rlsd_lambda",)),
     }
     with pytest.raises(ValueError, match="opsd.loss.objective must be one of"):
         get_objective("reverse_kl")

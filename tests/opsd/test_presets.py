@@ -114,8 +114,11 @@ EXPECTED = {
     "objective_sampled_token_task": {"opsd.loss.objective", "opsd.loss.task_weight"} | ROLLOUT_N,
     "objective_divergence_task": {"opsd.loss.task_weight"} | ROLLOUT_N,
     "objective_sft": {"opsd.loss.sft_weight"},
-    "objective_rlsd": {"opsd.loss.objective", "opsd.loss.params", "opsd.loss.params.eps_w", "opsd.loss.params.lam"}
-    | ROLLOUT_N,
+    "objective_rlsd": {"opsd.loss.objective", "opsd.loss.params", "opsd.loss.params.eps_w", "opsd.loss.params.lam",
+                       "opsd.loss.params.lam_decay_steps", "opsd.teacher_context", "opsd.teacher.kind",
+                       "actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs"} | ROLLOUT_N,
+    "objective_rlsd_frozen": {"opsd.loss.objective", "opsd.loss.params", "opsd.loss.params.eps_w", "opsd.loss.params.lam",
+                              "opsd.loss.params.lam_decay_steps"} | ROLLOUT_N,
     "beta_opsd": REPLICATION | {
         "opsd.loss.objective", "opsd.loss.params.teacher_weight_start",
         "opsd.loss.params.teacher_weight_end", "opsd.loss.params.discount", "opsd.loss.params",

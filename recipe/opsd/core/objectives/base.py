@@ -11,14 +11,18 @@ on a name:
 - ``signals_in_loss_pass(loss)``: the objective's own vocabulary pass also yields the token
   diagnostics (``recipe.opsd.core.signals``); otherwise the glue runs a no-grad diagnostics pass
   first and hands the signals over (``ObjectiveBatch.signals``: e.g. ``teacher_logp``);
-- ``step_value_names`` / ``step_values(step, total_steps)``: per-step numbers the trainer computes
-  and sends with the batch (beta-OPSD's teacher weight), logged as ``opsd/<name>``;
+- ``step_value_names`` / ``step_values(step, total_steps, updates_per_step)``: per-step numbers the
+  trainer computes and sends with the batch (beta-OPSD's teacher weight, RLSD's lambda), logged as
+  ``opsd/<name>``;
 - ``supports_topk`` / ``supports_task_reward`` / ``supports_sft`` / ``uses_policy_gradient``:
   which shared settings (``opsd.loss.topk``, ``task_weight``, ``sft_weight``) it accepts, checked
   when the config is built;
 - ``needs_task_reward``: the grader's GRPO advantage is part of the objective itself (RLSD), so the
   glue grades the rollouts and hands ``ObjectiveBatch.task_advantages_b`` over at any task weight
-  (``uses_task_reward()``: this, or a task weight > 0).
+  (``uses_task_reward()``: this, or a task weight > 0);
+- ``uses_surrogate()``: the loss goes through the PPO surrogate, whose pS_old must be the behaviour
+  policy's: with stale samples or several updates per batch the glue hands the rollout's log-probs
+  over (``ObjectiveBatch.old_log_probs_bR``, ``needs_behaviour_log_probs``).
 
 A new objective is one module with a decorated class plus one experiment preset::
 
@@ -39,7 +43,12 @@ from typing import Any, ClassVar, Mapping
 
 import torch
 
-from recipe.opsd.core.objectives.terms import policy_gradient_terms, sampled_token_log_probs_from_hidden, weighted_sum
+from recipe.opsd.core.objectives.terms import (
+    LOG_RATIO_CLAMP,
+    policy_gradient_terms,
+    sampled_token_log_probs_from_hidden,
+    weighted_sum,
+)
 
 __all__ = [
     "Objective",
@@ -49,6 +58,7 @@ __all__ = [
     "get_objective",
     "objective_names",
     "scatter_rows",
+    "needs_behaviour_log_probs",
 ]
 
 _REGISTRY: dict[str, type["Objective"]] = {}
@@ -65,6 +75,9 @@ class ObjectiveBatch:
     micro-batch's share. ``signals``: the no-grad token diagnostics over the response rows (None when
     the objective computes them in its own pass). ``task_advantages_b``: each rollout's GRPO
     advantage (``opsd.loss.task_weight`` > 0). ``step_values``: the trainer's ``step_values``.
+    ``old_log_probs_bR``: log pS_old(y_t) of the behaviour policy, the rollout's own log-probs of its
+    sampled tokens (0 off the response); None = the update's own forward, detached (fresh samples, one
+    update per batch: that forward is the behaviour policy).
     """
 
     student_hidden_bRH: torch.Tensor
@@ -83,6 +96,7 @@ class ObjectiveBatch:
     reference_hidden_bRH: torch.Tensor | None = None
     task_advantages_b: torch.Tensor | None = None
     step_values: dict[str, float] = field(default_factory=dict)
+    old_log_probs_bR: torch.Tensor | None = None
 
 
 @dataclass
@@ -148,8 +162,14 @@ class Objective:
         """Whether :meth:`loss` computes the token diagnostics in its own vocabulary pass."""
         return False
 
-    def step_values(self, *, step: int, total_steps: int) -> dict[str, float]:
-        """The numbers named by ``step_value_names`` at optimizer step ``step`` (0-based) of ``total_steps``."""
+    def uses_surrogate(self) -> bool:
+        """Whether the loss goes through the PPO surrogate (``surrogate``): a policy-gradient objective, or
+        a task weight > 0 (the task term)."""
+        return self.uses_policy_gradient or self.loss_config.task_weight > 0
+
+    def step_values(self, *, step: int, total_steps: int, updates_per_step: int = 1) -> dict[str, float]:
+        """The numbers named by ``step_value_names`` at training step ``step`` (0-based) of ``total_steps``,
+        each step taking ``updates_per_step`` optimizer steps (so ``step * updates_per_step`` were taken before it)."""
         return {}
 
     def loss(self, batch: ObjectiveBatch) -> ObjectiveLoss:
@@ -165,21 +185,44 @@ class Objective:
             temperature=cfg.student_temperature, chunk_size=cfg.chunk_size,
         ))
 
+    @staticmethod
+    def old_log_probs_bR(batch: ObjectiveBatch, student_log_probs_bR: torch.Tensor) -> torch.Tensor:
+        """log pS_old(y_t) [b, R], no grad: the behaviour policy's (``batch.old_log_probs_bR``) when the glue
+        sends them, else the update's own forward detached."""
+        if batch.old_log_probs_bR is None:
+            return student_log_probs_bR.detach()
+        return batch.old_log_probs_bR.detach().to(student_log_probs_bR.dtype)
+
     def surrogate(self, batch: ObjectiveBatch, advantages_bR, student_log_probs_bR):
-        """(the policy-gradient surrogate's weighted sum, its per-token terms [b, R]) with pS_old =
-        pS_theta detached (the rollout policy under the recipe's one update per batch)."""
+        """(the policy-gradient surrogate's weighted sum, its per-token terms [b, R], its metrics over the
+        response rows) against pS_old = ``old_log_probs_bR``: ``opsd/pg_ratio`` (pS_theta / pS_old) and
+        ``opsd/pg_clip_frac`` (positions whose term is the clipped one, PPO or dual clip)."""
         cfg = self.loss_config
+        old_bR = self.old_log_probs_bR(batch, student_log_probs_bR)
         terms_bR = policy_gradient_terms(
-            log_probs_BT=student_log_probs_bR, old_log_probs_BT=student_log_probs_bR.detach(),
+            log_probs_BT=student_log_probs_bR, old_log_probs_BT=old_bR,
             advantages_BT=advantages_bR, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
         )
-        return weighted_sum(terms_bR, weights=batch.weight_bR.to(terms_bR.dtype)), terms_bR
+        mask_bR = batch.response_mask_bR
+        with torch.no_grad():
+            ratio_bR = torch.exp((student_log_probs_bR.detach() - old_bR).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+            clipped_bR = terms_bR.detach() != -advantages_bR.detach() * ratio_bR
+        metrics_N = {"opsd/pg_ratio": ratio_bR[mask_bR], "opsd/pg_clip_frac": clipped_bR[mask_bR].to(ratio_bR.dtype)}
+        return weighted_sum(terms_bR, weights=batch.weight_bR.to(terms_bR.dtype)), terms_bR, metrics_N
 
 
 def scatter_rows(mask_bR: torch.Tensor, values_N: torch.Tensor) -> torch.Tensor:
     """[b, R] tensor with ``values_N`` at the true entries of ``mask_bR`` (row-major), 0 elsewhere."""
     out = torch.zeros(mask_bR.shape, dtype=values_N.dtype, device=values_N.device)
     return out.masked_scatter(mask_bR, values_N)
+
+
+def needs_behaviour_log_probs(objective: Objective, *, stale_samples: bool, updates_per_batch: int) -> bool:
+    """Whether the surrogate's pS_old must come from the rollout (the behaviour policy's log-probs): the
+    objective uses the surrogate and the update's own forward is not the policy that sampled -- the samples
+    are stale (verl's one-step-off and fully-async trainers) or the batch takes several optimizer steps
+    (``ppo_epochs`` > 1 or mini-batches smaller than the batch: every update after the first)."""
+    return objective.uses_surrogate() and (stale_samples or updates_per_batch > 1)
 
 
 def register_objective(cls: type[Objective]) -> type[Objective]:

@@ -157,7 +157,7 @@ class BetaOPSD(Objective):
     Params = BetaOPSDParams
     step_value_names = ("teacher_weight",)
 
-    def step_values(self, *, step: int, total_steps: int) -> dict[str, float]:
+    def step_values(self, *, step: int, total_steps: int, updates_per_step: int = 1) -> dict[str, float]:
         return {"teacher_weight": teacher_weight_schedule(step, total_steps=total_steps,
                                                           start=self.params.teacher_weight_start,
                                                           end=self.params.teacher_weight_end)}

@@ -64,7 +64,8 @@ class Divergence(Objective):
                 task_advantages_B=batch.task_advantages_b.to(student_logp_bR.dtype),
                 mask_BT=response_mask_bR, task_weight=1.0,
             )
-            task, _ = self.surrogate(batch, task_advantages_bR, student_logp_bR)
+            task, _, metrics_N = self.surrogate(batch, task_advantages_bR, student_logp_bR)
             metrics["opsd/task_pg_loss"] = task.detach()
             loss = loss + cfg.task_weight * task
-        return ObjectiveLoss(loss=loss, per_token_N=per_token_N, signals=signals, metrics=metrics)
+        return ObjectiveLoss(loss=loss, per_token_N=per_token_N, signals=signals, metrics=metrics,
+                             metrics_N=metrics_N if cfg.task_weight > 0 else {})

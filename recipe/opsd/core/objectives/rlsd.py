@@ -1,31 +1,16 @@
-"""``rlsd``: RLVR with Self-Distillation (Yang et al., "Self-Distilled RLVR", arXiv:2604.03128).
+"""``rlsd``: RLVR with Self-Distillation (Yang et al., arXiv:2604.03128), as its authors' trainer computes it.
 
-The verifier's reward sets the direction of each response's update; the privileged teacher only
-reweights each token's share of it. Per response b (GRPO group advantage Ahat_b of the one grader's
-reward, ``terms.group_advantages``) and sampled token y_t:
+Reference: siyan-zhao/OPSD ``rlsd_trainer.py`` (``RLSDTrainer._generate_and_score_completions``), defaults
+in ``rlsd_train.py`` and ``scripts/run_rlsd_1b.sh``. Per response b (GRPO advantage Ahat_b of the grader's
+reward) and sampled token y_t, with lam_s the value at optimizer step s:
 
-    delta_bt = sg[ log pT(y_t) - log pS_old(y_t) ]                  (the teacher / student temperatures)
-    w_bt     = clip( exp(sign(Ahat_b) * delta_bt), 1 - eps_w, 1 + eps_w )
-    A_bt     = Ahat_b * (1 + lam * (w_bt - 1))                      (lam = 1: A_bt = Ahat_b * w_bt)
-    loss     = sum_bt weight_bt * l_bt(A)                           (``terms.policy_gradient_terms``: verl's
-                                                                     PPO surrogate, ``opsd.loss.clip_ratio_*``)
+    delta_bt = sg[log pT(y_t) - log pS_old(y_t)]
+    w_bt     = clip(exp(sign(Ahat_b) * delta_bt), 1 - eps_w, 1 + eps_w)
+    A_bt     = Ahat_b * ((1 - lam_s) + lam_s * w_bt),   lam_s = lam * (1 - min(s / lam_decay_steps, 1))
 
-so sign(A_bt) = sign(Ahat_b) at every token (w > 0): a correct response's tokens the teacher favours
-get more credit, an incorrect response's tokens the teacher disfavours get more blame; a group
-whose rewards are all equal (Ahat = 0) trains nothing, as in GRPO.
-
-What we implement, and what is our reading. The paper's abstract states the split (teacher-student
-token-level policy differences set the update magnitudes, the verifier's reward the directions);
-its method text was not available to us. The weight above -- the evidence ratio exp(delta) taken
-to the power sign(A), clipped to [1 - eps_w, 1 + eps_w], mixed in by lam -- is the form of the
-public RLSD re-implementations we found (a credit-weight module of a training cookbook and a
-project page comparing RLSD with SDPO); eps_w = 0.2 and lam = 1 are their defaults. Our readings:
-delta uses the sampling policy pS_old (the update's own forward detached, as ``sampled_token``),
-Ahat is verl's GRPO advantage (std-normalised) and the clip is on w, not on delta.
-
-Needs the task reward at any ``opsd.loss.task_weight`` (``needs_task_reward``; task_weight itself
-must stay 0: the reward is the direction, not an added term) and ``actor_rollout_ref.rollout.n`` > 1.
-``opsd.loss.beta``, ``clip_tau`` and ``topk`` do not enter (clip_tau still sets the diagnostics).
+through the PPO surrogate (``terms.policy_gradient_terms``). sign(A_bt) = sign(Ahat_b): the verifier sets
+the direction, the teacher only reweights tokens; at lam_s = 0 it is GRPO. The preset ``objective_rlsd``
+names where the verl recipe departs from the reference (docs/core_math.md "RLSD").
 """
 
 from __future__ import annotations
@@ -46,14 +31,16 @@ from recipe.opsd.core.objectives.terms import number, same_shape
 
 @dataclass(frozen=True)
 class RLSDParams:
-    """``opsd.loss.params`` of ``objective: rlsd``.
+    """``opsd.loss.params`` of ``objective: rlsd`` (defaults: the reference's ``rlsd_train.py``).
 
     eps_w: the token weight is clipped to [1 - eps_w, 1 + eps_w], eps_w in (0, 1).
-    lam: how much of the teacher's reweighting enters, in [0, 1] (0 = GRPO's uniform credit).
+    lam: the teacher's share of the token weight at the first optimizer step, in [0, 1].
+    lam_decay_steps: optimizer steps over which lam falls linearly to 0 (0 = lam stays constant).
     """
 
     eps_w: float = 0.2
-    lam: float = 1.0
+    lam: float = 0.5
+    lam_decay_steps: int = 50
 
     def __post_init__(self):
         eps = number("opsd.loss.params.eps_w", self.eps_w, low=0.0, allow_zero=False)
@@ -62,6 +49,16 @@ class RLSDParams:
         lam = number("opsd.loss.params.lam", self.lam, low=0.0)
         if lam > 1:
             raise ValueError(f"opsd.loss.params.lam must be in [0, 1]; got {self.lam!r}")
+        steps = self.lam_decay_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"opsd.loss.params.lam_decay_steps must be an integer >= 0 (0 = constant lam); got {steps!r}")
+
+
+def rlsd_lambda(*, optimizer_step: int, lam: float, lam_decay_steps: int) -> float:
+    """lam * (1 - min(optimizer_step / lam_decay_steps, 1)); ``lam`` itself when ``lam_decay_steps`` is 0."""
+    if lam_decay_steps <= 0:
+        return float(lam)
+    return float(lam) * (1.0 - min(optimizer_step / lam_decay_steps, 1.0))
 
 
 def rlsd_token_weights(*, task_advantages_B: torch.Tensor, teacher_log_probs_BT: torch.Tensor,
@@ -80,11 +77,11 @@ def rlsd_token_weights(*, task_advantages_B: torch.Tensor, teacher_log_probs_BT:
 
 
 def rlsd_advantages(*, task_advantages_B: torch.Tensor, token_weights_BT: torch.Tensor, mask_BT: torch.Tensor,
-                    lam: float = 1.0) -> torch.Tensor:
-    """A_bt = Ahat_b (1 + lam (w_bt - 1)) at the mask, 0 elsewhere; no grad."""
+                    lam: float) -> torch.Tensor:
+    """A_bt = Ahat_b ((1 - lam) + lam w_bt) at the mask, 0 elsewhere; no grad."""
     same_shape(token_weights_BT=token_weights_BT, mask_BT=mask_BT)
     with torch.no_grad():
-        advantages = task_advantages_B.detach().to(token_weights_BT.dtype)[:, None] * (1.0 + lam * (token_weights_BT - 1.0))
+        advantages = task_advantages_B.detach().to(token_weights_BT.dtype)[:, None] * ((1.0 - lam) + lam * token_weights_BT)
         return torch.where(mask_BT.bool(), advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
 
 
@@ -94,6 +91,12 @@ class RLSD(Objective):
     Params = RLSDParams
     needs_task_reward = True
     uses_policy_gradient = True
+    step_value_names = ("rlsd_lambda",)
+
+    def step_values(self, *, step: int, total_steps: int, updates_per_step: int = 1) -> dict[str, float]:
+        # the reference reads lam at generation time: after the optimizer steps of the earlier batches
+        return {"rlsd_lambda": rlsd_lambda(optimizer_step=step * updates_per_step, lam=self.params.lam,
+                                           lam_decay_steps=self.params.lam_decay_steps)}
 
     def loss(self, batch: ObjectiveBatch) -> ObjectiveLoss:
         response_mask_bR = batch.response_mask_bR
@@ -102,13 +105,14 @@ class RLSD(Objective):
         weights_bR = rlsd_token_weights(
             task_advantages_B=task_advantages_b,
             teacher_log_probs_BT=scatter_rows(response_mask_bR, batch.signals["teacher_logp"].to(student_logp_bR.dtype)),
-            old_log_probs_BT=student_logp_bR.detach(), mask_BT=response_mask_bR, eps_w=self.params.eps_w,
+            old_log_probs_BT=self.old_log_probs_bR(batch, student_logp_bR), mask_BT=response_mask_bR,
+            eps_w=self.params.eps_w,
         )
         advantages_bR = rlsd_advantages(task_advantages_B=task_advantages_b, token_weights_BT=weights_bR,
-                                        mask_BT=response_mask_bR, lam=self.params.lam)
-        loss, terms_bR = self.surrogate(batch, advantages_bR, student_logp_bR)
+                                        mask_BT=response_mask_bR, lam=float(batch.step_values["rlsd_lambda"]))
+        loss, terms_bR, metrics_N = self.surrogate(batch, advantages_bR, student_logp_bR)
         weights_N = weights_bR[response_mask_bR]
         clipped_N = ((weights_N <= 1.0 - self.params.eps_w) | (weights_N >= 1.0 + self.params.eps_w)).to(weights_N.dtype)
         return ObjectiveLoss(loss=loss, per_token_N=terms_bR[batch.loss_mask_bR], signals=batch.signals,
-                             metrics_N={"opsd/pg_advantage": advantages_bR[response_mask_bR],
+                             metrics_N={"opsd/pg_advantage": advantages_bR[response_mask_bR], **metrics_N,
                                         "opsd/rlsd_weight": weights_N, "opsd/rlsd_weight_clipped": clipped_N})

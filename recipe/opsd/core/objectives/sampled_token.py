@@ -8,9 +8,10 @@ advantage through verl's PPO surrogate (reverse KL through a policy gradient; th
     loss = sum_bt w_bt l_bt(A)                        (``terms.policy_gradient_terms``, PPO clip
                                                        ``opsd.loss.clip_ratio_low / high``)
 
-pS_old is the update's own forward detached: the rollout policy under the recipe's one update per
-batch. log pT(y_t) comes from the glue's diagnostics pass (``signals["teacher_logp"]``), log
-pS_theta(y_t) from a chunked, checkpointed pass (``terms.sampled_token_log_probs_from_hidden``).
+pS_old is the behaviour policy (``Objective.old_log_probs_bR``: the rollout's log-probs with stale
+samples or several updates per batch, else the update's own forward detached). log pT(y_t) comes
+from the glue's diagnostics pass (``signals["teacher_logp"]``), log pS_theta(y_t) from a chunked,
+checkpointed pass (``terms.sampled_token_log_probs_from_hidden``).
 ``opsd.loss.beta``, ``clip_tau`` and ``topk`` do not enter (clip_tau still sets the diagnostics).
 """
 
@@ -57,13 +58,14 @@ class SampledToken(Objective):
         student_logp_bR = self.student_log_probs_bR(batch)
         advantages_bR = sampled_token_advantages(
             teacher_log_probs_BT=scatter_rows(response_mask_bR, batch.signals["teacher_logp"].to(student_logp_bR.dtype)),
-            old_log_probs_BT=student_logp_bR.detach(), mask_BT=response_mask_bR, discount=self.params.discount,
+            old_log_probs_BT=self.old_log_probs_bR(batch, student_logp_bR), mask_BT=response_mask_bR,
+            discount=self.params.discount,
         )
         if cfg.task_weight > 0:
             advantages_bR = mix_task_advantages(
                 distill_advantages_BT=advantages_bR, task_advantages_B=batch.task_advantages_b.to(student_logp_bR.dtype),
                 mask_BT=response_mask_bR, task_weight=cfg.task_weight,
             )
-        loss, terms_bR = self.surrogate(batch, advantages_bR, student_logp_bR)
+        loss, terms_bR, metrics_N = self.surrogate(batch, advantages_bR, student_logp_bR)
         return ObjectiveLoss(loss=loss, per_token_N=terms_bR[batch.loss_mask_bR], signals=batch.signals,
-                             metrics_N={"opsd/pg_advantage": advantages_bR[response_mask_bR]})
+                             metrics_N={"opsd/pg_advantage": advantages_bR[response_mask_bR], **metrics_N})
