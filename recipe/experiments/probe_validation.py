@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recipe.analysis import compatibility
+from recipe.opsd.core import regimes
 from recipe.experiments.probe import Cell, _f
 
 
@@ -24,11 +24,22 @@ def _eval_file(eval_dir: Path) -> Path:
 
 
 def _greedy(eval_dir: Path) -> dict[str, Any]:
+    """The greedy evaluation's accuracy, per-problem scores and behaviour (``regimes.Behaviour`` fields); the
+    sampled evaluation's mean length when the directory holds one (``sampled_n*/``)."""
     results = json.loads(_eval_file(eval_dir).read_text())
     macro = results["macro"]
     scores = {pid: score for per in results["per_problem"].values() for pid, score in per.items()}
+    sampled = sorted(eval_dir.glob("sampled_n*/results.json"))
     return {"accuracy": macro["avg@1"], "mean_length": macro.get("mean_length"), "boxed_rate": macro.get("boxed_rate"),
+            "eot_rate": 1.0 - macro.get("truncated_rate", 0.0), "repetitive_rate": macro.get("repetitive_rate", 0.0),
+            "sampled_length": json.loads(sampled[0].read_text())["macro"]["mean_length"] if sampled else None,
             "per_problem": scores}
+
+
+def behaviour(evaluation: dict[str, Any]) -> regimes.Behaviour:
+    return regimes.Behaviour(greedy_length=evaluation["mean_length"], eot_rate=evaluation["eot_rate"],
+                             boxed_rate=evaluation["boxed_rate"], repetitive_rate=evaluation["repetitive_rate"],
+                             sampled_length=evaluation.get("sampled_length"))
 
 
 def full_runs(cells: Sequence[Cell], *, recipe, settings, demo, extra: Sequence[str], seeds: Sequence[int], out_dir: Path,
@@ -74,8 +85,9 @@ def agreement(probe: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str
         mean = lambda key: sum(r["after"][key] for r in mine) / len(mine) if all(  # noqa: E731
             r["after"].get(key) is not None for r in mine) else None
         change = {"estimate": ci.estimate, "low": ci.low, "high": ci.high}
-        result = compatibility.outcome(change=change, length_before=before["mean_length"], length_after=mean("mean_length"),
-                                       boxed_before=before["boxed_rate"], boxed_after=mean("boxed_rate"))
+        after = {key: mean(key) for key in ("mean_length", "eot_rate", "boxed_rate", "repetitive_rate", "sampled_length")}
+        result = regimes.label(change_low=ci.low, change_high=ci.high, before=behaviour(before),
+                               after=behaviour(after)).name
         verdict = cell["verdict"]["verdict"]
         rows.append({"name": cell["name"], "verdict": verdict, "basis": cell["verdict"]["basis"], "outcome": result,
                      "agree": verdict == result, "compatible_agree": (verdict == "gain") == (result == "gain"),

@@ -1,5 +1,5 @@
 """The compatibility probe's verdicts (recipe.analysis.compatibility): indicators by hand on K-step traces,
-one trace per regime, the outcome of a full run, the recommendation."""
+one trace per regime, the recommendation (a full run's regime: tests/opsd/test_regimes.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from recipe.analysis.compatibility import (
     THRESHOLDS,
     classify,
-    outcome,
     proportion_z,
     recommend,
     reward_z,
@@ -105,17 +104,6 @@ def test_every_reason_names_its_threshold_and_source():
     table = thresholds_table()
     assert all(f"| {name} |" in table for name in THRESHOLDS)
     assert "tab:sft_grpo_opsd_train" in THRESHOLDS["entropy_ratio"].source
-
-
-def test_outcome_of_a_full_run():
-    up = {"estimate": 0.1, "low": 0.05, "high": 0.15}
-    down = {"estimate": -0.1, "low": -0.15, "high": -0.05}
-    flat = {"estimate": 0.0, "low": -0.05, "high": 0.05}
-    assert outcome(change=up, length_before=20, length_after=60) == "gain"
-    assert outcome(change=down, length_before=20, length_after=20, boxed_before=0.9, boxed_after=0.3) == "collapse"
-    assert outcome(change=down, length_before=20, length_after=20, boxed_before=0.9, boxed_after=0.8) == "stable degradation"
-    assert outcome(change=flat, length_before=20, length_after=31) == "ineffective length growth"
-    assert outcome(change=flat, length_before=20, length_after=21) == "no measurable effect"
 
 
 def test_recommendation_prefers_an_observed_gain_and_says_when_none_is_compatible():

@@ -109,12 +109,13 @@ def test_agreement_against_full_runs_uses_the_paired_bootstrap():
     scores = {f"p{i}": float(i % 2) for i in range(40)}  # 50% before
     better = {pid: 1.0 for pid in scores}
     same = dict(scores)
-    runs = [{"name": "a", "seed": 1, "train_s": 400, "before": {"accuracy": 0.5, "mean_length": 20.0, "boxed_rate": 0.9,
+    behaviour = {"boxed_rate": 0.9, "eot_rate": 1.0, "repetitive_rate": 0.0, "sampled_length": None}
+    runs = [{"name": "a", "seed": 1, "train_s": 400, "before": {"accuracy": 0.5, "mean_length": 20.0, **behaviour,
                                                                  "per_problem": scores},
-             "after": {"accuracy": 1.0, "mean_length": 21.0, "boxed_rate": 0.9, "per_problem": better}},
-            {"name": "b", "seed": 1, "train_s": 400, "before": {"accuracy": 0.5, "mean_length": 20.0, "boxed_rate": 0.9,
+             "after": {"accuracy": 1.0, "mean_length": 21.0, **behaviour, "per_problem": better}},
+            {"name": "b", "seed": 1, "train_s": 400, "before": {"accuracy": 0.5, "mean_length": 20.0, **behaviour,
                                                                  "per_problem": scores},
-             "after": {"accuracy": 0.5, "mean_length": 20.0, "boxed_rate": 0.9, "per_problem": same}}]
+             "after": {"accuracy": 0.5, "mean_length": 20.0, **behaviour, "per_problem": same}}]
     result = probe_validation.agreement({"cells": [_cell("a", "gain"), _cell("b", "gain")]}, runs)
     a, b = result["rows"]
     assert a["outcome"] == "gain" and a["agree"] and a["change"]["estimate"] == pytest.approx(0.5)
