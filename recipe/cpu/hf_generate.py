@@ -46,12 +46,14 @@ class SampleParams:
         temperature: softmax temperature; 0 means greedy decoding.
         top_p: nucleus mass in (0, 1]; 1.0 disables it.
         top_k: keep the k most likely tokens; -1 or 0 disables it.
+        ignore_eos: every sequence runs to ``max_new_tokens`` (vLLM's ``ignore_eos``: benchmarks of a fixed length).
     """
 
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    ignore_eos: bool = False
 
     def __post_init__(self):
         if int(self.max_new_tokens) < 1:
@@ -187,7 +189,7 @@ def sample_batch(
         epsilon_cutoff=0.0,
         eta_cutoff=0.0,
         max_new_tokens=int(params.max_new_tokens),
-        eos_token_id=list(eos_token_ids),
+        eos_token_id=None if params.ignore_eos else list(eos_token_ids),
         pad_token_id=pad_token_id,
         bos_token_id=None,
         return_dict_in_generate=True,
@@ -211,7 +213,7 @@ def sample_batch(
             f"{tuple(new_ids_BR.shape)}; transformers' generate loop changed (re-check _SampledLogprobRecorder)"
         )
 
-    eos_set = set(int(i) for i in eos_token_ids)
+    eos_set = set() if params.ignore_eos else set(int(i) for i in eos_token_ids)
     response_ids, logprobs, finish_reasons = [], [], []
     for row in range(new_ids_BR.shape[0]):
         ids = new_ids_BR[row].tolist()

@@ -131,6 +131,8 @@ class HFRolloutServer:
             temperature=temperature,
             top_p=float(sampling_params.get("top_p", 1.0)),
             top_k=int(sampling_params.get("top_k", -1)),
+            # verl's vLLM server: the request's ignore_eos, else the rollout config's
+            ignore_eos=bool(sampling_params.get("ignore_eos", getattr(self.config, "ignore_eos", False))),
         )
         future = asyncio.get_running_loop().create_future()
         await self._queue.put(_Request(prompt_ids, params, bool(sampling_params.get("logprobs", False)), future))
@@ -146,7 +148,7 @@ class HFRolloutServer:
             groups: dict[tuple, list[_Request]] = {}
             for request in pending:
                 p = request.params
-                groups.setdefault((p.max_new_tokens, p.temperature, p.top_p, p.top_k), []).append(request)
+                groups.setdefault((p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.ignore_eos), []).append(request)
             for requests in groups.values():
                 await self._run_batch(requests)
 

@@ -68,7 +68,7 @@ class RealStudent:
             raise ValueError(f"RealStudent.lr must be > 0, got {self.lr!r}")
 
     def digest(self) -> str:
-        fields = {**dataclasses.asdict(self), "version": REAL_STUDENT_VERSION}
+        fields = {**dataclasses.asdict(self), "task": self.task.key(), "version": REAL_STUDENT_VERSION}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
     def overrides(self) -> list[str]:

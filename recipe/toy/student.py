@@ -90,7 +90,8 @@ class StudentConfig:
         check_mix(dict(self.sft_mix))
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "sft_mix": dict(self.sft_mix), "build_version": BUILD_VERSION}
+        return {**dataclasses.asdict(self), "task": self.task.key(), "sft_mix": dict(self.sft_mix),
+                "build_version": BUILD_VERSION}
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]

@@ -35,8 +35,9 @@ class TaskConfig:
     digits: digits of every operand (>= 1); operands are drawn uniformly from [10^(d-1), 10^d).
     n_train / n_heldout: number of distinct problems in each split.
     seed: seed of the private RNG; the same config gives the same records.
-    max_operand: if set, operands are drawn uniformly from [1, max_operand] instead of the
+    max_operand: if set, operands are drawn uniformly from [min_operand, max_operand] instead of the
         ``digits`` range (``digits`` is then unused and must stay 1).
+    min_operand: the smallest operand with ``max_operand`` (default 1).
     wording: ``"compact"`` (the toy world's ``Compute 12+34.``, solution ``12+34=46`` lines then
         ``\\boxed{46}``) or ``"sentence"`` (``What is 12 + 34?``, solution ``12 + 34 = 46`` lines,
         a blank line, then ``So, the answer is \\boxed{46}.``: the wording a chat model such as
@@ -50,6 +51,7 @@ class TaskConfig:
     seed: int = 0
     max_operand: int | None = None
     wording: str = "compact"
+    min_operand: int | None = None
 
     def __post_init__(self):
         for name, low in (("num_operands", 2), ("digits", 1), ("n_train", 2), ("n_heldout", 1)):
@@ -62,6 +64,11 @@ class TaskConfig:
             if self.digits != 1:
                 raise ValueError(f"TaskConfig: max_operand={self.max_operand} replaces the digits range; "
                                  f"leave digits at 1, got {self.digits}")
+        if self.min_operand is not None and (self.max_operand is None or isinstance(self.min_operand, bool)
+                                             or not isinstance(self.min_operand, int)
+                                             or not 1 <= self.min_operand < self.max_operand):
+            raise ValueError(f"TaskConfig.min_operand must be an integer in [1, max_operand) with max_operand set, "
+                             f"got {self.min_operand!r} (max_operand {self.max_operand!r})")
         if self.wording not in WORDINGS:
             raise ValueError(f"TaskConfig.wording must be one of {WORDINGS}, got {self.wording!r}")
         low, high = self.operand_range
@@ -73,11 +80,19 @@ class TaskConfig:
                 f"ask for at most half of them"
             )
 
+    def key(self) -> dict:
+        """The fields that name this task in cache digests: ``min_operand`` only when set, so the digests of tasks
+        that leave it unset are those made before it existed."""
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if self.min_operand is None:
+            del fields["min_operand"]
+        return fields
+
     @property
     def operand_range(self) -> tuple[int, int]:
         """Operands are drawn from ``[low, high)``."""
         if self.max_operand is not None:
-            return 1, self.max_operand + 1
+            return self.min_operand or 1, self.max_operand + 1
         return (1 if self.digits == 1 else 10 ** (self.digits - 1)), 10**self.digits
 
     @property
@@ -85,6 +100,7 @@ class TaskConfig:
         """``-max{max_operand}`` and ``-{wording}`` where they are not the defaults ("" for the toy world's
         tasks): appended to record ids and cache directory names."""
         suffix = "" if self.max_operand is None else f"-max{self.max_operand}"
+        suffix = suffix if self.min_operand is None else f"-min{self.min_operand}{suffix}"
         return suffix if self.wording == "compact" else f"{suffix}-{self.wording}"
 
 

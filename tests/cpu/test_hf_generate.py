@@ -117,6 +117,11 @@ def test_max_new_tokens_and_eos(model):
     first = greedy.response_ids[0].index(stop_id)
     assert stopped.response_ids[0] == greedy.response_ids[0][: first + 1]
     assert stopped.finish_reasons[0] == "stop"
+    # ignore_eos (vLLM's): the same greedy decoding runs through that token to the cap
+    through = sample_batch(model, PROMPTS, params=SampleParams(max_new_tokens=8, temperature=0, ignore_eos=True),
+                           eos_token_ids=[stop_id], pad_token_id=PAD)
+    assert through.response_ids[0] == greedy.response_ids[0] and len(through.response_ids[0]) == 8
+    assert set(through.finish_reasons) == {"length"}
 
 
 def test_sample_params_validation():

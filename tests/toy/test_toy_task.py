@@ -93,12 +93,22 @@ def test_max_operand_draws_from_one_to_max_inclusive_in_either_wording():
     assert task.operand_range == (1, 20) and small().operand_range == (10, 100)
     # The toy world's ids and records are what they were before the knobs existed.
     assert make_records(small())["train"][0]["id"] == f"{DATA_SOURCE}-3x2-s0-train-0"
+    # min_operand moves the low end: [20, 99], ids say so
+    task = small(num_operands=2, digits=1, min_operand=20, max_operand=99, n_train=150, n_heldout=30, wording="sentence")
+    rows = make_records(task)["train"] + make_records(task)["heldout"]
+    drawn = {int(v) for row in rows for v in row["problem"][len("What is "):-1].split(" + ")}
+    assert task.operand_range == (20, 100) and min(drawn) >= 20 and max(drawn) <= 99
+    assert rows[0]["id"].startswith(f"{DATA_SOURCE}-2x1-s0-min20-max99-sentence-")
+    # cache digests name a task by key(): min_operand only when set (the students built before it keep their caches)
+    assert "min_operand" not in small().key() and task.key()["min_operand"] == 20
 
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"max_operand": 1}, "max_operand must be None or an integer >= 2"),
     ({"max_operand": 19, "digits": 2}, "max_operand=19 replaces the digits range; leave digits at 1"),
     ({"wording": "chat"}, r"wording must be one of \('compact', 'sentence'\)"),
+    ({"min_operand": 5}, "min_operand must be an integer in \\[1, max_operand\\) with max_operand set"),
+    ({"digits": 1, "max_operand": 19, "min_operand": 19}, "min_operand must be an integer in"),
     ({"num_operands": 2, "digits": 1, "max_operand": 9, "n_train": 40}, r"only 81 exist .* operands in \[1, 10\)"),
 ])
 def test_config_rejects_bad_task_knobs_naming_the_field(kwargs, match):
