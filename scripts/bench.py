@@ -3,6 +3,7 @@
     python scripts/bench.py loss --n 1024 2048 4096 --hidden 1024 --repeats 3 --chunk-size 256
     python scripts/bench.py signals-pass
     python scripts/bench.py bootstrap-coverage --trials 1000
+    python scripts/bench.py real-step --steps 4
     python scripts/bench.py memory-model table
     python scripts/bench.py memory-model check --model DIR --micro-batch 2 --response 512
     python scripts/bench.py gpu --out gpu_out
@@ -23,6 +24,7 @@ COMMANDS = {
     "signals-pass": ("benchmarks.signals_pass:main", "token diagnostics from a second vocabulary pass vs the loss's own"),
     "bootstrap-coverage": ("benchmarks.bootstrap_coverage:main",
                            "coverage of the paired bootstrap interval on simulated evaluations"),
+    "real-step": ("benchmarks.real_step:main", "one OPSD step of the real demo through verl vs its one-process floor"),
     "memory-model": ("benchmarks.memory:main", "per-GPU memory of the OPSD update: the model (table), its CPU check"),
     "gpu": ("benchmarks.gpu:main", "on one GPU: fused vs naive vs Liger loss, memory model vs measured (--smoke: CPU)"),
 }

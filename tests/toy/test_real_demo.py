@@ -14,14 +14,14 @@ import pandas as pd
 import pytest
 
 from recipe.common.prompts import student_messages
-from recipe.launch.demos import get_demo, unbuilt
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import Settings, get_recipe
 from recipe.launch.run import plan
-from recipe.launch.settings import Settings
+from recipe.toy.cpu_demos import get_demo, unbuilt
 from recipe.toy.real_demo import (
     REAL_TASK,
     RealStudent,
     display_real,
+    sampled_preset,
     greedy_preset,
     real_student_dir,
     task_dir,
@@ -91,18 +91,23 @@ def test_data_are_the_task_s_rows_written_once(tmp_path):
     assert task_dir(tmp_path, REAL_TASK) != task_dir(tmp_path, task)
 
 
-def test_evaluation_is_greedy_native_at_the_training_cap_and_displayed_in_percent():
+def test_evaluation_is_greedy_and_sampled_native_at_the_training_cap_and_displayed_in_percent():
     preset = greedy_preset()
     assert (preset.mode, preset.top_k, preset.max_new_tokens, preset.engine) == ("native", 1, 128, "hf")
-    rows = display_real({"greedy": 0.25, "boxed_rate": 0.5, "mean_length": 40.25, "n_problems": 64, "eval_s": 3.0})
-    assert rows == {"greedy accuracy (%), 64 problems": "25.0", "boxed rate (%)": "50.0",
-                    "mean length (tokens)": "40.2"}
+    sampled = sampled_preset()
+    assert (sampled.mode, sampled.temperature, sampled.top_p, sampled.max_new_tokens) == ("native", 0.6, 0.95, 128)
+    rows = display_real({"greedy": 0.25, "boxed_rate": 0.5, "mean_length": 40.25, "eot_rate": 0.875,
+                         "repetitive_rate": 0.0, "sampled_length": 51.0, "n_problems": 256, "eval_s": 3.0})
+    assert rows == {"greedy accuracy (%), 256 problems": "25.0", "boxed rate (%)": "50.0",
+                    "end-of-turn rate (%)": "87.5", "mean length (tokens), greedy": "40.2",
+                    "mean length (tokens), sampled T 0.6": "51.0"}
 
 
 def test_the_student_task_and_the_demo_task_share_no_problem_and_the_student_sft_is_pinned():
     sft_task = RealStudent().task
-    assert (sft_task.num_operands, REAL_TASK.num_operands) == (2, 3)  # two numbers to learn the format, three to train
-    assert sft_task.wording == REAL_TASK.wording == "sentence" and sft_task.max_operand == REAL_TASK.max_operand == 19
+    # two numbers up to 19 to learn the format, two numbers from 20 to train and evaluate: no problem in common
+    assert sft_task.operand_range[1] <= REAL_TASK.operand_range[0] and sft_task.wording == REAL_TASK.wording == "sentence"
+    assert (REAL_TASK.num_operands, REAL_TASK.n_heldout) == (2, 256)
     overrides = RealStudent().overrides()
     assert "trainer.total_training_steps=14" in overrides and "optim.lr=1e-05" in overrides
     assert "data.enable_thinking_default=null" in overrides
