@@ -28,7 +28,7 @@ from pathlib import Path
 
 from recipe.analysis.memory_model import GiB, QWEN3, ModelShape, UpdateSetting, memory_terms, preset_micro_batch
 from recipe.common import cli
-from recipe.launch.recipes import REPO_ROOT as REPO
+from recipe.launch.config import REPO_ROOT as REPO
 
 PRESETS = {"Qwen3-1.7B": "qwen3_1p7b", "Qwen3-4B": "qwen3_4b", "Qwen3-8B": "qwen3_8b"}
 CAPS = (1024, 2048, 4096, 6144, 8192)

@@ -7,7 +7,7 @@
 
 Extra arguments are hydra overrides of the OPSD launch. Prints per-phase times, tokens per second,
 peak GPU memory next to the memory model's prediction, the weight-sync probe after every push, and
-one verdict line (exit 0 OK, 1 FAILED, 2 refused before starting). Logic: recipe/launch/gpu_check.py.
+one verdict line (exit 0 OK, 1 FAILED, 2 refused before starting). Logic: recipe/tools/gpu_check.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from recipe.launch.gpu_check import DEFAULT_MODEL, DEFAULT_STEPS, run_check
+from recipe.common.cache import cache_root
 from recipe.launch.run import config_errors
-from recipe.models import cache_root
+from recipe.tools.gpu_check import DEFAULT_MODEL, DEFAULT_STEPS, run_check
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Merge a verl FSDP checkpoint into a Hugging Face model directory (recipe/launch/merge.py).
+# Merge a verl FSDP checkpoint into a Hugging Face model directory (recipe/common/merge.py).
 #
 #   bash scripts/merge_checkpoint.sh CKPT TARGET_DIR
 #   CPU_DEMO=tiny CKPT_DIR=runs/tiny_opsd bash recipe/opsd/run_opsd.sh   # CPU: a run to merge, ~1 min
@@ -10,4 +10,4 @@
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
-exec "${PYTHON:-python}" -m recipe.launch.merge "$@"
+exec "${PYTHON:-python}" -m recipe.common.merge "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Post-training pipeline of the paper (sec. "pipeline", app:sft_grpo_control, app:sft_grpo_then_opsd):
 # SFT -> merge -> GRPO -> merge -> OPSD, each stage a launch of recipe/launch starting from the
-# previous stage's merged HF checkpoint (recipe/launch/pipeline.py).
+# previous stage's merged HF checkpoint (recipe/tools/pipeline.py).
 #
 #   bash scripts/pipeline_sft_grpo_opsd.sh                  # CPU: tiny model + toy data, ~2.5 min
 #   BASE_MODEL=/models/Qwen3-4B-Base SFT_FILES=/data/omr_sft.parquet GRPO_TRAIN_FILES=/data/dapo.parquet \
@@ -13,4 +13,4 @@
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
-exec "${PYTHON:-python}" -m recipe.launch.pipeline "$@"
+exec "${PYTHON:-python}" -m recipe.tools.pipeline "$@"

@@ -1,12 +1,15 @@
-"""The package layout of docs/ARCHITECTURE.md: no import cycle between packages, experiments on top.
+"""The package layout of docs/ARCHITECTURE.md: no import cycle between packages, experiments on top, small modules.
 
-Every ``import`` / ``from ... import`` of the project's packages in recipe/ and data_prep/ is read
-with ``ast`` (function-level imports included), grouped by package (``recipe.<name>``,
-``data_prep``). A new import that closes a cycle, or any import of ``recipe.experiments`` from
-below, fails here.
+Every ``import`` / ``from ... import`` of the project's packages in recipe/, data_prep/ and benchmarks/ is read
+with ``ast`` (function-level imports included), and so is every string literal that names a project module
+(``"recipe.toy.demo:toy"``, ``importlib.import_module("recipe.x")``, ``[python, "-m", "recipe.x"]``): both are
+edges between packages (``recipe.<name>``, ``data_prep``, ``benchmarks``). A package's ``__main__`` (its command
+line) is a node of its own, above what it runs. A new import that closes a cycle, or any import of
+``recipe.experiments`` from below, fails here; so does a module of more than ``MAX_MODULE_LINES`` lines.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -18,21 +21,31 @@ ALLOWED = {
     "recipe.cpu": set(),
     "recipe.rollout": set(),
     "recipe.models": {"recipe.common"},
-    "recipe.async_rl": set(),
+    "recipe.async_rl": {"recipe.cpu"},  # names the CPU checkpoint engine by string
     "recipe.opsd": {"recipe.common", "recipe.async_rl"},
     "recipe.evaluation": {"recipe.common", "recipe.cpu"},
     "data_prep": {"recipe.common"},
     "recipe.analysis": {"recipe.common", "recipe.cpu", "recipe.opsd"},
-    "recipe.launch": {"recipe.common", "recipe.cpu", "recipe.analysis", "recipe.models", "recipe.async_rl"},
-    "recipe.toy": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models", "data_prep"},
+    # the OPSD core's monitor decisions; the recipes' entry points, start-up checks and rollout extension by string
+    "recipe.launch": {"recipe.common", "recipe.cpu", "recipe.analysis", "recipe.async_rl", "recipe.opsd", "recipe.rollout"},
+    "recipe.toy": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.analysis", "recipe.launch", "recipe.models",
+                   "recipe.opsd", "data_prep"},
+    # `python -m recipe.launch`: on a CPU it runs the toy world's demos (recipe.toy.cpu_demos); nothing imports it
+    "recipe.launch.__main__": {"recipe.launch", "recipe.toy"},
+    "recipe.tools": {"recipe.common", "recipe.analysis", "recipe.launch", "recipe.rollout", "recipe.toy"},
     "recipe.experiments": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models",
-                           "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "recipe.async_rl", "data_prep"},
+                           "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "recipe.async_rl", "data_prep",
+                           "recipe.tools"},
     "recipe.grpo_baseline": set(),
     "recipe.sft": set(),
     # bench-only code (scripts/bench.py; not installed): nothing imports it
-    "benchmarks": {"recipe.common", "recipe.analysis", "recipe.launch", "recipe.models", "recipe.opsd", "recipe.toy",
+    "benchmarks": {"recipe.common", "recipe.analysis", "recipe.cpu", "recipe.launch", "recipe.models", "recipe.opsd", "recipe.toy",
                      "recipe.evaluation"},
 }
+# A string that names a project module: ``recipe.x.y``, ``data_prep.y``, ``benchmarks.y``, optionally ``:attribute``.
+MODULE_STRING = re.compile(r"(recipe|data_prep|benchmarks)(\.\w+)+(:\w+)?")
+# Modules longer than this are split by concern (tests/test_layout.py::test_every_module_has_at_most_600_lines).
+MAX_MODULE_LINES = 600
 # Frameworks the pure OPSD core never imports (its modules are math, prompts and decisions).
 FRAMEWORKS = ("verl", "ray", "vllm", "sglang", "hydra")
 
@@ -41,9 +54,24 @@ def _package(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] in ("data_prep", "benchmarks"):
         return parts[0]
+    if parts[0] == "recipe" and len(parts) > 2 and parts[-1] == "__main__":
+        return ".".join(parts)  # a package's command line: a node of its own
     if parts[0] == "recipe" and len(parts) > 1:
         return f"recipe.{parts[1]}"
     return None
+
+
+def _imported_names(tree: ast.AST) -> list[str]:
+    """The project modules a module imports: import statements, and string literals naming a module."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.fullmatch(node.value):
+            names.append(node.value.partition(":")[0])
+    return names
 
 
 def package_imports() -> dict[str, set[str]]:
@@ -53,14 +81,32 @@ def package_imports() -> dict[str, set[str]]:
         if me == "recipe.__init__":
             continue
         targets = graph.setdefault(me, set())
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-            for name in names:
-                target = _package(name)
-                if target and target != me:
-                    targets.add(target)
+        for name in _imported_names(ast.parse(path.read_text())):
+            target = _package(name)
+            if target and target != me:
+                targets.add(target)
     return graph
+
+
+@pytest.mark.parametrize(("code", "edges"), [
+    ("import recipe.toy.demo", {"recipe.toy"}),
+    ("from recipe.launch.run import plan", {"recipe.launch"}),
+    ('BUILDER = "recipe.toy.demo:toy"', {"recipe.toy"}),
+    ('importlib.import_module("recipe.rollout.sync_check")', {"recipe.rollout"}),
+    ('cmd = [python, "-m", "data_prep.sft", "--out", "x"]', {"data_prep"}),
+    ('"""See recipe.toy.demo for the builders."""\nkey = "data_prep"\nhint = "python -m data_prep.sft"', set()),
+])
+def test_imports_and_module_strings_are_edges(code, edges):
+    assert {_package(name) for name in _imported_names(ast.parse(code))} == edges
+
+
+def test_every_module_has_at_most_600_lines():
+    """recipe/, data_prep/, benchmarks/ and scripts/: a longer module is split by concern."""
+    paths = [path for folder in ("recipe", "data_prep", "benchmarks", "scripts") for path in (REPO_ROOT / folder).rglob("*.py")]
+    assert len(paths) > 100
+    long = {str(path.relative_to(REPO_ROOT)): n for path in paths
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split each by concern): {long}"
 
 
 def test_every_package_imports_only_what_the_layout_allows():
@@ -87,6 +133,7 @@ def test_the_allowed_layout_has_no_cycle():
     for pkg in ALLOWED:
         visit(pkg)
     assert not any("recipe.experiments" in targets for pkg, targets in ALLOWED.items() if pkg != "recipe.experiments")
+    assert not any(target.endswith(".__main__") for targets in ALLOWED.values() for target in targets)  # entry points
 
 
 def _imports(path: Path) -> list[str]:

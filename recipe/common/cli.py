@@ -317,3 +317,34 @@ def on_full_disk(directory: str | os.PathLike, *, what: str, needed=None, hint: 
             raise
         amount = needed() if callable(needed) else needed
         raise no_space(directory, needed=amount, what=what, **({"hint": hint} if hint else {})) from err
+
+
+class TolerantLog:
+    """A launch's (or a merge's) log file that stops being written (one line says so) when its disk is full, so that
+    the launcher keeps following the trainer instead of failing on its own log."""
+
+    def __init__(self, path: Path):
+        self.path, self.full = path, False
+        self.sink = open(path, "a")
+
+    def flush(self) -> None:  # every write is flushed
+        pass
+
+    def write(self, line: str) -> None:
+        if self.full:
+            return
+        try:
+            self.sink.write(line)
+            self.sink.flush()
+        except OSError as err:
+            if not is_full_disk(err):
+                raise
+            self.full = True
+            print(f"[launch] {self.path}: no space left, the rest of the trainer's output is not written there",
+                  flush=True)
+
+    def close(self) -> None:
+        try:
+            self.sink.close()
+        except OSError:
+            pass

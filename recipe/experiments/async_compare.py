@@ -3,7 +3,7 @@
     python -m recipe.experiments.async_compare toy                  # the toy world, 150 steps per mode
     python -m recipe.experiments.async_compare smollm2 --steps 6    # SmolLM2-135M (the real demo's student)
 
-Each mode is one OPSD launch of the CPU demo (``recipe.launch.demos.train_demo``) on 2 devices:
+Each mode is one OPSD launch of the CPU demo (``recipe.toy.cpu_demos.train_demo``) on 2 devices:
 
 - ``sync``: the synchronous trainer on 2 ranks (2 FSDP ranks, 2 colocated rollout replicas);
 - ``one_step_off`` / ``fully_async``: 1 training rank + 1 rollout replica on separate pools
@@ -37,9 +37,8 @@ MODEL_SCALING = (0.0, 0.5, 1.0)
 
 def run_mode(bench: str, mode: str, *, cache: str, run_dir: Path, steps: int | None, extra: list[str]) -> dict:
     """One OPSD launch of ``bench``'s demo in ``mode``; ``{"before", "after", "metrics", "wall_time_s"}``."""
-    from recipe.launch.demos import train_demo
-    from recipe.launch.recipes import get_recipe
-    from recipe.launch.settings import Settings
+    from recipe.launch.config import Settings, get_recipe
+    from recipe.toy.cpu_demos import train_demo
     from recipe.toy.demo import toy
     from recipe.toy.real_demo import real
 
@@ -153,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import os
 
-    from recipe.launch.settings import Settings
+    from recipe.launch.config import Settings
 
     args = build_parser().parse_args(argv)
     if "sync" not in args.modes:

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recipe.analysis.monitor_actions import whole_saves
 from recipe.evaluation import stats
+from recipe.launch.monitor_actions import whole_saves
 
 
 def change(before: dict[str, Any], after: dict[str, Any], metric: str) -> stats.Interval:
@@ -34,7 +34,7 @@ def select_checkpoint(ckpt_dir: str | Path, *, evaluate: Callable[[Path, Path], 
                       metric: str, log=print) -> dict[str, Any]:
     """Evaluate every whole save of ``ckpt_dir``; ``{"rows": [...], "best": step, "metric": metric}`` (also written
     to ``<ckpt_dir>/selection/selection.json``)."""
-    from recipe.launch.merge import merge_checkpoint
+    from recipe.common.merge import merge_checkpoint
 
     root = Path(ckpt_dir) / "selection"
     rows = []
@@ -81,9 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import os
 
-    from recipe.launch.demos import demo_for
-    from recipe.launch.recipes import get_recipe
-    from recipe.launch.settings import Settings
+    from recipe.launch.config import Settings, get_recipe
+    from recipe.toy.cpu_demos import demo_for
 
     parser = argparse.ArgumentParser(prog="python -m recipe.experiments.checkpoint_selection", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -38,7 +38,7 @@ from recipe.analysis.compute_cost import (DataMismatch, check_same_data, cost_ta
                                           read_launch_config, run_cost)
 from recipe.analysis.run_logs import read_jsonl_metrics
 from recipe.common import cli
-from recipe.launch.recipes import REPO_ROOT as REPO
+from recipe.launch.config import REPO_ROOT as REPO
 from recipe.launch.verl_env import weight_push_path
 
 SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_grpo.sh"}

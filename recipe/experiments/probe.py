@@ -457,10 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     from recipe.common import cli
-    from recipe.launch.demos import demo_for
-    from recipe.launch.recipes import get_recipe
+    from recipe.launch.config import Settings, get_recipe
     from recipe.launch.run import plan
-    from recipe.launch.settings import Settings
+    from recipe.toy.cpu_demos import demo_for
 
     args = build_parser().parse_args(argv)
     if args.steps < 4:

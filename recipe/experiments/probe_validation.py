@@ -45,8 +45,8 @@ def behaviour(evaluation: dict[str, Any]) -> regimes.Behaviour:
 def full_runs(cells: Sequence[Cell], *, recipe, settings, demo, extra: Sequence[str], seeds: Sequence[int], out_dir: Path,
               log=print) -> list[dict[str, Any]]:
     """Each cell's full run per seed (``data.seed`` = the actor's data-loader seed), trained and evaluated before /
-    after by the demo (``recipe.launch.demos.train_demo``); the greedy held-out evaluations."""
-    from recipe.launch.demos import train_demo
+    after by the demo (``recipe.toy.cpu_demos.train_demo``); the greedy held-out evaluations."""
+    from recipe.toy.cpu_demos import train_demo
 
     runs = []
     for cell in cells:

@@ -45,8 +45,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipe.launch import compose as composer
-from recipe.launch.recipes import REPO_ROOT, get_recipe
+from recipe.common.cli import TolerantLog
+from recipe.launch import config as composer
+from recipe.launch.config import REPO_ROOT, get_recipe
+from recipe.opsd.core.teacher_kinds import teacher_kind
 
 RECIPE = get_recipe("opsd")
 CONFIG_DIR = RECIPE.config_dir
@@ -199,8 +201,8 @@ def plan_run(
     from omegaconf import OmegaConf
 
     from recipe.experiments import sweep_data
+    from recipe.launch.config import Settings
     from recipe.launch.run import plan as plan_launch
-    from recipe.launch.settings import Settings
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
@@ -240,7 +242,7 @@ def plan_run(
     if sweep.get("init_stage"):
         stage_cmds, init_model = init_stage_commands(sweep["init_stage"], cfg=cfg, run_dir=run_dir, device=device)
         stages += stage_cmds
-        if cfg.opsd.teacher.kind == "checkpoint":
+        if teacher_kind(str(cfg.opsd.teacher.kind)).loads_path:
             # the teacher is the checkpoint the presets named before the stage (sft10_then_no_privilege:
             # ${actor_rollout_ref.model.path}, the pre-SFT model), not the stage's output
             forced.append(f"opsd.teacher.path={cfg.opsd.teacher.path}")
@@ -324,7 +326,7 @@ def init_stage_commands(stage: Mapping, *, cfg, run_dir: Path, device: str) -> t
         "bash", str(REPO_ROOT / "recipe" / "sft" / "run_sft.sh"),
         f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}"], "env": env})
     commands.append({"name": "sft_merge", "cmd": [
-        sys.executable, "-m", "recipe.launch.merge", str(sft_ckpt / f"global_step_{steps}"), str(merged)]})
+        sys.executable, "-m", "recipe.common.merge", str(sft_ckpt / f"global_step_{steps}"), str(merged)]})
     return commands, merged
 
 
@@ -369,20 +371,16 @@ def _set_status(run_dir: Path, **changes) -> None:
 
 
 def _run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log: Path, timeout_s: float | None) -> int:
-    """Run ``cmd`` in its own process group with output to ``log``; kill the group on timeout (rc -9)."""
-    import signal
+    """Run ``cmd`` with output appended to ``log`` by the launcher's runner (``recipe.launch.processes.run_marked``:
+    every process it starts is killed on timeout, rc -9, and when it exits)."""
+    from recipe.launch.processes import run_marked
 
-    with open(log, "a") as out:
-        out.write(f"$ {shlex.join(cmd)}\n")
-        out.flush()
-        proc = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env=dict(os.environ) | dict(env), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return -9
+    sink = TolerantLog(log)
+    try:
+        sink.write(f"$ {shlex.join(cmd)}\n")
+        return run_marked(list(cmd), cwd=REPO_ROOT, env=dict(os.environ) | dict(env), sink=sink, timeout_s=timeout_s)
+    finally:
+        sink.close()
 
 
 def evaluate_model(model: str, *, out_dir: Path, preset: str, mode: str | None, settings: Mapping, progress=False) -> dict:

@@ -4,7 +4,7 @@ Statistics: each accuracy change gets a 95% paired bootstrap interval over the h
 problems (``recipe.evaluation.stats``: the same problems resampled for both sides), after vs
 before for each method and OPSD vs GRPO after training.
 
-``run_method("opsd" | "grpo", ...)`` is one toy-demo launch (``recipe.launch.demos.train_demo``
+``run_method("opsd" | "grpo", ...)`` is one toy-demo launch (``recipe.toy.cpu_demos.train_demo``
 with ``recipe.toy.demo.toy``): the toy preset of the recipe (``config/demo/toy.yaml``), the
 toy student, a given run directory; it returns the held-out evaluation before/after and the
 per-step metrics. Both presets train on the same parquet with the same ``data.seed`` and batch,
@@ -49,9 +49,8 @@ def run_method(method: str, *, cache: str | Path, run_dir: str | Path, steps: in
 
     ``train``: ``wall_time_s``, ``steps`` (logged), ``step_times_s`` (verl's ``timing_s/step``), ``metrics``.
     """
-    from recipe.launch.demos import train_demo
-    from recipe.launch.recipes import get_recipe
-    from recipe.launch.settings import Settings
+    from recipe.launch.config import Settings, get_recipe
+    from recipe.toy.cpu_demos import train_demo
     from recipe.toy.demo import toy
 
     if method not in METHODS:
@@ -144,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import os
 
-    from recipe.launch.settings import Settings
+    from recipe.launch.config import Settings
     from recipe.toy.student import StudentConfig, build_student
 
     args = build_parser().parse_args(argv)

@@ -126,7 +126,7 @@ def study_table(results: dict[str, dict[int, dict]], before: dict, *, eval_n: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recipe.launch.settings import Settings
+    from recipe.launch.config import Settings
     from recipe.toy.demo import evaluate_toy
     from recipe.toy.student import StudentConfig, build_student
 

@@ -64,7 +64,7 @@ def context_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from recipe.common.checkpoints import check_model_dir
-    from recipe.launch.settings import Settings
+    from recipe.launch.config import Settings
     from recipe.toy.student import StudentConfig, build_student
 
     parser = argparse.ArgumentParser(description="Initial forward KL of the toy student across teacher contexts "

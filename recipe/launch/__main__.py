@@ -1,24 +1,22 @@
 """``python -m recipe.launch {opsd|grpo|sft} [--dry-run] [hydra overrides...]``: what run_*.sh exec.
 
-The environment contract (DEVICE, MODEL_PATH, TRAIN_FILES, ...) is ``recipe.launch.settings``.
-On a CPU without MODEL_PATH / TRAIN_FILES the run is a CPU demo (``recipe.launch.demos``).
+The environment contract (DEVICE, MODEL_PATH, TRAIN_FILES, ...) is ``recipe.launch.config.Settings``.
+On a CPU without MODEL_PATH / TRAIN_FILES the run is a CPU demo (``recipe.toy.cpu_demos``).
 ``--dry-run`` composes the final hydra config exactly as the launch would, prints the command,
 the effective settings and the full resolved config, and starts nothing (no GPU needed: set
 ``DEVICE=gpu`` to see a GPU launch). A launch whose collapse monitor stops it exits with code 4; one it
-rolls back is relaunched from an earlier checkpoint (``recipe.launch.rollback``).
+rolls back is relaunched from an earlier checkpoint (``recipe.launch.monitor_actions``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
-from recipe.launch.demos import run_demo
-from recipe.launch.recipes import RECIPES, get_recipe
-from recipe.launch.rollback import execute_with_actions
+from recipe.launch.config import RECIPES, Settings, get_recipe
+from recipe.launch.monitor_actions import execute_with_actions, relaunch_planner
 from recipe.launch.run import config_errors, plan
-from recipe.launch.settings import Settings
+from recipe.toy.cpu_demos import run_demo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,14 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         print(launch.resolved_yaml(), end="")
         return 0
 
-    def replan(extra: list[str]):  # a relaunch the collapse monitor asked for (recipe.launch.rollback)
-        # the monitor's own change of a setting is the point of the relaunch: the resume check lists it, not refuses it
-        again = plan(recipe, dataclasses.replace(settings, resume_with_changes=True), args + extra)
-        print(again.describe(), flush=True)
-        return again
-
-    try:
-        record = execute_with_actions(launch, replan=replan)
+    try:  # a relaunch the collapse monitor asks for prints its header too
+        record = execute_with_actions(launch, replan=relaunch_planner(recipe, settings, args, show=True))
     except config_errors() as err:  # the directory is locked (recipe.launch.lock), a GPU / cluster pre-flight refusal
         print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
         return 2

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from recipe.async_rl.config import async_settings, derived_values
-from recipe.launch import compose as composer
-from recipe.launch.recipes import Recipe
+from recipe.launch import config as composer
+from recipe.launch.config import Recipe
 
 # recipes whose synchronous entry point cannot run an async block -> the one that can
 ASYNC_ENTRY = {"grpo": "recipe.async_rl.main_grpo"}

@@ -3,8 +3,8 @@
 ``check_inputs(recipe, cfg, overrides=..., environ=...)`` runs on the final config of a launch
 (``recipe.launch.run.plan``) before the recipe's own start-up checks:
 
-- the model (``actor_rollout_ref.model.path``; SFT ``model.path``) and, for OPSD with
-  ``opsd.teacher.kind=checkpoint``, the teacher (``opsd.teacher.path``): a whole Hugging Face model
+- the model (``actor_rollout_ref.model.path``; SFT ``model.path``) and, for OPSD with a teacher kind
+  that loads ``opsd.teacher.path`` (``checkpoint``), the teacher: a whole Hugging Face model
   directory, or a Hub id in the local cache, or (online) one the Hub has
   (``recipe.common.checkpoints.check_model_source``; ``HF_HUB_OFFLINE=1``, set by the CPU path: it
   must be in the cache; a dry run does not ask the Hub);
@@ -31,9 +31,8 @@ from pathlib import Path
 from recipe.common import cli
 from recipe.common.checkpoints import (check_model_source, check_training_inputs, choose_resume_dir, hub_cache_dir,
                                        hub_offline, verl_resume_dir)
-from recipe.launch import compose as composer
-from recipe.launch.overrides import OverrideList
-from recipe.launch.recipes import Recipe
+from recipe.launch import config as composer
+from recipe.launch.config import OverrideList, Recipe
 
 # Columns of the data files each recipe reads: (config key naming the column, the column when the key is unset).
 RL_COLUMNS = (("data.prompt_key", "prompt"), (None, "reward_model"), ("data.reward_fn_key", "data_source"))
@@ -45,9 +44,24 @@ DATA_COLUMNS = {
 # How each recipe's data is built (the fix of a file without the columns).
 DATA_HINTS = {"sft": "a parquet with a `messages` column (python -m data_prep.sft)"}
 RL_DATA_HINT = "a verl RL parquet (prompt, reward_model, data_source, extra_info: python -m data_prep.dapo, ...)"
-# Model settings besides the recipe's model key: (key, the key that must hold ``value`` for it to name a model, value).
-EXTRA_MODEL_KEYS = {"opsd": (("opsd.teacher.path", "opsd.teacher.kind", "checkpoint"),)}
+# Model settings besides the recipe's model key: (key, the key naming an OPSD teacher kind, the flag of that kind
+# under which ``key`` names a model: ``teacher_kind_flag``).
+EXTRA_MODEL_KEYS = {"opsd": (("opsd.teacher.path", "opsd.teacher.kind", "loads_path"),)}
+# The OPSD teacher kinds (name -> TeacherKind), named by string: the launcher imports no recipe.
+TEACHER_KINDS = "recipe.opsd.core.teacher_kinds:TEACHER_KINDS"
 REMOTE_PREFIXES = ("hdfs://", "s3://", "gs://", "http://", "https://")
+
+
+def teacher_kind_flag(kind_name, *, flag: str) -> bool:
+    """``flag`` of the OPSD teacher kind ``kind_name`` (``TEACHER_KINDS``); False for none or an unknown
+    name (the recipe's start-up checks name it)."""
+    if kind_name is None:
+        return False
+    import importlib
+
+    module, attribute = TEACHER_KINDS.split(":")
+    kind = getattr(importlib.import_module(module), attribute).get(str(kind_name))
+    return kind is not None and bool(getattr(kind, flag))
 
 
 class LaunchInputError(ValueError):
@@ -179,9 +193,9 @@ def check_inputs(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mappi
                            else "a launch asks the Hub for it (a dry run does not)")
             notes.append(f"{recipe.model_key}={model} is not in the local Hugging Face cache: " + (
                 launch_does if dry_run else "the Hub has it, verl downloads it"))
-    for key, kind_key, kind in EXTRA_MODEL_KEYS.get(recipe.name, ()):
+    for key, kind_key, flag in EXTRA_MODEL_KEYS.get(recipe.name, ()):
         value = select(key)
-        if select(kind_key) == kind and value is not None and str(value) not in pending:
+        if teacher_kind_flag(select(kind_key), flag=flag) and value is not None and str(value) not in pending:
             check_model(key, value, source=_source(overrides, key), environ=environ, probe=probe, dry_run=dry_run)
     columns = [select(column_key, default) if column_key else default
                for column_key, default in DATA_COLUMNS.get(recipe.name, ())]

@@ -1,6 +1,6 @@
 """A launch on a Ray cluster the user started (``ray start`` on every node; docs/cluster.md).
 
-``RAY_ADDRESS`` (Ray's own variable, read by ``recipe.launch.settings``) makes a launch join that
+``RAY_ADDRESS`` (Ray's own variable, read by ``recipe.launch.config``) makes a launch join that
 cluster instead of starting Ray itself:
 
 - ``join_overrides(address, forwarded)``: verl's ``ray.init`` gets the address and no resource

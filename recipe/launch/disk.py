@@ -31,8 +31,9 @@ from pathlib import Path
 from recipe.common import cli
 from recipe.common.checkpoints import (cached_snapshot, check_resumable, hub_cache_dir, parameter_count, step_dirs,
                                        tree_bytes)
-from recipe.launch import compose as composer
-from recipe.launch.recipes import Recipe
+from recipe.launch import config as composer
+from recipe.launch.checks import teacher_kind_flag
+from recipe.launch.config import Recipe
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 ADAM_BYTES = 8
@@ -84,10 +85,11 @@ def save_bytes(recipe: Recipe, cfg, *, model_dir: Path | None) -> SaveSize | Non
     prefix = "" if recipe.torchrun else "actor_rollout_ref.actor."
     dtype = str(composer.select(cfg, f"{prefix}fsdp_config.model_dtype" if prefix else "engine.model_dtype", "fp32"))
     contents = list(composer.select(cfg, f"{prefix}checkpoint.save_contents", ["model", "optimizer", "extra"]) or [])
+    ema_teacher = teacher_kind_flag(composer.select(cfg, "opsd.teacher.kind"), flag="follows_student")
     parts = {f"{dtype} weights": DTYPE_BYTES.get(dtype, 4) if "model" in contents else 0,
              "AdamW state": ADAM_BYTES if "optimizer" in contents else 0,
              "HF copy": 4 if "hf_model" in contents else 0,
-             "EMA teacher": 4 if composer.select(cfg, "opsd.teacher.kind") == "ema" else 0}
+             "EMA teacher": 4 if ema_teacher else 0}
     per = sum(parts.values())
     # + the config and tokenizer files, and the optimizer's extra state, the dataloader state, fsdp_config.json
     extra = sum(tree_bytes(p) for p in model_dir.iterdir() if p.is_file() and p.suffix not in (".safetensors", ".bin"))
@@ -207,37 +209,6 @@ def failure_line(ckpt_dir: Path, plan: DiskPlan, *, log_text: str = "") -> str |
               if last else "no whole save yet: free space and run the same command")
     return (f"[launch] error: no space left in {ckpt_dir}: {stopped} ({needs}{cli.human_bytes(free)} free); {resume} "
             f"(or keep fewer saves: {plan.keep_key}=1)")
-
-
-class TolerantLog:
-    """A launch's log file that stops being written (one line says so) when its disk is full, so that the
-    launcher keeps following the trainer instead of failing on its own log."""
-
-    def __init__(self, path: Path):
-        self.path, self.full = path, False
-        self.sink = open(path, "a")
-
-    def flush(self) -> None:  # every write is flushed
-        pass
-
-    def write(self, line: str) -> None:
-        if self.full:
-            return
-        try:
-            self.sink.write(line)
-            self.sink.flush()
-        except OSError as err:
-            if not cli.is_full_disk(err):
-                raise
-            self.full = True
-            print(f"[launch] {self.path}: no space left, the rest of the trainer's output is not written there",
-                  flush=True)
-
-    def close(self) -> None:
-        try:
-            self.sink.close()
-        except OSError:
-            pass
 
 
 def prune_demo_runs(run_dir: Path, *, recipe: str, keep: int = DEMO_RUNS_KEPT, log=print) -> None:

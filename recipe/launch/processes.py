@@ -10,12 +10,15 @@ process of a launch inherits its environment, so the launcher marks it with ``LA
 A launch that joined a cluster the user started (``RAY_ADDRESS``, recipe.launch.cluster) owns no Ray
 daemon: ``kill_launch(..., joined_cluster=True)`` never kills one (``is_ray_daemon``), even if it
 carried the mark; Ray itself ends the job's workers on every node when the driver dies.
+``run_marked`` starts and follows one such command (a launch's driver, a sweep's stage).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -97,3 +100,51 @@ def kill_launch(process_group: int, launch_id: str, *, joined_cluster: bool = Fa
     except ProcessLookupError:
         pass
     return kill_marked(variable=LAUNCH_ID_ENV, value=launch_id, spare=is_ray_daemon if joined_cluster else lambda pid: False)
+
+
+def _kill(process: subprocess.Popen, launch_id: str, joined_cluster: bool) -> None:
+    """Kill the command: its own process group and every process it started outside it (Ray's)."""
+    left = kill_launch(process.pid, launch_id, joined_cluster=joined_cluster)
+    if left:
+        print(f"[launch] processes of the launch still alive after SIGKILL: {left}", flush=True)
+
+
+def _kill_orphans(launch_id: str, joined_cluster: bool) -> None:
+    """After the command exits: any process still carrying its mark (Ray daemons or workers a killed or crashed
+    driver left behind) is killed, with a line saying so (a joined cluster's daemons never)."""
+    spare = is_ray_daemon if joined_cluster else (lambda pid: False)
+    orphans = [pid for pid in pids_with(variable=LAUNCH_ID_ENV, value=launch_id) if not spare(pid)]
+    if orphans:
+        left = kill_marked(variable=LAUNCH_ID_ENV, value=launch_id, spare=spare)
+        print(f"[launch] killed {len(orphans) - len(left)} processes the launch left running (Ray daemons or "
+              f"workers){f'; still alive: {left}' if left else ''}", flush=True)
+
+
+def run_marked(command: list[str], *, cwd: str | Path, env: dict[str, str], sink=None, on_line=None,
+               timeout_s: float | None = None, pass_fds: tuple[int, ...] = (), joined_cluster: bool = False) -> int:
+    """Run ``command`` in a new session, every process it starts marked with a new ``LAUNCH_ID_ENV``; return its exit
+    code. Its output goes to ``sink`` (``write``) line by line, each line also to ``on_line``; without ``sink`` to
+    this console. After ``timeout_s``, or when this process is interrupted, every marked process is killed (exit
+    code -9); so is any left running when the command exits."""
+    launch_id = new_launch_id()
+    process = subprocess.Popen(command, cwd=cwd, env={**env, LAUNCH_ID_ENV: launch_id}, start_new_session=True,
+                               text=True, pass_fds=pass_fds, stdout=subprocess.PIPE if sink else None,
+                               stderr=subprocess.STDOUT if sink else None)
+    watchdog = threading.Timer(timeout_s, _kill, args=(process, launch_id, joined_cluster)) if timeout_s else None
+    try:
+        if watchdog:
+            watchdog.start()
+        if sink is not None:
+            for line in process.stdout:
+                sink.write(line)
+                if on_line is not None:
+                    on_line(line)
+        returncode = process.wait()
+        _kill_orphans(launch_id, joined_cluster)
+    except BaseException:
+        _kill(process, launch_id, joined_cluster)
+        raise
+    finally:
+        if watchdog:
+            watchdog.cancel()
+    return returncode

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipe.common.checkpoints import dataloader_state
-from recipe.launch.overrides import Override
-from recipe.launch.recipes import Recipe
+from recipe.launch.config import Override, Recipe
 
 CONFIG_GLOB = "launch_config*.yaml"
 ANYWAY_VARIABLE = "RESUME_WITH_CHANGES"

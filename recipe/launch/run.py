@@ -1,16 +1,11 @@
 """Plan and start one training launch: every override once, the final config printed once.
 
-``plan(recipe, settings, argv, ...)`` assembles the overrides (command-line presets, the CPU
-demo preset and platform, the paths of the environment, derived values, command-line values),
-composes the final config with hydra exactly as verl will, and returns a ``Launch``: the argv,
-the environment and the config. ``execute(launch)`` starts it in the repository root and appends
-one record to ``$CKPT_DIR/run_times.jsonl``.
-
-Precedence (later wins; every replacement of a value is printed): the recipe yaml < command-line
-presets (``+model=``, ``+experiment=``) < the CPU demo preset < the CPU platform < the
-environment (MODEL_PATH, STEPS, NGPUS, ...) < command-line values. On a GPU the launcher adds
-nothing a preset sets: the GPU count is taken from nvidia-smi only when no preset or override
-sets ``trainer.n_gpus_per_node``, and the rollout engine is always the config's.
+``plan(recipe, settings, argv, ...)`` assembles the overrides (the precedence: docs/launch.md), composes the
+final config with hydra exactly as verl will, runs the pre-Ray checks and returns a ``Launch``: the argv, the
+environment and the config. ``execute(launch)`` starts it in the repository root and appends one record to
+``$CKPT_DIR/run_times.jsonl``; ``StepProgress`` condenses its output to one console line per step. On a GPU
+the launcher adds nothing a preset sets: the GPU count is taken from nvidia-smi only when no preset or
+override sets ``trainer.n_gpus_per_node``, and the rollout engine is always the config's.
 """
 
 from __future__ import annotations
@@ -19,9 +14,9 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import signal
-import subprocess
 import sys
 import sysconfig
 import threading
@@ -29,24 +24,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recipe.common.cli import TolerantLog, is_full_disk
 from recipe.cpu import vllm_cpu
-from recipe.launch import cluster
-from recipe.launch import compose as composer
-from recipe.launch.data_order import DATA_ORDER_FILE, DataOrder, load_tokenizer, plan_data_order, write_record
-from recipe.launch.async_modes import launch_recipe
-from recipe.launch.overrides import Override, OverrideList
-from recipe.launch.ranks import check_rank_division
-from recipe.launch.recipes import REPO_ROOT, Recipe
-from recipe.launch.settings import Settings, gpus_on_this_node
-from recipe.launch.processes import LAUNCH_ID_ENV, is_ray_daemon, kill_launch, kill_marked, new_launch_id, pids_with
-from recipe.launch.verl_env import runtime_env_overrides, verl_environment
-from recipe.common.cli import is_full_disk
 from recipe.launch import checks, disk, lock  # pre-Ray input, resume and disk checks; the directory lock
+from recipe.launch import cluster
+from recipe.launch import config as composer
+from recipe.launch.async_modes import launch_recipe
+from recipe.launch.config import REPO_ROOT, Override, OverrideList, Recipe, Settings, gpus_on_this_node
+from recipe.launch.data_order import DATA_ORDER_FILE, DataOrder, load_tokenizer, plan_data_order, write_record
+from recipe.launch.processes import run_marked
+from recipe.launch.ranks import check_rank_division
+from recipe.launch.verl_env import runtime_env_overrides, verl_environment
 
 
 @dataclass(frozen=True)
 class DemoInputs:
-    """What a CPU demo contributes to a launch (recipe.launch.demos): its preset and built paths."""
+    """What a CPU demo contributes to a launch (recipe.toy.cpu_demos): its preset and built paths."""
 
     name: str
     model_path: str | None = None
@@ -348,25 +341,6 @@ def _validate(recipe: Recipe, settings: Settings, cfg, base) -> None:
                          f"({CPU_ONLY_ENGINES[engine]}); on a GPU set actor_rollout_ref.rollout.name=vllm or sglang")
 
 
-def _kill(process: subprocess.Popen, launch_id: str, joined_cluster: bool = False) -> None:
-    """Kill the launch: its own process group and every process it started outside it (Ray's)."""
-    left = kill_launch(process.pid, launch_id, joined_cluster=joined_cluster)
-    if left:
-        print(f"[launch] processes of the launch still alive after SIGKILL: {left}", flush=True)
-
-
-def _kill_orphans(launch_id: str, joined_cluster: bool = False) -> None:
-    """After the driver exits: any process still carrying the launch's mark (Ray daemons or workers a
-    killed or crashed driver left behind) is killed, with a line saying so (a joined cluster's
-    daemons never: recipe.launch.processes)."""
-    spare = is_ray_daemon if joined_cluster else (lambda pid: False)
-    orphans = [pid for pid in pids_with(variable=LAUNCH_ID_ENV, value=launch_id) if not spare(pid)]
-    if orphans:
-        left = kill_marked(variable=LAUNCH_ID_ENV, value=launch_id, spare=spare)
-        print(f"[launch] killed {len(orphans) - len(left)} processes the launch left running (Ray daemons or "
-              f"workers){f'; still alive: {left}' if left else ''}", flush=True)
-
-
 def _preflight(launch: Launch, joined: bool) -> None:
     """A launch on a GPU or on a cluster: recipe.launch.cluster's checks, and the cluster joined printed."""
     if launch.settings.device != "gpu" and not joined:
@@ -454,7 +428,7 @@ def _execute(launch: Launch, *, log: Path | None, on_line, timeout_s: float | No
     if launch.recipe.reward:
         write_record(launch.data_order, launch.data_order_note, launch.ckpt_dir)
     start = time.time()
-    sink = disk.TolerantLog(log) if log is not None else None
+    sink = TolerantLog(log) if log is not None else None
     try:
         returncode, ray_start_timed_out = _drive(launch, sink=sink, on_line=on_line, timeout_s=timeout_s,
                                                  lock_fd=lock_fd, joined=joined)
@@ -483,31 +457,18 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 def _drive(launch: Launch, *, sink, on_line, timeout_s: float | None, lock_fd: int, joined: bool) -> tuple[int, bool]:
-    """Start the driver, follow it to its end, kill what it left running; ``(exit code, whether its output has
-    RAY_START_TIMEOUT)`` (seen only when the output goes to ``sink``, a launch's log)."""
-    launch_id = new_launch_id()
-    process = subprocess.Popen(launch.command, cwd=REPO_ROOT, env={**launch.env, LAUNCH_ID_ENV: launch_id},
-                               start_new_session=True, text=True, pass_fds=(lock_fd,),
-                               stdout=subprocess.PIPE if sink else None, stderr=subprocess.STDOUT if sink else None)
-    watchdog = threading.Timer(timeout_s, _kill, args=(process, launch_id, joined)) if timeout_s else None
+    """Start the driver, follow it to its end, kill what it left running (``run_marked``); ``(exit code, whether its
+    output has RAY_START_TIMEOUT)`` (seen only when the output goes to ``sink``, a launch's log)."""
     ray_start_timed_out = False
-    try:
-        if watchdog:
-            watchdog.start()
-        if sink is not None:
-            for line in process.stdout:
-                sink.write(line)
-                ray_start_timed_out = ray_start_timed_out or RAY_START_TIMEOUT in line
-                if on_line is not None:
-                    on_line(line)
-        returncode = process.wait()
-        _kill_orphans(launch_id, joined)
-    except BaseException:
-        _kill(process, launch_id, joined)
-        raise
-    finally:
-        if watchdog:
-            watchdog.cancel()
+
+    def follow(line: str) -> None:
+        nonlocal ray_start_timed_out
+        ray_start_timed_out = ray_start_timed_out or RAY_START_TIMEOUT in line
+        if on_line is not None:
+            on_line(line)
+
+    returncode = run_marked(launch.command, cwd=REPO_ROOT, env=launch.env, sink=sink, on_line=follow,
+                            timeout_s=timeout_s, pass_fds=(lock_fd,), joined_cluster=joined)
     return returncode, ray_start_timed_out
 
 
@@ -517,3 +478,53 @@ def _tail(log: Path | None, size: int = 200_000) -> str:
     with open(log, "rb") as handle:
         handle.seek(max(0, log.stat().st_size - size))
         return handle.read().decode(errors="replace")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*")
+
+
+class StepProgress:
+    """Condensed console progress from verl's console lines: one line per step, at most every ``every_s``.
+
+    A console line of a step that holds none of ``keys`` (the validation before training, the OPSD
+    pre-flight report logged with step 1 before its values) prints nothing."""
+
+    def __init__(self, label: str, keys: dict[str, str], *, total: int | None = None, every_s: float = 5.0,
+                 startup_every_s: float = 20.0):
+        self.label, self.keys, self.total, self.every_s = label, keys, total, every_s
+        self.startup_every_s = startup_every_s
+        self._start = self._last = time.time()
+        self._stepped = False
+
+    def __call__(self, line: str) -> None:
+        from recipe.analysis.run_logs import parse_console_line
+
+        values = parse_console_line(line)
+        if values is None:
+            text = _RAY_PREFIX.sub("", _ANSI.sub("", line)).rstrip()
+            if text.startswith(f"[{self.label}] "):  # the recipe's own messages (a fallback, a stop): shown as is
+                print(text, flush=True)
+                return
+            now = time.time()
+            if not self._stepped and now - self._last >= self.startup_every_s:  # Ray, workers, model loading
+                self._last = now
+                print(f"[{self.label}] starting up ({now - self._start:.0f} s): Ray, workers, models", flush=True)
+            return
+        shown = " ".join(f"{name}={values[key]:.3g}" for key, name in self.keys.items() if key in values)
+        if not shown:  # a step's other records (validation, the pre-flight report logged with step 1)
+            return
+        self._stepped = True
+        step = int(values["step"])
+        now = time.time()
+        if now - self._last < self.every_s and step not in (1, self.total):
+            return
+        self._last = now
+        of = f"/{self.total}" if self.total else ""
+        print(f"[{self.label}] step {step}{of}: {shown}", flush=True)
+
+
+# Per-step metrics shown as progress (those a recipe logs) and their short names.
+PROGRESS_KEYS = {"opsd/loss": "loss", "opsd/fwd_kl": "fwd_kl", "opsd/rollout_score": "score",
+                 "critic/score/mean": "score", "response_length/mean": "length", "train/loss": "loss",
+                 "timing_s/step": "s/step"}

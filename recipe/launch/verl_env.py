@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from recipe.cpu.env import PLUGIN_MODULE, cpu_environment
 from recipe.cpu.vllm_cpu import vllm_cpu_environment
-from recipe.launch.recipes import Recipe
+from recipe.launch.config import Recipe
 
 ROLLOUT_EXTENSION = "recipe.rollout.extension"
 MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"

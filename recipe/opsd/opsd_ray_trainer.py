@@ -38,8 +38,8 @@ class RayOPSDTrainer(OPSDStepMixin, RayPPOTrainer):
     def __init__(self, *args, opsd_config: OPSDConfig, **kwargs):
         super().__init__(*args, **kwargs)
         # the teacher is verl's reference policy (ActorRolloutRef worker; LoRA: the actor, adapters
-        # off), except for teacher kind live: the actor module itself, no reference slot
-        self.use_reference_policy = opsd_config.teacher.kind != "live" or self.ref_in_actor
+        # off), except for a teacher that is no second copy: the actor module itself, no reference slot
+        self.use_reference_policy = opsd_config.teacher.kind_flags.second_copy or self.ref_in_actor
         self.use_critic = False
         self.use_rm = False
         self._init_opsd(opsd_config)

@@ -165,11 +165,11 @@ class OPSDStepMixin:
 
     # ------------------------------------------------------------------ teacher inputs
     def _teacher_tokenizer(self):
-        """Teacher kind checkpoint: the teacher model's tokenizer, whose chat template renders the
+        """A teacher kind that loads_path: the teacher model's tokenizer, whose chat template renders the
         teacher prompts (paper: "Student and teacher prompts are rendered independently with the
         model's native chat template"); its vocabulary is the student's (checked at start). None
         (= the student's) for the other kinds."""
-        if self.opsd.teacher.kind != "checkpoint":
+        if not self.opsd.teacher.kind_flags.loads_path:
             return None
         from verl.utils import hf_tokenizer
         from verl.utils.fs import copy_to_local
@@ -395,7 +395,7 @@ class OPSDStepMixin:
                 json.dump(self.monitor.state_dict(), handle)
         with open(os.path.join(folder, nonfinite.STATE_FILE), "w") as handle:
             json.dump(self.nonfinite.state_dict(), handle)
-        if self.opsd.teacher.kind == "ema":  # verl saves the actor only; the EMA teacher is state too
+        if self.opsd.teacher.kind_flags.follows_student:  # verl saves the actor only; the EMA teacher is state too
             self.actor_rollout_wg.save_ema_teacher(os.path.abspath(folder))
 
     def _load_opsd_state(self, folder: str) -> None:
@@ -403,7 +403,7 @@ class OPSDStepMixin:
         window (so collapse detection is not silently off for the first ``early_end + recent_window``
         steps after a resume)."""
         folder = os.path.abspath(folder)
-        if self.opsd.teacher.kind == "ema":
+        if self.opsd.teacher.kind_flags.follows_student:
             self.actor_rollout_wg.load_ema_teacher(folder)
             print(f"[opsd] EMA teacher restored from {folder}")
         nonfinite_path = os.path.join(folder, nonfinite.STATE_FILE)
@@ -532,7 +532,7 @@ class OPSDStepMixin:
         self._log_rollout_data(batch, extra, timing_raw, rollout_data_dir)
 
     # ------------------------------------------------------------------ collapse-monitor actions
-    # (opsd.diagnostics.monitor stop_on / rollback_on: recipe.opsd.core.monitor; the relaunch: recipe.launch.rollback)
+    # (opsd.diagnostics.monitor stop_on / rollback_on: recipe.opsd.core.monitor; the relaunch: recipe.launch.monitor_actions)
     def _record_monitor_action(self, action) -> None:
         """Log the monitor's stop / rollback request in the checkpoint directory (the launcher acts on it when this
         launch ends; the caller saves the step's checkpoint) and print it."""

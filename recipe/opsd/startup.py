@@ -9,9 +9,9 @@ by the entry point (``recipe.opsd.main_opsd``) and by the launcher for every lau
 2. the ``opsd:`` block (``recipe.opsd.core.config.OPSDConfig``) and verl's own ``validate_config``
    (batch sizes that do not divide across the GPUs), settings that would bypass the OPSD forward,
    and the student's chat-template mode wired into verl's dataset (``prepare_config``);
-3. the model directory and the checkpoint a run would resume from, the teacher checkpoint (kind
-   ``checkpoint``), the EMA teacher state of a resume (kind ``ema``), every row's reference solution
-   (SFT term);
+3. the model directory and the checkpoint a run would resume from, the teacher checkpoint (a teacher
+   kind that ``loads_path``), the EMA teacher state of a resume (one that ``follows_student``), every
+   row's reference solution (SFT term);
 4. the pre-flight gate's tokenizer-only part (``preflight_gate``; ``opsd.diagnostics.preflight=false`` skips it).
 
 Errors: ``ValueError`` for a config mistake (the message names the field), ``InputError`` for a
@@ -73,7 +73,7 @@ def startup_checks(config) -> Startup:
             resume_from_path=trainer.get("resume_from_path"),
         )
         check_training_inputs(model_path=config.actor_rollout_ref.model.path, resume_dir=resume_dir)
-        # teacher kind checkpoint: same tokenizer as the student; kind ema: a resume needs the EMA state
+        # a teacher that loads_path: the student's tokenizer; one that follows_student: a resume needs its state
         check_teacher_checkpoint(opsd, student_path=config.actor_rollout_ref.model.path)
         check_ema_resume(opsd, resume_dir=resume_dir)
         check_sft_solutions(opsd, train_files=config.data.train_files)  # SFT term only
@@ -270,30 +270,30 @@ def preflight_gate(config, opsd: OPSDConfig) -> str:
 
 # ----------------------------------------------------------------- teacher kinds (opsd.teacher)
 def uses_reference_slot(opsd: OPSDConfig, *, lora: bool) -> bool:
-    """Whether the teacher is a second copy in verl's reference slot (``Role.ActorRolloutRef``):
-    not for ``live`` (the actor module itself) nor for a LoRA ``frozen_initial`` teacher (the actor
-    with its adapters disabled)."""
-    from recipe.opsd.core.teacher_kinds import SECOND_COPY_KINDS
-
-    return opsd.teacher.kind in SECOND_COPY_KINDS and not (lora and opsd.teacher.kind == "frozen_initial")
+    """Whether the teacher is a second copy in verl's reference slot (``Role.ActorRolloutRef``;
+    ``TeacherKind.uses_reference_slot``)."""
+    return opsd.teacher.kind_flags.uses_reference_slot(lora=lora)
 
 
 def _check_teacher_kind(config, opsd: OPSDConfig, *, lora: bool) -> None:
     """Teacher-kind settings that cannot work, and the zero-loss setting, before Ray starts."""
-    from recipe.opsd.core.teacher_kinds import zero_loss_reason
+    from recipe.opsd.core.teacher_kinds import TEACHER_KINDS, zero_loss_reason
 
-    teacher = opsd.teacher
-    if lora and teacher.kind in ("checkpoint", "ema"):
+    teacher, kind = opsd.teacher, opsd.teacher.kind_flags
+    if lora and kind.needs_full_parameters:
+        adapters = {True: " (adapters disabled)", False: " (adapters enabled)"}
+        with_lora = " or ".join(name + adapters[other.lora_base_weights] for name, other in TEACHER_KINDS.items()
+                                if not other.needs_full_parameters)
         raise ValueError(
             f"opsd.teacher.kind={teacher.kind} needs full-parameter training (a second full copy in verl's "
-            "reference slot); with LoRA use frozen_initial (adapters disabled) or live (adapters enabled)"
+            f"reference slot); with LoRA use {with_lora}"
         )
-    if teacher.kind == "ema":
+    if kind.follows_student:
         dtype = config.actor_rollout_ref.ref.get("fsdp_config", {}).get("model_dtype", "fp32")
         if str(dtype) not in ("fp32", "float32"):
             raise ValueError(
-                f"actor_rollout_ref.ref.fsdp_config.model_dtype must be fp32 with opsd.teacher.kind=ema (the EMA "
-                f"increments (1 - d) x (student - teacher) vanish in {dtype}), got {dtype!r}"
+                f"actor_rollout_ref.ref.fsdp_config.model_dtype must be fp32 with opsd.teacher.kind={teacher.kind} "
+                f"(the EMA increments (1 - d) x (student - teacher) vanish in {dtype}), got {dtype!r}"
             )
     reason = zero_loss_reason(
         kind=teacher.kind, teacher_path=teacher.path, student_path=str(config.actor_rollout_ref.model.path),
@@ -309,10 +309,10 @@ def _check_teacher_kind(config, opsd: OPSDConfig, *, lora: bool) -> None:
 
 
 def check_teacher_checkpoint(opsd: OPSDConfig, *, student_path: str) -> None:
-    """kind ``checkpoint``: the teacher model has the student's tokenizer and vocabulary size
-    (``recipe.common.checkpoints.check_same_model`` on those keys; any architecture), before Ray
+    """A teacher kind that ``loads_path``: the teacher model has the student's tokenizer and vocabulary
+    size (``recipe.common.checkpoints.check_same_model`` on those keys; any architecture), before Ray
     starts. A Hub id not in the local Hugging Face cache is checked on the workers instead."""
-    if opsd.teacher.kind != "checkpoint":
+    if not opsd.teacher.kind_flags.loads_path:
         return
     from recipe.common.checkpoints import check_model_dir, check_model_source, check_same_model
     from recipe.common.heads import local_checkpoint_dir
@@ -335,15 +335,17 @@ def check_teacher_checkpoint(opsd: OPSDConfig, *, student_path: str) -> None:
 
 
 def check_ema_resume(opsd: OPSDConfig, *, resume_dir) -> None:
-    """kind ema: the checkpoint a run resumes from holds the EMA teacher (``opsd_ema_teacher/``);
-    one from another teacher kind would silently restart the teacher from the initial model."""
-    if opsd.teacher.kind != "ema" or resume_dir is None:
+    """A teacher kind that ``follows_student``: the checkpoint a run resumes from holds the EMA teacher
+    (``opsd_ema_teacher/``); one from another teacher kind would silently restart the teacher from the
+    initial model."""
+    if not opsd.teacher.kind_flags.follows_student or resume_dir is None:
         return
     from recipe.opsd.core.teacher_kinds import EMA_TEACHER_DIR
 
     if not os.path.isdir(os.path.join(resume_dir, EMA_TEACHER_DIR)):
         raise InputError(
-            f"no {EMA_TEACHER_DIR}/ (the EMA teacher) in the checkpoint a run with opsd.teacher.kind=ema resumes from",
+            f"no {EMA_TEACHER_DIR}/ (the EMA teacher) in the checkpoint a run with "
+            f"opsd.teacher.kind={opsd.teacher.kind} resumes from",
             file=resume_dir, hint="resume it with the teacher kind it was trained with, or start a new CKPT_DIR",
         )
 

@@ -56,9 +56,9 @@ def opsd_loss_function(loss_config, model_config, *, frozen_teacher_head: bool, 
 
     ``frozen_teacher_head``: a copy of the teacher's lm_head, read once from its checkpoint
     (``teacher_model_config``, default ``model_config``: ``actor_rollout_ref.model.path``; a
-    directory or a Hub id), with that model's head scale folded in; False (LoRA, teacher kind live):
-    the live lm_head, detached. ``head_dtype``: the copy's dtype (default: the checkpoint's; the EMA
-    teacher keeps float32). Soft-capped heads are refused here, at start.
+    directory or a Hub id), with that model's head scale folded in; False (LoRA, or the teacher is the
+    student): the live lm_head, detached. ``head_dtype``: the copy's dtype (default: the checkpoint's;
+    a teacher that follows the student keeps float32). Soft-capped heads are refused here, at start.
     """
     output_logit_scale(model_config.hf_config)  # the student's head too: refuse soft-capping now
     head = None
@@ -85,7 +85,7 @@ class OPSDTrainingWorker(TrainingWorker):
     swap its class for the subclass with the mixin, so every engine setting verl chose stays.
     """
 
-    # teacher kind checkpoint (set on the reference slot's class by ``worker_class_for``): the model
+    # a teacher kind that loads_path (set on the reference slot's class by ``worker_class_for``): the model
     # this worker loads instead of the student's
     model_path_override: str | None = None
 
@@ -129,18 +129,19 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
             raise ValueError("OPSDActorRolloutRefWorker needs the opsd config: build it with worker_class_for(opsd)")
         self.opsd = OPSDConfig.from_hydra(self.opsd_config)
         # the teacher head: a copy read from the teacher's checkpoint when the teacher is a second copy
-        # (ref slot: frozen_initial, checkpoint, ema); the live lm_head, detached, when the teacher is
-        # the actor module (LoRA frozen_initial: the lm_head is not adapted; live: the student's head)
+        # in the ref slot; the live lm_head, detached, when the teacher is the actor module (LoRA with
+        # the base weights: the lm_head is not adapted; the student itself: the student's head)
         teacher_config = self.ref.model_config if self.ref is not None else None
-        if self.opsd.teacher.kind == "checkpoint":
+        kind = self.opsd.teacher.kind_flags
+        if kind.loads_path:
             self._check_teacher_tokenizer(teacher_config)
         loss_fn = opsd_loss_function(
             self.opsd.loss, self.actor.model_config, frozen_teacher_head=self.ref is not None,
-            teacher_model_config=teacher_config, head_dtype=torch.float32 if self.opsd.teacher.kind == "ema" else None,
+            teacher_model_config=teacher_config, head_dtype=torch.float32 if kind.follows_student else None,
         )
         self.actor.set_loss_fn(loss_fn)
         self.objective = loss_fn.keywords["objective"]
-        if self.opsd.teacher.kind == "ema":
+        if kind.follows_student:
             self._teacher_head_VH = loss_fn.keywords["teacher_weight_VH"]
             self.actor.engine.opsd_after_optimizer_step = self._ema_teacher_step
 
@@ -159,7 +160,7 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
                                                         "objective": self.objective}))
 
     def _check_teacher_tokenizer(self, teacher_config) -> None:
-        """kind checkpoint: the teacher's tokenizer and vocabulary size are the student's (also
+        """A kind that loads_path: the teacher's tokenizer and vocabulary size are the student's (also
         checked before Ray for local models; here for Hub ids, after the download)."""
         from recipe.common.checkpoints import check_same_model
         from recipe.common.heads import local_checkpoint_dir
@@ -170,7 +171,7 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
         check_same_model(student, teacher, keys=TEACHER_SAME_KEYS)
 
     def _ema_teacher_step(self, grad_norm) -> None:
-        """kind ema, after every optimizer step of the actor (``teacher_state.ema_teacher_step``)."""
+        """A kind that follows_student, after every optimizer step of the actor (``teacher_state.ema_teacher_step``)."""
         teacher_state.ema_teacher_step(
             teacher_module=self.ref.engine.module, student_module=self.actor.engine.module,
             teacher_head_VH=self._teacher_head_VH, hf_config=self.actor.model_config.hf_config,
@@ -209,11 +210,11 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
 
     def _teacher_param_sums(self) -> list[float] | None:
         """float64 (sum, sum of squares) of the weights that score this step, taken right before the
-        teacher forward: the reference copy (frozen_initial, checkpoint, ema), the actor module (live);
-        None for the LoRA frozen teacher (the actor's base weights, adapters disabled: no own copy)."""
+        teacher forward: the reference copy (a second copy), the actor module (the teacher is the student);
+        None for the LoRA base-weights teacher (the actor's base weights, adapters disabled: no own copy)."""
         if self.ref is not None:
             return teacher_state.sharded_param_sums(self.ref.engine.module.parameters())
-        if self.opsd.teacher.kind == "live":
+        if self.opsd.teacher.kind_flags.is_student:
             return teacher_state.sharded_param_sums(self.actor.engine.module.parameters())
         return None
 
@@ -248,9 +249,9 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
             tu.assign_non_tensor(teacher, **{TEACHER_RANK_CHUNK_KEY: int(rank_chunk)})
         if self.ref is not None:
             output = self.ref.infer_batch(data=teacher)
-        else:  # the actor module: live (as it is now) or LoRA frozen_initial (adapters disabled)
+        else:  # the actor module: the student itself (as it is now) or LoRA's base weights (adapters disabled)
             teacher_state.fsdp2_lazy_init(self.actor.engine.module)
-            if self.opsd.teacher.kind != "live":
+            if self.opsd.teacher.kind_flags.lora_base_weights:
                 tu.assign_non_tensor(teacher, no_lora_adapter=True)
             output = self.actor.infer_batch(teacher)
         keys = ("teacher_hidden", "teacher_rank") if rank_chunk is not None else ("teacher_hidden",)
@@ -258,14 +259,16 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_ema_teacher(self, folder: str) -> None:
-        """kind ema: this rank's shards of the EMA teacher into the checkpoint ``folder`` (``teacher_state``)."""
-        if self.opsd.teacher.kind == "ema":
+        """A kind that follows_student: this rank's shards of the EMA teacher into the checkpoint ``folder``
+        (``teacher_state``)."""
+        if self.opsd.teacher.kind_flags.follows_student:
             teacher_state.save_ema_teacher(folder, teacher_module=self.ref.engine.module,
                                            teacher_head_VH=self._teacher_head_VH)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_ema_teacher(self, folder: str) -> None:
-        """kind ema, on resume: the EMA teacher saved with the checkpoint (verl restores the actor only)."""
+        """A kind that follows_student, on resume: the EMA teacher saved with the checkpoint (verl restores the
+        actor only)."""
         teacher_state.load_ema_teacher(folder, teacher_module=self.ref.engine.module,
                                        teacher_head_VH=self._teacher_head_VH)
 
@@ -348,10 +351,12 @@ def _preflight_loss(model_output, data, dp_group=None, *, loss_config, teacher_w
 
 def worker_class_for(opsd_config: dict) -> type:
     """An ``OPSDActorRolloutRefWorker`` subclass carrying the ``opsd:`` block (pickled to Ray by value);
-    teacher kind checkpoint: its reference slot loads ``opsd.teacher.path``."""
+    a teacher kind that loads_path: its reference slot loads ``opsd.teacher.path``."""
+    from recipe.opsd.core.teacher_kinds import DEFAULT_TEACHER_KIND, teacher_kind
+
     attrs = {"opsd_config": dict(opsd_config)}
     teacher = dict(opsd_config.get("teacher") or {})
-    if teacher.get("kind") == "checkpoint":
+    if teacher_kind(teacher.get("kind", DEFAULT_TEACHER_KIND)).loads_path:
         attrs["ref_worker_cls"] = type(
             "OPSDTeacherCheckpointWorker", (OPSDTrainingWorker,), {"model_path_override": str(teacher["path"])}
         )

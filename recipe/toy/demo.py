@@ -1,4 +1,4 @@
-"""The two CPU demos of the launcher (``recipe.launch.demos``): their builders and the toy evaluation.
+"""The two CPU demos of the launcher (``recipe.toy.cpu_demos``): their builders and the toy evaluation.
 
 - ``toy``: the SFT-trained toy student (``recipe.toy.student``, built once, ~3 min on 2 cores)
   on two-digit addition; evaluated on the 256 held-out problems before and after training
@@ -32,9 +32,9 @@ from pathlib import Path
 import pandas as pd
 
 from recipe.evaluation import stats
-from recipe.launch.demos import DemoBuild
+from recipe.launch.config import Settings
 from recipe.launch.run import DemoInputs
-from recipe.launch.settings import Settings
+from recipe.toy.cpu_demos import DemoBuild
 from recipe.toy.data import conversation_length, prompt_phrases, rl_rows, sft_rows
 from recipe.toy.student import StudentConfig, build_student, evaluate_model, student_dir, write_data
 from recipe.toy.task import TaskConfig, make_records
@@ -97,8 +97,7 @@ def row_lengths(recipe: str, cfg, files: dict[str, Path], tokenizer) -> list[tup
 def check_demo_rows(demo: str, files: dict[str, Path], tokenizer, *, overrides: dict[str, list[str]] | None = None) -> None:
     """Every row of the demo's ``files`` fits the caps of every recipe with a ``config/demo/<demo>.yaml`` preset,
     each composed as its CPU launch would be (plus ``overrides[recipe]``); ValueError naming the file, cap and preset."""
-    from recipe.launch.compose import compose
-    from recipe.launch.recipes import RECIPES
+    from recipe.launch.config import RECIPES, compose
 
     for name, recipe in RECIPES.items():
         if demo not in recipe.presets("demo"):

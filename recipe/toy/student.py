@@ -11,7 +11,7 @@
     init/        random Qwen3 + character tokenizer (``recipe.models.tiny.build_tiny_model``),
                  the fixed prompt texts as single tokens (``recipe.toy.data.prompt_phrases``)
     sft/         verl SFT checkpoints (the launcher's ``sft`` recipe on the CPU) + run_times.jsonl
-    student/     the merged HF student (``recipe.launch.merge``)
+    student/     the merged HF student (``recipe.common.merge``)
     student_eval/<none|full_solution>/<greedy|sampled_nN>/   ``recipe.evaluation.harness`` outputs
     runs/        OPSD / GRPO runs of the toy demo (``recipe.toy.demo``; one directory per launch)
     BUILD.json   the config, its hash and the build's wall times (written last: a build
@@ -186,11 +186,9 @@ def sft_and_merge(*, init: Path, sft_file: Path, root: Path, overrides: list[str
     their ``trainer.total_training_steps``. An interrupted run (``root/sft`` without ``root/student``) is
     started again. Returns the wall times ``{"sft_s", "merge_s"}``.
     """
-    from recipe.launch.demos import StepProgress
-    from recipe.launch.merge import merge_checkpoint
-    from recipe.launch.recipes import get_recipe
-    from recipe.launch.run import execute, plan
-    from recipe.launch.settings import Settings
+    from recipe.common.merge import merge_checkpoint
+    from recipe.launch.config import Settings, get_recipe
+    from recipe.launch.run import StepProgress, execute, plan
 
     sft_dir = root / "sft"
     if sft_dir.exists():
@@ -315,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from recipe.common import cli
-    from recipe.launch.settings import Settings
+    from recipe.launch.config import Settings
 
     defaults = StudentConfig()
     parser = argparse.ArgumentParser(description="Build (or reuse) the toy student and print its held-out accuracy "

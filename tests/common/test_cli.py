@@ -1,6 +1,8 @@
-"""recipe.common.cli: the one-line input error, --debug / OPSD_DEBUG, the shared readers and refusals."""
+"""recipe.common.cli: the one-line input error, --debug / OPSD_DEBUG, the shared readers and refusals, a log
+that survives a full disk."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +118,12 @@ def test_refusals(tmp_path):
     cli.refuse_nonempty_dir(tmp_path / "missing", flag="--run-root")
     with pytest.raises(OutputExistsError, match=r"is not empty \(pass another --run-root\)"):
         cli.refuse_nonempty_dir(tmp_path, flag="--run-root")
+
+
+def test_the_launch_log_survives_a_full_disk(capsys):
+    log = cli.TolerantLog(Path("/dev/full"))  # every write: ENOSPC
+    log.write("step:1\n")
+    log.write("step:2\n")
+    log.close()
+    assert log.full and capsys.readouterr().out == (
+        "[launch] /dev/full: no space left, the rest of the trainer's output is not written there\n")

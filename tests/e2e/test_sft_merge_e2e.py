@@ -1,4 +1,4 @@
-"""SFT stage -> FSDP merge -> HF model (the pipeline's wiring: tests/launch/test_pipeline.py).
+"""SFT stage -> FSDP merge -> HF model (the pipeline's wiring: tests/tools/test_pipeline.py).
 
 - e2e: ``bash recipe/sft/run_sft.sh`` (verl's SFT trainer under torchrun, FSDP2 over gloo, the
   recipe's yaml, the tiny demo's run size) trains the tiny model for 2 steps on the toy SFT

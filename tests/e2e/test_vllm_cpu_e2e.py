@@ -290,8 +290,8 @@ def test_smollm2_format_sft_then_opsd_through_vllm_then_the_analysis_cli(vllm_ve
                                                                          tmp_path):
     """The real demo's student build (2 format-SFT steps), 2 OPSD steps from it through verl's vLLM server with
     the weight-sync probe, the merge, and ``scripts/analyze_signals.py`` on the trained model."""
-    from recipe.launch.gpu_check import probe_environment
-    from recipe.launch.merge import merge_checkpoint
+    from recipe.common.merge import merge_checkpoint
+    from recipe.tools.gpu_check import probe_environment
     from recipe.toy.real_demo import REAL_TASK, RealStudent, build_real_student, write_real_data
 
     # the demo's student build, 2 SFT steps: verl's SFT trainer on SmolLM2, merged; built once, then reused
@@ -355,7 +355,7 @@ def test_smollm2_format_sft_then_opsd_through_vllm_then_the_analysis_cli(vllm_ve
 
 
 def test_smollm2_grpo_two_steps_rollout_serves_the_trainers_weights(vllm_venv, smollm2_dir, run_cpu_verl, tmp_path):
-    from recipe.launch.gpu_check import probe_environment
+    from recipe.tools.gpu_check import probe_environment
 
     probe_log = tmp_path / "probe.jsonl"
     env = {"DEVICE": "cpu", "CPU_ROLLOUT": "vllm", "VLLM_VENV": str(vllm_venv), "CPU_DEMO": "tiny",

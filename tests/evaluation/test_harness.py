@@ -317,16 +317,23 @@ def test_resolve_model_hf_dir_and_fsdp_merge_cache(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="not a directory"):
         resolve_model(str(tmp_path / "missing" / "model"), merge_cache=tmp_path / "cache")
 
+    import torch
+
+    from recipe.common import merge
+
     actor = tmp_path / "ckpt" / "global_step_100" / "actor"
-    actor.mkdir(parents=True)
-    (actor / "model_world_size_1_rank_0.pt").write_bytes(b"")
+    (actor / "huggingface").mkdir(parents=True)  # a whole save: shard, fsdp_config.json, config and tokenizer
+    torch.save({}, actor / "model_world_size_1_rank_0.pt")
+    for name in ("fsdp_config.json", "huggingface/config.json", "huggingface/tokenizer.json"):
+        (actor / name).write_text("{}")
     calls = []
 
-    def fake_merge(checkpoint, target):
+    def fake_merge(checkpoint, target, **_):
         calls.append((checkpoint, target))
         _fake_hf_dir(target)
+        return 0, "", ""
 
-    monkeypatch.setattr(evaluation, "_run_merger", fake_merge)
+    monkeypatch.setattr(merge, "_run_merger", fake_merge)
     merged = Path(resolve_model(str(actor), merge_cache=tmp_path / "cache"))
     assert merged.parent == tmp_path / "cache" and "global_step_100_actor" in merged.name
     assert (merged / "config.json").is_file() and len(calls) == 1 and ".partial-" in calls[0][1].name

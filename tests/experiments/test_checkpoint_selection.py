@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.analysis import monitor_actions
 from recipe.experiments import checkpoint_selection as sel
+from recipe.launch import monitor_actions
 
 
 def test_the_best_save_by_the_metric_with_intervals_against_the_start(tmp_path, monkeypatch):
@@ -24,7 +24,7 @@ def test_the_best_save_by_the_metric_with_intervals_against_the_start(tmp_path, 
         (Path(target) / "config.json").write_text("{}")
         return Path(target)
 
-    monkeypatch.setattr("recipe.launch.merge.merge_checkpoint", merge)
+    monkeypatch.setattr("recipe.common.merge.merge_checkpoint", merge)
     ids = [f"p{i}" for i in range(20)]
     scores = {10: 0.6, 20: 0.9, 30: 0.5}  # the fraction of problems solved after each save
 

@@ -171,7 +171,7 @@ def test_the_cli_refuses_few_steps_and_a_validation_without_a_demo(tmp_path, mon
     monkeypatch.setenv("MODEL_PATH", str(tmp_path))
     monkeypatch.setenv("TRAIN_FILES", str(tmp_path / "t.parquet"))
     monkeypatch.setattr(probe, "run_probe", lambda *a, **k: pytest.fail("no probe"))
-    monkeypatch.setattr("recipe.launch.settings.Settings.demo", property(lambda self: None))
+    monkeypatch.setattr("recipe.launch.config.Settings.demo", property(lambda self: None))
     with pytest.raises(cli.InputError, match="--validate evaluates held-out problems"):
         probe.main(["--out-dir", str(tmp_path), "--validate"])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pandas as pd
 import pytest
@@ -155,10 +156,20 @@ def test_init_stage_commands_sft_then_merge(tmp_path):
                                   "--out", str(tmp_path / "sft" / "train.parquet")]
     assert "trainer.total_training_steps=10" in cmds[1]["cmd"] and cmds[1]["env"]["MODEL_PATH"] == "/m/base"
     assert cmds[1]["env"]["NGPUS"] == "2" and cmds[1]["env"]["TRAIN_FILES"] == str(tmp_path / "sft" / "train.parquet")
-    assert cmds[2]["cmd"][1:] == ["-m", "recipe.launch.merge", str(tmp_path / "sft" / "checkpoints" / "global_step_10"),
+    assert cmds[2]["cmd"][1:] == ["-m", "recipe.common.merge", str(tmp_path / "sft" / "checkpoints" / "global_step_10"),
                                   str(merged)]
     given, _ = sweep.init_stage_commands({"kind": "sft", "total_steps": 10, "train_files": "/d/omr_sft.parquet"},
                                          cfg=cfg, run_dir=tmp_path, device="gpu")
     assert [c["name"] for c in given] == ["sft_train", "sft_merge"] and given[0]["env"]["TRAIN_FILES"] == "/d/omr_sft.parquet"
     with pytest.raises(ValueError, match="init_stage.kind"):
         sweep.init_stage_commands({"kind": "grpo", "total_steps": 1}, cfg=cfg, run_dir=tmp_path, device="gpu")
+
+
+def test_a_run_step_logs_its_command_and_output_and_its_timeout_kills_it(tmp_path):
+    """The sweep runs its stages through the launcher's runner (recipe.launch.processes.run_marked)."""
+    log = tmp_path / "train.log"
+    assert sweep._run_logged([sys.executable, "-c", "print('step 1')"], env={}, log=log, timeout_s=None) == 0
+    assert log.read_text().startswith(f"$ {sys.executable} -c ") and log.read_text().endswith("step 1\n")
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    assert sweep._run_logged(slow, env={}, log=log, timeout_s=1) == -9
+    assert log.read_text().count("$ ") == 2  # appended

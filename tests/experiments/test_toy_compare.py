@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from recipe.evaluation.stats import paired_bootstrap
 from recipe.experiments.toy_compare import run_method, table
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import get_recipe
 from recipe.toy.demo import change_interval, problem_scores
 
 

@@ -3,8 +3,7 @@ sentence by sentence (a changed value of ours fails; the CPU platform: tests/cpu
 
 import pytest
 
-from recipe.launch.compose import compose
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import compose, get_recipe
 
 
 def grpo_config(overrides=()):

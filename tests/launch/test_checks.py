@@ -9,9 +9,8 @@ import pytest
 from recipe.common import cli
 from recipe.common.checkpoints import check_model_source
 from recipe.launch.checks import LaunchInputError
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import Settings, get_recipe
 from recipe.launch.run import plan
-from recipe.launch.settings import Settings
 
 OPSD, GRPO, SFT = get_recipe("opsd"), get_recipe("grpo"), get_recipe("sft")
 
@@ -142,7 +141,7 @@ def test_what_a_dry_run_of_a_demo_or_a_pipeline_stage_builds_first_is_not_checke
 
 @pytest.mark.slow
 def test_the_pipeline_names_its_own_variables(launch_inputs, tmp_path):
-    from recipe.launch.pipeline import run_pipeline
+    from recipe.tools.pipeline import run_pipeline
 
     environ = {**launch_inputs.env, "DEVICE": "cpu", "OPSD_CACHE": str(tmp_path / "cache"), "WORK_DIR": str(tmp_path / "w"),
                "BASE_MODEL": str(launch_inputs.model), "SFT_FILES": str(launch_inputs.sft),

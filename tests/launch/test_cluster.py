@@ -16,10 +16,9 @@ import pytest
 
 from recipe.launch.cluster import (NodeReport, PreflightError, cluster_problems, forwarded_environment,
                                    join_overrides, preflight)
+from recipe.launch.config import Settings, get_recipe
 from recipe.launch.processes import LAUNCH_ID_ENV, is_ray_daemon, kill_launch
-from recipe.launch.recipes import get_recipe
 from recipe.launch.run import plan
-from recipe.launch.settings import Settings
 
 OPSD = get_recipe("opsd")
 

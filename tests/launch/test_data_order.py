@@ -16,9 +16,8 @@ from recipe.common.cli import InputError
 from recipe.common.prompts import student_messages
 from recipe.experiments.sweep_data import materialize_sampler_order
 from recipe.launch import data_order
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import Settings, get_recipe
 from recipe.launch.run import plan
-from recipe.launch.settings import Settings
 
 OPSD, GRPO = get_recipe("opsd"), get_recipe("grpo")
 LONG_ROW = 5  # the over-long prompt's row

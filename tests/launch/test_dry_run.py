@@ -1,7 +1,7 @@
 """Every GPU launch branch composed without a GPU: presets reach the final config, nothing wins silently.
 
 The launch branches are run_opsd.sh, run_grpo.sh, run_sft.sh (``recipe.launch``), the pipeline
-(``recipe.launch.pipeline``) and the sweep (``scripts/sweep.py plan --dry-run``). Each model
+(``recipe.tools.pipeline``) and the sweep (``scripts/sweep.py plan --dry-run``). Each model
 preset goes through the OPSD launcher with one representative experiment preset (rotating) and
 through the sweep; the expected values are read from the preset files themselves, so the test
 checks that the launcher passes them on, whatever they are. The shell scripts are run once each
@@ -18,10 +18,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.launch.overrides import Override
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import Override, Settings, get_recipe
 from recipe.launch.run import plan
-from recipe.launch.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OPSD, GRPO, SFT = get_recipe("opsd"), get_recipe("grpo"), get_recipe("sft")
@@ -346,7 +344,7 @@ def test_dry_run_runs_the_launchs_start_up_checks():
 def test_the_launchs_config_is_what_hydra_composes_from_its_override_list(recipe, argv, device):
     """The launcher composes the group selections once and applies the value overrides itself (a delete falls
     back to hydra's composition); verl composes the launch's whole override list: the two configs are equal."""
-    from recipe.launch.compose import compose
+    from recipe.launch.config import compose
 
     if device == "gpu":
         launch = gpu_plan(recipe, argv, model_path=a_model())

@@ -11,10 +11,9 @@ import time
 
 import pytest
 
+from recipe.launch.config import Settings, get_recipe
 from recipe.launch.processes import LAUNCH_ID_ENV, kill_launch, pids_with
-from recipe.launch.recipes import get_recipe
 from recipe.launch.run import execute, plan
-from recipe.launch.settings import Settings
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 

@@ -5,11 +5,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.launch.compose import compose
+from recipe.launch.config import RECIPES, Settings, compose, get_recipe
 from recipe.launch.ranks import check_rank_division
-from recipe.launch.recipes import RECIPES, get_recipe
 from recipe.launch.run import plan
-from recipe.launch.settings import Settings
 
 
 def rl_config(*, batch=4, n=4, mini=4, micro=8, log_prob=8, ref=8, ranks=1, dynamic=False, kl=True):

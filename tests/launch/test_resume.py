@@ -10,10 +10,9 @@ import shutil
 import pytest
 
 from recipe.launch import __main__ as launcher
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import Settings, get_recipe
 from recipe.launch.resume import ConfigChangedError, config_changes, continuation_keys, reference_config
 from recipe.launch.run import plan
-from recipe.launch.settings import Settings
 
 OPSD, GRPO, SFT = get_recipe("opsd"), get_recipe("grpo"), get_recipe("sft")
 

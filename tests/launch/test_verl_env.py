@@ -19,10 +19,8 @@ from pathlib import Path
 import pytest
 
 from recipe.cpu.vllm_cpu import VENV_MARKER
-from recipe.launch.overrides import Override
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import Override, Settings, get_recipe
 from recipe.launch.run import plan
-from recipe.launch.settings import Settings
 from recipe.launch.verl_env import RUNTIME_ENV_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -71,8 +71,7 @@ def _preset_lrs(experiment, *, steps, resume=None):
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-    from recipe.launch.compose import compose
-    from recipe.launch.recipes import get_recipe
+    from recipe.launch.config import compose, get_recipe
 
     cfg = compose(get_recipe("opsd"), [f"+experiment={experiment}"])
     optim = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.optim)

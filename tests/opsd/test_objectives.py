@@ -4,6 +4,7 @@ GRPO advantage, against the reverse-KL gradient, and exact across micro-batches.
 from __future__ import annotations
 
 import math
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from recipe.opsd.core.losses import log_probs, token_divergence
+from recipe.opsd.core.objectives import objective_names
 from recipe.opsd.core.objectives.terms import (
     group_advantages,
     mix_task_advantages,
@@ -248,22 +250,91 @@ def test_weighted_sum_ignores_zero_weight_garbage():
     torch.testing.assert_close(values.grad, torch.tensor([0.5, 0.0, 0.25], dtype=D))
 
 
-def test_the_registry_knows_each_objective_and_what_it_needs():
-    from recipe.opsd.core.objectives import get_objective, objective_names
+# what the shipped objectives declare: (needs_reference_forward, uses_policy_gradient, supports_topk,
+# supports_task_reward, supports_sft, needs_task_reward, step_value_names), in the registry's order
+SHIPPED = {
+    "divergence": (False, False, True, True, True, False, ()),
+    "sampled_token": (False, True, False, True, True, False, ()),
+    "purified": (True, False, False, False, False, False, ()),
+    "beta_opsd": (False, False, False, False, False, False, ("teacher_weight",)),
+    "rlsd": (False, True, False, False, False, True, ("rlsd_lambda",)),
+}
 
-    assert objective_names() == ["divergence", "sampled_token", "purified", "beta_opsd", "rlsd"]
-    needs = {name: (cls.needs_reference_forward, cls.uses_policy_gradient, cls.supports_topk,
-                    cls.supports_task_reward, cls.supports_sft, cls.needs_task_reward, cls.step_value_names)
-             for name, cls in ((n, get_objective(n)) for n in objective_names())}
-    assert needs == {
-        "divergence": (False, False, True, True, True, False, ()),
-        "sampled_token": (False, True, False, True, True, False, ()),
-        "purified": (True, False, False, False, False, False, ()),
-        "beta_opsd": (False, False, False, False, False, False, ("teacher_weight",)),
-        "rlsd": (False, True, False, False, False, True, ("rlsd_lambda",)),
-    }
+
+def _declared(cls):
+    return (cls.needs_reference_forward, cls.uses_policy_gradient, cls.supports_topk, cls.supports_task_reward,
+            cls.supports_sft, cls.needs_task_reward, cls.step_value_names)
+
+
+def test_the_registry_knows_each_objective_and_what_it_needs():
+    """Every module of the package registers its objective, listed by its declared ``order``; the shipped ones
+    declare what they need (``SHIPPED``); a new one needs no line here."""
+    import pkgutil
+
+    from recipe.opsd.core import objectives
+    from recipe.opsd.core.objectives import get_objective
+    from recipe.opsd.core.objectives.base import HELPER_MODULES
+
+    names = objective_names()
+    assert names == sorted(names, key=lambda name: (get_objective(name).order, name))
+    assert [name for name in names if name in SHIPPED] == list(SHIPPED)  # divergence, sampled_token, purified, ...
+    modules = {m.name for m in pkgutil.iter_modules(objectives.__path__)} - set(HELPER_MODULES)
+    assert {get_objective(name).__module__.rsplit(".", 1)[-1] for name in names} == modules
+    assert {name: _declared(get_objective(name)) for name in SHIPPED} == SHIPPED
     with pytest.raises(ValueError, match="opsd.loss.objective must be one of"):
         get_objective("reverse_kl")
+
+
+@pytest.mark.parametrize("name", objective_names())
+def test_each_objectives_declared_attributes_are_what_the_config_and_the_glue_see(name):
+    """What an objective declares is what the config accepts (``supports_*``) and what the glue is told
+    (``uses_surrogate``, ``uses_task_reward``, ``step_values``) at the shared settings' defaults."""
+    from recipe.opsd.core.config import LossConfig
+    from recipe.opsd.core.objectives import get_objective
+
+    cls = get_objective(name)
+    built = LossConfig(objective=name).build_objective()
+    assert built.uses_surrogate() is cls.uses_policy_gradient
+    assert built.uses_task_reward() is cls.needs_task_reward
+    assert set(built.step_values(step=0, total_steps=10)) == set(cls.step_value_names)
+    for setting, supported in (("topk", cls.supports_topk), ("task_weight", cls.supports_task_reward),
+                               ("sft_weight", cls.supports_sft)):
+        value = 4 if setting == "topk" else 0.1
+        if supported:
+            LossConfig(objective=name, **{setting: value})
+        else:
+            with pytest.raises(ValueError, match=f"opsd.loss.{setting}"):
+                LossConfig(objective=name, **{setting: value})
+
+
+def test_objective_modules_are_found_by_discovery(tmp_path, monkeypatch):
+    """A package's objective modules are imported by discovery: a new module registers its objective, the
+    helpers and private modules are skipped (here they raise if imported), the order is the declared one."""
+    from recipe.opsd.core.objectives import get_objective
+    from recipe.opsd.core.objectives.base import _REGISTRY, import_objective_modules
+
+    package = tmp_path / "throwaway_objectives"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for helper in ("base", "terms", "_private"):
+        (package / f"{helper}.py").write_text("raise AssertionError('a helper module was imported')\n")
+    (package / "zz_late.py").write_text(
+        "from recipe.opsd.core.objectives import Objective, register_objective\n\n\n"
+        "@register_objective\nclass Late(Objective):\n    name = 'test_zz_late'\n    order = -1\n")
+    (package / "early.py").write_text(
+        "from recipe.opsd.core.objectives import Objective, register_objective\n\n\n"
+        "@register_objective\nclass Early(Objective):\n    name = 'test_early'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert import_objective_modules(package="throwaway_objectives", path=[str(package)]) == ["early", "zz_late"]
+        names = objective_names()
+        assert names[0] == "test_zz_late" and names[-1] == "test_early"  # order -1 first; the default order last
+        assert get_objective("test_early").__module__ == "throwaway_objectives.early"
+    finally:
+        for name in ("test_early", "test_zz_late"):
+            _REGISTRY.pop(name, None)
+        for module in ("throwaway_objectives", "throwaway_objectives.early", "throwaway_objectives.zz_late"):
+            sys.modules.pop(module, None)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from recipe.evaluation.decoding_presets import PRESETS
 from recipe.opsd.core.config import OPSDConfig
-from recipe.opsd.core.objectives import get_objective
+from recipe.opsd.core.objectives import get_objective, objective_names
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "opsd" / "config"
 # the toy-world preset of another module; the async-trainer presets (not paper factors: tests/async_rl/test_config.py)
@@ -212,6 +212,14 @@ def _compose(*overrides: str):
 def test_every_preset_has_an_expectation():
     assert sorted(EXPECTED) == _names("experiment")
     assert sorted(BATCH_TABLE) == _names("model")
+
+
+def test_every_registered_objective_has_an_experiment_preset():
+    """An objective is its module plus a preset that selects it (the default's: the recipe yaml itself)."""
+    selected = {OmegaConf.select(OmegaConf.load(CONFIG_DIR / "opsd_trainer.yaml"), "opsd.loss.objective")}
+    selected |= {OmegaConf.select(OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml"), "opsd.loss.objective")
+                 for name in _names("experiment")}
+    assert set(objective_names()) <= selected, sorted(set(objective_names()) - selected)
 
 
 @pytest.mark.parametrize("name", _names("experiment"))

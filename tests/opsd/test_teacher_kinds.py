@@ -1,6 +1,6 @@
-"""Teacher kinds (opsd.teacher): the EMA update (float64, hand-written values), the zero-loss
-predicate, and their validation before Ray (config, prepare_config, the teacher checkpoint's
-tokenizer)."""
+"""Teacher kinds (opsd.teacher): the registry's flags (and a kind the glue has never heard of), the EMA
+update (float64, hand-written values), the zero-loss predicate, and their validation before Ray (config,
+prepare_config, the teacher checkpoint's tokenizer)."""
 
 import json
 import shutil
@@ -10,7 +10,81 @@ import pytest
 import torch
 
 from recipe.opsd.core.config import OPSDConfig, TeacherConfig
-from recipe.opsd.core.teacher_kinds import TEACHER_KINDS, ema_update_, ema_update_all_, zero_loss_reason
+from recipe.opsd.core.teacher_kinds import (
+    TEACHER_KINDS,
+    TeacherKind,
+    ema_update_,
+    ema_update_all_,
+    teacher_kind,
+    zero_loss_reason,
+)
+
+
+# ------------------------------------------------------------------ the registry
+# what the shipped kinds are (the sets the glue used to name): a second copy in verl's reference slot, the
+# student's weights before the first update, the student at every step, its own model path, follows the student
+SHIPPED = {
+    "frozen_initial": dict(second_copy=True, starts_as_student=True, is_student=False, loads_path=False,
+                           follows_student=False, lora_base_weights=True),
+    "checkpoint": dict(second_copy=True, starts_as_student=False, is_student=False, loads_path=True,
+                       follows_student=False, lora_base_weights=False),
+    "ema": dict(second_copy=True, starts_as_student=True, is_student=False, loads_path=False,
+                follows_student=True, lora_base_weights=False),
+    "live": dict(second_copy=False, starts_as_student=True, is_student=True, loads_path=False,
+                 follows_student=False, lora_base_weights=False),
+}
+
+
+def test_the_shipped_kinds_and_their_flags():
+    for name, flags in SHIPPED.items():
+        kind = teacher_kind(name)
+        assert kind.name == name and {flag: getattr(kind, flag) for flag in flags} == flags
+    assert [name for name, kind in TEACHER_KINDS.items() if kind.needs_full_parameters] == ["checkpoint", "ema"]
+    with pytest.raises(ValueError, match=r"opsd.teacher.kind must be one of \['frozen_initial', 'checkpoint', 'ema', "
+                                         r"'live'.*got 'frozen'"):
+        teacher_kind("frozen")
+
+
+@pytest.mark.parametrize("name", list(TEACHER_KINDS))
+def test_every_kinds_flags_are_consistent(name):
+    kind = teacher_kind(name)
+    assert kind.name == name
+    if kind.loads_path or kind.follows_student or kind.lora_base_weights:  # what only a copy of the weights can do
+        assert kind.second_copy
+    if kind.is_student:
+        assert kind.starts_as_student and not kind.second_copy
+    if kind.loads_path:  # another model's weights
+        assert not kind.starts_as_student
+
+
+def test_a_new_teacher_kind_is_one_registry_entry(monkeypatch):
+    """A kind the glue has never heard of: a second copy loaded from opsd.teacher.path that follows the
+    student. Config validation, the zero-loss predicate, the reference slot, the pre-flight gate and the
+    launcher read its flags."""
+    from recipe.launch.checks import teacher_kind_flag
+    from recipe.opsd.core.preflight import teacher_is_student
+    from recipe.opsd.startup import uses_reference_slot
+
+    new = TeacherKind("test_following_checkpoint", second_copy=True, loads_path=True, follows_student=True)
+    monkeypatch.setitem(TEACHER_KINDS, new.name, new)
+    with pytest.raises(ValueError, match="opsd.teacher.path must be a model directory or Hub id with "
+                                         "opsd.teacher.kind=test_following_checkpoint"):
+        OPSDConfig.from_hydra({"teacher": {"kind": "test_following_checkpoint", "ema_decay": 0.9}})
+    with pytest.raises(ValueError, match="opsd.teacher.ema_decay must be a number"):
+        OPSDConfig.from_hydra({"teacher": {"kind": "test_following_checkpoint", "path": "/m/t"}})
+    opsd = OPSDConfig.from_hydra({"teacher": {"kind": "test_following_checkpoint", "path": "/m/t", "ema_decay": 0.9}})
+    assert opsd.teacher.kind_flags.follows_student and opsd.teacher.kind_flags.needs_full_parameters
+    with pytest.raises(ValueError, match=r"opsd.teacher.path must be null unless opsd.teacher.kind=checkpoint\|"
+                                         r"test_following_checkpoint"):
+        OPSDConfig.from_hydra({"teacher": {"kind": "live", "path": "x"}})
+    assert uses_reference_slot(opsd, lora=False) and uses_reference_slot(opsd, lora=True)
+    assert not teacher_is_student("test_following_checkpoint", resumed=False)
+    assert _zero(kind="test_following_checkpoint", teacher_path="/m/pre_sft") is None
+    assert "the student's own checkpoint" in _zero(kind="test_following_checkpoint", teacher_path="/m/student")
+    assert teacher_kind_flag("test_following_checkpoint", flag="loads_path")
+    assert teacher_kind_flag("test_following_checkpoint", flag="follows_student")
+    assert not teacher_kind_flag("frozen_initial", flag="loads_path") and not teacher_kind_flag(None, flag="loads_path")
+    assert not teacher_kind_flag("no_such_kind", flag="loads_path")  # the start-up checks name it
 
 
 # ------------------------------------------------------------------ EMA update

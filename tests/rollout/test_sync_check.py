@@ -3,8 +3,8 @@
 import importlib.util
 from pathlib import Path
 
-from recipe.launch.gpu_check import probe_environment
 from recipe.rollout import extension, sync_check
+from recipe.tools.gpu_check import probe_environment
 
 
 def test_registers_the_sync_checked_adapter_over_verls_or_the_guarded_one(monkeypatch):

@@ -1,8 +1,7 @@
 """recipe/sft/config/sft_trainer.yaml against the paper's supervised initialization (the CPU
 platform: tests/cpu/test_platform.py; the token budget through the launcher: tests/launch/test_dry_run.py)."""
 
-from recipe.launch.compose import compose
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import compose, get_recipe
 
 
 def sft_config(overrides=()):

@@ -4,8 +4,7 @@ as verl measures it; a preset whose cap no longer fits stops the launch with the
 import pandas as pd
 import pytest
 
-from recipe.launch.compose import compose
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import compose, get_recipe
 from recipe.models.tiny import build_char_tokenizer, build_tiny_model
 from recipe.toy.data import prompt_phrases
 from recipe.toy.demo import check_demo_rows, row_lengths, write_tiny_data

@@ -1,5 +1,5 @@
-"""CPU demo ``real`` (recipe.toy.real_demo): SmolLM2 after a format SFT on sums of two numbers, OPSD / GRPO on sums
-of three numbers up to 19; its presets, the student's SFT stage and the evaluation rows.
+"""CPU demo ``real`` (recipe.toy.real_demo): SmolLM2 after a format SFT on sums of two numbers up to 19, OPSD / GRPO
+on sums of two numbers from 20 to 99; its presets, the student's SFT stage and the evaluation rows.
 
 The plan tests locate the SmolLM2 directory without building it (the wheel's GGUF is hashed), so
 they need the wheel (skipped without it; CI installs it). The learning itself is measured, not

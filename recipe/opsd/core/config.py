@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from recipe.common.chat import MODES, NATIVE
 from recipe.opsd.core.monitor import MonitorConfig
+from recipe.opsd.core.teacher_kinds import DEFAULT_TEACHER_KIND, TEACHER_KINDS, TeacherKind, teacher_kind
 
 
 def enable_thinking(mode: str) -> bool | None:
@@ -68,26 +69,14 @@ class LossConfig:
     clip_ratio_high: float | None = 0.2
 
     def __post_init__(self):
-        from recipe.opsd.core.losses import LOSS_AGG_MODES
+        from recipe.opsd.core.losses import LOSS_AGG_MODES, validate_loss_options
         from recipe.opsd.core.objectives import get_objective
         from recipe.opsd.core.objectives.terms import number
         from recipe.opsd.core.positions import parse_position_spec
 
-        if not 0.0 <= float(self.beta) <= 1.0:
-            raise ValueError(f"opsd.loss.beta must be in [0, 1] (0 = forward KL, 1 = reverse KL), got {self.beta!r}")
-        if self.clip_tau is not None and not float(self.clip_tau) > 0.0:
-            raise ValueError(f"opsd.loss.clip_tau must be > 0 or null (no clip), got {self.clip_tau!r}")
-        if not float(self.student_temperature) > 0.0:
-            raise ValueError(f"opsd.loss.student_temperature must be > 0, got {self.student_temperature!r}")
-        if self.teacher_temperature is not None and not float(self.teacher_temperature) > 0.0:
-            raise ValueError(
-                f"opsd.loss.teacher_temperature must be > 0 or null (= student_temperature), "
-                f"got {self.teacher_temperature!r}"
-            )
-        if self.topk is not None and (isinstance(self.topk, bool) or int(self.topk) != self.topk or self.topk < 1):
-            raise ValueError(f"opsd.loss.topk must be an integer >= 1 or null (full vocabulary), got {self.topk!r}")
-        if isinstance(self.chunk_size, bool) or int(self.chunk_size) != self.chunk_size or self.chunk_size < 1:
-            raise ValueError(f"opsd.loss.chunk_size must be an integer >= 1, got {self.chunk_size!r}")
+        validate_loss_options(beta=self.beta, clip_tau=self.clip_tau, student_temperature=self.student_temperature,
+                              teacher_temperature=self.teacher_temperature, topk=self.topk, chunk_size=self.chunk_size,
+                              vocab_size=None, unchunked=False, prefix="opsd.loss.")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"opsd.loss.loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
         try:
@@ -146,42 +135,46 @@ class LossConfig:
 
 @dataclass
 class TeacherConfig:
-    """``opsd.teacher``: which weights score the rollouts under the privileged prompt
-    (``recipe.opsd.core.teacher_kinds``). ``path`` only with kind ``checkpoint``, ``ema_decay`` (in
-    [0, 1]) only with kind ``ema``."""
+    """``opsd.teacher``: which weights score the rollouts under the privileged prompt (``kind``, a name of
+    ``recipe.opsd.core.teacher_kinds``; ``kind_flags``: what it is). ``path`` only with a kind that
+    ``loads_path``, ``ema_decay`` (in [0, 1]) only with one that ``follows_student``."""
 
-    kind: str = "frozen_initial"
+    kind: str = DEFAULT_TEACHER_KIND
     path: str | None = None
     ema_decay: float | None = None
     allow_zero_loss: bool = False
 
     def __post_init__(self):
-        from recipe.opsd.core.teacher_kinds import TEACHER_KINDS
-
-        if self.kind not in TEACHER_KINDS:
-            raise ValueError(f"opsd.teacher.kind must be one of {list(TEACHER_KINDS)}, got {self.kind!r}")
-        if self.kind == "checkpoint":
+        flags = teacher_kind(self.kind)
+        if flags.loads_path:
             if not isinstance(self.path, str) or not self.path.strip():
                 raise ValueError(
-                    f"opsd.teacher.path must be a model directory or Hub id with opsd.teacher.kind=checkpoint, "
+                    f"opsd.teacher.path must be a model directory or Hub id with opsd.teacher.kind={self.kind}, "
                     f"got {self.path!r}"
                 )
         elif self.path is not None:
-            raise ValueError(
-                f"opsd.teacher.path must be null unless opsd.teacher.kind=checkpoint (kind {self.kind!r}), got {self.path!r}"
-            )
-        if self.kind == "ema":
+            raise ValueError(f"opsd.teacher.path must be null unless opsd.teacher.kind={_kinds_where('loads_path')} "
+                             f"(kind {self.kind!r}), got {self.path!r}")
+        if flags.follows_student:
             decay = self.ema_decay
             if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= float(decay) <= 1.0:
-                raise ValueError(
-                    f"opsd.teacher.ema_decay must be a number in [0, 1] with opsd.teacher.kind=ema (1 = frozen), got {decay!r}"
-                )
+                raise ValueError(f"opsd.teacher.ema_decay must be a number in [0, 1] with "
+                                 f"opsd.teacher.kind={self.kind} (1 = frozen), got {decay!r}")
             self.ema_decay = float(decay)
         elif self.ema_decay is not None:
-            raise ValueError(
-                f"opsd.teacher.ema_decay must be null unless opsd.teacher.kind=ema (kind {self.kind!r}), got {self.ema_decay!r}"
-            )
+            raise ValueError(f"opsd.teacher.ema_decay must be null unless opsd.teacher.kind="
+                             f"{_kinds_where('follows_student')} (kind {self.kind!r}), got {self.ema_decay!r}")
         _boolean("opsd.teacher.allow_zero_loss", self.allow_zero_loss)
+
+    @property
+    def kind_flags(self) -> TeacherKind:
+        """The registered ``TeacherKind`` of ``kind``: the flags the glue reads."""
+        return teacher_kind(self.kind)
+
+
+def _kinds_where(flag: str) -> str:
+    """The teacher kinds with ``flag`` set, as ``a|b`` (for messages)."""
+    return "|".join(name for name, kind in TEACHER_KINDS.items() if getattr(kind, flag))
 
 
 @dataclass
@@ -240,7 +233,7 @@ class OPSDConfig:
         self.cells = [dict(cell) for cell in (self.cells or [])]
         if self.cells:
             self.cell_configs()  # each cell's block is validated like the block itself
-            if self.teacher.kind == "ema":
+            if self.teacher.kind_flags.follows_student:
                 raise ValueError("opsd.cells: every cell starts from the initial student, but an EMA teacher "
                                  "(opsd.teacher.kind=ema) is not reset between cells; use frozen_initial")
             if self.diagnostics.monitor.rollback_on:

@@ -145,21 +145,33 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def validate_loss_options(*, beta, clip_tau, student_temperature, teacher_temperature, topk, chunk_size, vocab_size) -> _Opts:
+def validate_loss_options(*, beta, clip_tau, student_temperature, teacher_temperature, topk, chunk_size,
+                          vocab_size: int | None, unchunked: bool = True, prefix: str = "") -> _Opts:
+    """The one check of the loss options, for every entry point: the loss functions on raw arguments
+    (``vocab_size``: the logits' V) and ``opsd.loss`` (``LossConfig``: ``prefix="opsd.loss."``,
+    ``vocab_size=None``: V is not known yet). ``unchunked``: ``chunk_size=None`` (one chunk) is allowed.
+    Each error names the option (``prefix`` + its name) and its allowed values."""
+
+    def fail(name: str, allowed: str, value):
+        raise ValueError(f"{prefix}{name} must be {allowed}; got {value!r}")
+
     if not _is_number(beta) or not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be a number in [0, 1] (0 forward KL, 1 reverse KL, else generalized JSD); got {beta!r}")
+        fail("beta", "a number in [0, 1] (0 forward KL, 1 reverse KL, else generalized JSD)", beta)
     if clip_tau is not None and (not isinstance(clip_tau, (int, float)) or isinstance(clip_tau, bool) or not clip_tau > 0):
-        raise ValueError(f"clip_tau must be None (no clip) or a number > 0; got {clip_tau!r}")
+        fail("clip_tau", "None (no clip) or a number > 0", clip_tau)
     if not _is_number(student_temperature) or student_temperature <= 0:
-        raise ValueError(f"student_temperature must be a finite number > 0; got {student_temperature!r}")
+        fail("student_temperature", "a finite number > 0", student_temperature)
     if teacher_temperature is None:
         teacher_temperature = student_temperature
-    if not _is_number(teacher_temperature) or teacher_temperature <= 0:
-        raise ValueError(f"teacher_temperature must be None (= student_temperature) or a finite number > 0; got {teacher_temperature!r}")
-    if topk is not None and (not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= vocab_size):
-        raise ValueError(f"topk must be None (full vocabulary) or an int in [1, V={vocab_size}]; got {topk!r}")
-    if chunk_size is not None and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be None (unchunked) or an int >= 1; got {chunk_size!r}")
+    elif not _is_number(teacher_temperature) or teacher_temperature <= 0:
+        fail("teacher_temperature", "None (= student_temperature) or a finite number > 0", teacher_temperature)
+    if topk is not None and (not isinstance(topk, int) or isinstance(topk, bool) or topk < 1
+                             or (vocab_size is not None and topk > vocab_size)):
+        ints = ">= 1" if vocab_size is None else f"in [1, V={vocab_size}]"
+        fail("topk", f"None (full vocabulary) or an int {ints}", topk)
+    if (chunk_size is not None or not unchunked) and (
+            not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
+        fail("chunk_size", "None (unchunked) or an int >= 1" if unchunked else "an int >= 1", chunk_size)
     return _Opts(float(beta), None if clip_tau is None else float(clip_tau), float(student_temperature), float(teacher_temperature), topk)
 
 
@@ -423,9 +435,8 @@ def _check_fused_inputs(student_hidden_NH, student_weight_VH, teacher_hidden_NH,
         if b is not None and (not isinstance(b, torch.Tensor) or b.shape != (vocab,)):
             raise ValueError(f"{name} must be None or a tensor of shape [V={vocab}]; got {getattr(b, 'shape', type(b))}")
     o = validate_loss_options(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
-                  teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size, vocab_size=vocab)
-    if chunk_size is None:
-        raise ValueError("chunk_size must be an int >= 1 for the fused path; got None")
+                              teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
+                              vocab_size=vocab, unchunked=False)
     cdt = compute_dtype(*tensors)
     return o, cdt
 

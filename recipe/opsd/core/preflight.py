@@ -327,8 +327,6 @@ WINDOW_EDGES = (0, 4, 16)
 # and the student's rows differently): bf16 rounding of the logits gives ~1e-4-1e-3 nats, not measured
 # (no GPU here); a padding / position / template glue bug gives far more on a trained model.
 NONE_CONTROL_TOLERANCE = {"float64": 1e-9, "float32": 1e-6, "bfloat16": 2e-2, "float16": 2e-2}
-# the teacher kinds whose weights are the student's before the first update (live: at every step)
-SAME_WEIGHT_KINDS = ("frozen_initial", "ema", "live")
 
 
 def position_window_edges(k: int) -> tuple[tuple[int, int], ...]:
@@ -401,9 +399,13 @@ def none_control_tolerance(dtype_name: str) -> float:
 
 
 def teacher_is_student(kind: str, *, resumed: bool) -> bool:
-    """Whether the teacher scores with the student's weights now: kind live always; frozen_initial
-    and ema before the first update of a fresh run (not after a resume); checkpoint never."""
-    return kind == "live" or (kind in SAME_WEIGHT_KINDS and not resumed)
+    """Whether the teacher of kind ``kind`` scores with the student's weights now: always for a kind that
+    ``is_student``; before the first update of a fresh run (not after a resume) for one that
+    ``starts_as_student``; never otherwise (``recipe.opsd.core.teacher_kinds``)."""
+    from recipe.opsd.core.teacher_kinds import teacher_kind
+
+    flags = teacher_kind(kind)
+    return flags.is_student or (flags.starts_as_student and not resumed)
 
 
 def _number(value: float) -> str:

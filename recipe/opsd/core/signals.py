@@ -73,11 +73,9 @@ HIGH_KL_THRESHOLD = 0.05
 
 # --------------------------------------------------------------------------- chunk sources
 def _options(student_temperature, teacher_temperature, clip_tau, chunk_size, vocab):
-    o = validate_loss_options(beta=0.0, clip_tau=clip_tau, student_temperature=student_temperature,
-                              teacher_temperature=teacher_temperature, topk=None, chunk_size=chunk_size, vocab_size=vocab)
-    if chunk_size is None:
-        raise ValueError("chunk_size must be an int >= 1; got None")
-    return o
+    return validate_loss_options(beta=0.0, clip_tau=clip_tau, student_temperature=student_temperature,
+                                 teacher_temperature=teacher_temperature, topk=None, chunk_size=chunk_size,
+                                 vocab_size=vocab, unchunked=False)
 
 
 def _logit_chunks(student_NV, teacher_NV, chunk_size) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:

@@ -1,36 +1,12 @@
 """The objective registry: what an objective is, what it asks of the glue, how it is found by name.
 
 An objective turns one micro-batch of hidden states (student with grad, teacher frozen) into its
-share of the mini-batch loss. It is a class registered under its name (``opsd.loss.objective``),
-with its own parameters (``opsd.loss.params``, validated by its ``Params`` dataclass) and class
-attributes that tell the glue what it needs; the glue reads those attributes and never branches
-on a name:
-
-- ``needs_reference_forward``: a second teacher forward on the reference-only prompt (Purified
-  OPSD), handed over as ``ObjectiveBatch.reference_hidden_NH``;
-- ``signals_in_loss_pass(loss)``: the objective's own vocabulary pass also yields the token
-  diagnostics (``recipe.opsd.core.signals``); otherwise the glue runs a no-grad diagnostics pass
-  first and hands the signals over (``ObjectiveBatch.signals``: e.g. ``teacher_logp``);
-- ``step_value_names`` / ``step_values(step, total_steps, updates_per_step)``: per-step numbers the
-  trainer computes and sends with the batch (beta-OPSD's teacher weight, RLSD's lambda), logged as
-  ``opsd/<name>``;
-- ``supports_topk`` / ``supports_task_reward`` / ``supports_sft`` / ``uses_policy_gradient``:
-  which shared settings (``opsd.loss.topk``, ``task_weight``, ``sft_weight``) it accepts, checked
-  when the config is built;
-- ``needs_task_reward``: the grader's GRPO advantage is part of the objective itself (RLSD), so the
-  glue grades the rollouts and hands ``ObjectiveBatch.task_advantages_b`` over at any task weight
-  (``uses_task_reward()``: this, or a task weight > 0);
-- ``uses_surrogate()``: the loss goes through the PPO surrogate, whose pS_old must be the behaviour
-  policy's: with stale samples or several updates per batch the glue hands the rollout's log-probs
-  over (``ObjectiveBatch.old_log_probs_bR``, ``needs_behaviour_log_probs``).
-
-A new objective is one module with a decorated class plus one experiment preset::
-
-    @register_objective
-    class MyObjective(Objective):
-        name = "my_objective"
-        Params = MyParams                  # a frozen dataclass validating opsd.loss.params
-        def loss(self, batch: ObjectiveBatch) -> ObjectiveLoss: ...
+share of the mini-batch loss. It is an ``Objective`` subclass registered under its name
+(``opsd.loss.objective``) by ``@register_objective``, with its own parameters (``opsd.loss.params``,
+validated by its ``Params`` dataclass) and class attributes that tell the glue what it needs
+(described once, in ``Objective``'s docstring); the glue reads those attributes and never branches
+on a name. The package's modules are imported by discovery (``import_objective_modules``), so a new
+objective is one module with a decorated class plus one experiment preset.
 
 Pure: torch and stdlib only (no verl / ray).
 """
@@ -57,11 +33,14 @@ __all__ = [
     "register_objective",
     "get_objective",
     "objective_names",
+    "import_objective_modules",
     "scatter_rows",
     "needs_behaviour_log_probs",
 ]
 
 _REGISTRY: dict[str, type["Objective"]] = {}
+# the modules of an objectives package that register no objective (``import_objective_modules`` skips them)
+HELPER_MODULES = ("base", "terms")
 
 
 @dataclass
@@ -117,11 +96,40 @@ class ObjectiveLoss:
 
 
 class Objective:
-    """Base class of the registered objectives (module docstring). ``loss_config`` is the validated
+    """Base class of the registered objectives. ``loss_config`` is the validated
     ``recipe.opsd.core.config.LossConfig``; ``self.params`` its ``params`` as this objective's
-    ``Params`` (None when the objective takes none)."""
+    ``Params`` (None when the objective takes none). What a subclass declares for the glue:
+
+    - ``name``: its value of ``opsd.loss.objective``; ``order``: its place in ``objective_names()``
+      (then by name; the paper's objective first, a new one after the shipped ones by default);
+    - ``needs_reference_forward``: a second teacher forward on the reference-only prompt (Purified
+      OPSD), handed over as ``ObjectiveBatch.reference_hidden_bRH``;
+    - ``signals_in_loss_pass()``: its own vocabulary pass also yields the token diagnostics
+      (``recipe.opsd.core.signals``); otherwise the glue runs a no-grad diagnostics pass first and
+      hands the signals over (``ObjectiveBatch.signals``: e.g. ``teacher_logp``);
+    - ``step_value_names`` / ``step_values(step, total_steps, updates_per_step)``: per-step numbers the
+      trainer computes and sends with the batch (beta-OPSD's teacher weight, RLSD's lambda), logged as
+      ``opsd/<name>``;
+    - ``supports_topk`` / ``supports_task_reward`` / ``supports_sft``: which shared settings
+      (``opsd.loss.topk``, ``task_weight``, ``sft_weight``) it accepts, checked when the config is built;
+    - ``needs_task_reward``: the grader's GRPO advantage is part of the objective itself (RLSD), so the
+      glue grades the rollouts and hands ``ObjectiveBatch.task_advantages_b`` over at any task weight
+      (``uses_task_reward()``: this, or a task weight > 0);
+    - ``uses_policy_gradient`` / ``uses_surrogate()``: the loss goes through the PPO surrogate, whose
+      pS_old must be the behaviour policy's: with stale samples or several updates per batch the glue
+      hands the rollout's log-probs over (``ObjectiveBatch.old_log_probs_bR``, ``needs_behaviour_log_probs``).
+
+    A new objective::
+
+        @register_objective
+        class MyObjective(Objective):
+            name = "my_objective"
+            Params = MyParams                  # a frozen dataclass validating opsd.loss.params
+            def loss(self, batch: ObjectiveBatch) -> ObjectiveLoss: ...
+    """
 
     name: ClassVar[str] = ""
+    order: ClassVar[int] = 100
     Params: ClassVar[type | None] = None
     needs_reference_forward: ClassVar[bool] = False
     supports_topk: ClassVar[bool] = False
@@ -242,4 +250,19 @@ def get_objective(name: str) -> type[Objective]:
 
 
 def objective_names() -> list[str]:
-    return list(_REGISTRY)
+    """The registered objectives by their declared ``order``, then by name."""
+    return sorted(_REGISTRY, key=lambda name: (_REGISTRY[name].order, name))
+
+
+def import_objective_modules(*, package: str, path) -> list[str]:
+    """Import every module of the package named ``package`` (its ``__path__``: ``path``) but the private
+    ones (``_``-prefixed) and ``HELPER_MODULES``, so that each registers its objective; returns their
+    names, sorted."""
+    import importlib
+    import pkgutil
+
+    names = sorted(module.name for module in pkgutil.iter_modules(path)
+                   if not module.name.startswith("_") and module.name not in HELPER_MODULES)
+    for name in names:
+        importlib.import_module(f"{package}.{name}")
+    return names

@@ -154,6 +154,7 @@ def beta_opsd_sampled_loss(
 @register_objective
 class BetaOPSD(Objective):
     name = "beta_opsd"
+    order = 3
     Params = BetaOPSDParams
     step_value_names = ("teacher_weight",)
 

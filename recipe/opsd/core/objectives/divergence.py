@@ -28,6 +28,7 @@ from recipe.opsd.core.signals import weighted_divergence_and_signals
 @register_objective
 class Divergence(Objective):
     name = "divergence"
+    order = 0
     supports_topk = True
     supports_task_reward = True
     supports_sft = True

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from recipe.opsd.core.losses import compute_dtype, entry_terms, log_probs
+from recipe.opsd.core.losses import compute_dtype, entry_terms, log_probs, validate_loss_options
 from recipe.opsd.core.objectives.base import Objective, ObjectiveBatch, ObjectiveLoss, register_objective
 from recipe.opsd.core.objectives.terms import chunked_rows, positive, same_shape
 
@@ -107,20 +107,18 @@ def purified_token_loss(
     Row-wise: callers may split rows into chunks (e.g. under ``torch.utils.checkpoint``).
     """
     same_shape(student_logits=student_logits, teacher_logits=teacher_logits, reference_logits=reference_logits)
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be a number in [0, 1]; got {beta!r}")
-    if clip_tau is not None:
-        positive("clip_tau", clip_tau)
-    tau_s = positive("student_temperature", student_temperature)
-    tau_t = tau_s if teacher_temperature is None else positive("teacher_temperature", teacher_temperature)
+    options = validate_loss_options(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
+                                    teacher_temperature=teacher_temperature, topk=None, chunk_size=None,
+                                    vocab_size=student_logits.shape[-1])
     cdt = compute_dtype(student_logits, teacher_logits, reference_logits)
     logq = purified_target_log_probs(
-        teacher_logits, reference_logits, teacher_temperature=tau_t, pmi_strength=pmi_strength, pmi_clip=pmi_clip
+        teacher_logits, reference_logits, teacher_temperature=options.teacher_temperature,
+        pmi_strength=pmi_strength, pmi_clip=pmi_clip,
     ).to(cdt)
-    logp_s = log_probs(student_logits, temperature=tau_s, dtype=cdt)
-    terms = entry_terms(logp_s, logq, beta=float(beta))
-    if clip_tau is not None:
-        terms = terms.clamp(max=float(clip_tau))
+    logp_s = log_probs(student_logits, temperature=options.student_temperature, dtype=cdt)
+    terms = entry_terms(logp_s, logq, beta=options.beta)
+    if options.clip_tau is not None:
+        terms = terms.clamp(max=options.clip_tau)
     return terms.sum(-1)
 
 
@@ -168,6 +166,7 @@ def purified_token_loss_from_hidden(
 @register_objective
 class Purified(Objective):
     name = "purified"
+    order = 2
     Params = PurifiedParams
     needs_reference_forward = True
 

@@ -88,6 +88,7 @@ def rlsd_advantages(*, task_advantages_B: torch.Tensor, token_weights_BT: torch.
 @register_objective
 class RLSD(Objective):
     name = "rlsd"
+    order = 4
     Params = RLSDParams
     needs_task_reward = True
     uses_policy_gradient = True

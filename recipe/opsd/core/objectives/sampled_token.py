@@ -47,6 +47,7 @@ class SampledTokenParams:
 @register_objective
 class SampledToken(Objective):
     name = "sampled_token"
+    order = 1
     Params = SampledTokenParams
     supports_task_reward = True
     supports_sft = True

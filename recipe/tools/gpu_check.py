@@ -2,26 +2,17 @@
 
     python scripts/gpu_check.py [--model Qwen/Qwen3-0.6B] [--steps 3] [--dry-run] [hydra overrides...]
 
-Run it on a new GPU machine (or cluster: RAY_ADDRESS / NNODES as for any launch, docs/cluster.md)
-before a paper run. It launches ``recipe/opsd`` exactly as ``run_opsd.sh`` would (``recipe.launch.run``:
-DEVICE=gpu, MODEL_PATH=<model>, STEPS=<steps>, every GPU nvidia-smi lists, the toy problems of the CPU
-demo as data: they need no download) with the rollout in float32 and the weight-sync probe on, then prints
-
-- per-phase times (verl's ``timing_s/*``: step 1, which holds the start-up costs, and the mean after it),
-- tokens per second per GPU (``perf/throughput``) and the rollout's generated tokens per second,
-- peak GPU memory per rank (``perf/max_memory_allocated_gb`` / ``reserved``) next to the memory model's
-  prediction for the actor update (``recipe.analysis.memory_model``; it leaves out the CUDA context and
-  the allocator's slack, 1-3 GB),
-- the probe: after every weight push the rollout's log-probs of its own samples against a float32
-  forward of exactly the pushed weights, next to how far one update moves them,
-
-and one verdict line: ``[gpu_check] verdict: OK ...`` or ``[gpu_check] verdict: FAILED: <first reason>``
-(exit 0 / 1). ``--dry-run`` composes the same launch and prints it and the prediction (no GPU needed).
+It launches ``recipe/opsd`` as ``run_opsd.sh`` would (``recipe.launch.run``: DEVICE=gpu, every GPU nvidia-smi
+lists, the CPU demos' toy problems as data) with the rollout in float32 and the weight-sync probe on, then prints
+per-phase times, tokens per second, peak GPU memory next to the memory model's prediction
+(``recipe.analysis.memory_model``) and the probe after every weight push, and one verdict line:
+``[gpu_check] verdict: OK ...`` or ``[gpu_check] verdict: FAILED: <first reason>`` (exit 0 / 1). ``--dry-run``
+composes the same launch and prints it and the prediction (no GPU needed). What each figure means:
+docs/cluster.md#5-the-first-hour-on-new-gpus.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import math
@@ -29,15 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from recipe.analysis.memory_model import GiB, ModelShape, UpdateSetting, memory_terms
-from recipe.launch import compose as composer
+from recipe.launch import config as composer
+from recipe.launch.config import Settings, get_recipe, gpus_on_this_node
 from recipe.launch.run import Launch, execute, plan
-from recipe.launch.recipes import get_recipe
-from recipe.launch.settings import Settings, gpus_on_this_node
+from recipe.toy.demo import write_tiny_data
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 DEFAULT_STEPS = 3
-# The toy problems of the CPU demos (named by import path: this module does not import recipe.toy).
-DATA_BUILDER = "recipe.toy.demo:write_tiny_data"
 # The weight-sync probe's log (recipe/rollout/sync_probe.py): one record per weight push.
 PROBE_LOG_ENV = "OPSD_SYNC_CHECK_LOG"
 PROBE_MODULE = "recipe.rollout.sync_check"
@@ -99,9 +88,8 @@ def plan_check(*, model: str, steps: int, cache_dir: Path, overrides: Sequence[s
     ckpt = cache_dir / "gpu_check" / model.replace("/", "--")
     environ.update(probe_environment(ckpt / "sync_probe.jsonl", environ))
     data_dir = cache_dir / "gpu_check" / "data"
-    if build_data:
-        module, _, function = DATA_BUILDER.partition(":")
-        getattr(importlib.import_module(module), function)(data_dir)
+    if build_data:  # the toy problems of the CPU demos: they need no download
+        write_tiny_data(data_dir)
     settings = Settings(device="gpu", model_path=model, train_files=str(data_dir / "train.parquet"),
                         val_files=str(data_dir / "val.parquet"), steps=steps, ckpt_dir=str(ckpt),
                         cache_dir=str(cache_dir), ngpus=max(detect_gpus(), 1),

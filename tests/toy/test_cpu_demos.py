@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from recipe.launch.demos import DEMOS, StepProgress, before_after_table, get_demo, unbuilt
-from recipe.launch.overrides import Override
-from recipe.launch.recipes import RECIPES, get_recipe
-from recipe.launch.run import plan
-from recipe.launch.settings import Settings
+from recipe.launch.config import RECIPES, Override, Settings, get_recipe
+from recipe.launch.run import StepProgress, plan
+from recipe.toy.cpu_demos import DEMOS, before_after_table, get_demo, unbuilt
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

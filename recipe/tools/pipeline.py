@@ -1,20 +1,13 @@
-"""The paper's post-training pipeline: SFT -> merge -> GRPO -> merge -> OPSD (sec. "pipeline").
+"""The paper's post-training pipeline: SFT -> merge -> GRPO -> merge -> OPSD (docs/launch.md#pipeline).
 
-    python -m recipe.launch.pipeline [--dry-run] [sft:OVERRIDE ...] [grpo:OVERRIDE ...] [opsd:OVERRIDE ...]
+    python -m recipe.tools.pipeline [--dry-run] [sft:OVERRIDE ...] [grpo:OVERRIDE ...] [opsd:OVERRIDE ...]
 
-Each stage is one launch of ``recipe.launch`` (the same composition, printing and records as
-run_sft.sh / run_grpo.sh / run_opsd.sh) starting from the previous stage's merged checkpoint; for
-OPSD, student and frozen teacher are both the merged GRPO actor. A stage whose merged directory
-exists is skipped, so rerunning continues an interrupted pipeline. Every stage's inputs are checked
-before the first stage starts (``recipe.launch.checks``; what an earlier stage makes is not), so a
-wrong OPSD_TRAIN_FILES fails at once, not after the SFT and GRPO stages. ``--dry-run`` composes and
-prints every stage's final config and starts nothing.
-
-Environment (besides DEVICE, OPSD_CACHE, NGPUS, NNODES, CPU_NUM_RANKS of docs/launch.md):
-BASE_MODEL, SFT_FILES, GRPO_TRAIN_FILES, GRPO_VAL_FILES, OPSD_TRAIN_FILES, OPSD_VAL_FILES, and
-WORK_DIR (default ``$OPSD_CACHE/checkpoints/pipeline``: sft/, sft_merged/, grpo/, grpo_merged/,
-opsd/). On a CPU every stage runs the ``tiny`` demo preset and whatever is unset is the tiny
-demo's model and data.
+Each stage is one launch of ``recipe.launch`` starting from the previous stage's merged checkpoint (OPSD: student
+and frozen teacher are both the merged GRPO actor); a stage whose merged directory exists is skipped, so rerunning
+continues an interrupted pipeline. Every stage's inputs are checked before the first stage starts (what an earlier
+stage makes is not). Environment: BASE_MODEL, SFT_FILES, GRPO_TRAIN_FILES, GRPO_VAL_FILES, OPSD_TRAIN_FILES,
+OPSD_VAL_FILES, WORK_DIR (default ``$OPSD_CACHE/checkpoints/pipeline``); on a CPU every stage runs the ``tiny``
+demo preset, and whatever is unset is the tiny demo's model and data.
 """
 
 from __future__ import annotations
@@ -25,12 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+from recipe.common.merge import merge_checkpoint
 from recipe.launch.checks import LaunchInputError
-from recipe.launch.demos import get_demo
-from recipe.launch.merge import merge_checkpoint
-from recipe.launch.recipes import get_recipe
+from recipe.launch.config import Settings, get_recipe
 from recipe.launch.run import config_errors, execute, plan
-from recipe.launch.settings import Settings
+from recipe.toy.cpu_demos import get_demo
 
 STAGES = ("sft", "grpo", "opsd")
 # Per-stage variables of the pipeline: (model source, train files, val files).

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.launch.pipeline import split_stage_overrides
+from recipe.tools.pipeline import split_stage_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
