@@ -11,11 +11,14 @@ import torch
 from omegaconf import OmegaConf
 
 from recipe.analysis.signal_analysis import Rollout
-from recipe.experiments import probe, probe_validation
+from recipe.probe import cells as probe_cells
+from recipe.probe import probe, report
+from recipe.probe import cli as probe_cli
+from recipe.probe import validation as probe_validation
 
 
 def test_grid_is_every_combination_with_its_overrides():
-    cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["no_think:no_think"], clip_taus=["none", "0.05"],
+    cells = probe_cells.grid(contexts=["full_solution", "unrelated"], modes=["no_think:no_think"], clip_taus=["none", "0.05"],
                        temperatures=[1.0])
     assert [c.name for c in cells] == ["full_solution, no_think:no_think, tau=none, T=1",
                                        "full_solution, no_think:no_think, tau=0.05, T=1",
@@ -25,7 +28,7 @@ def test_grid_is_every_combination_with_its_overrides():
                                     "actor_rollout_ref.rollout.temperature=1", "opsd.loss.student_temperature=1"]
     assert cells[1].slug == "full_solution_no_think-no_think_tau0.05_T1"
     with pytest.raises(ValueError, match="student:teacher"):
-        probe.grid(contexts=["full_solution"], modes=["think"], clip_taus=["none"], temperatures=[1.0])
+        probe_cells.grid(contexts=["full_solution"], modes=["think"], clip_taus=["none"], temperatures=[1.0])
 
 
 def test_the_k_step_launch_runs_at_the_peak_learning_rate_without_a_checkpoint():
@@ -40,15 +43,15 @@ def test_the_k_step_launch_runs_at_the_peak_learning_rate_without_a_checkpoint()
 
 
 def test_cells_share_a_launch_when_their_student_prompts_agree():
-    cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["think:think", "think:no_think"],
+    cells = probe_cells.grid(contexts=["full_solution", "unrelated"], modes=["think:think", "think:no_think"],
                        clip_taus=["none", "0.05"], temperatures=[1.1, 0.7])
-    assert probe.launch_groups(cells) == [cells]  # contexts, teacher modes, taus and temperatures share a launch
+    assert probe_cells.launch_groups(cells) == [cells]  # contexts, teacher modes, taus and temperatures share a launch
     # concise_to_detailed changes the student's prompt too: its own launch
-    styled = probe.grid(contexts=["full_solution", "concise_to_detailed", "unrelated"], modes=["think:think"],
+    styled = probe_cells.grid(contexts=["full_solution", "concise_to_detailed", "unrelated"], modes=["think:think"],
                         clip_taus=["none"], temperatures=[1.0])
-    assert [[c.context for c in g] for g in probe.launch_groups(styled)] == [["full_solution", "unrelated"],
+    assert [[c.context for c in g] for g in probe_cells.launch_groups(styled)] == [["full_solution", "unrelated"],
                                                                              ["concise_to_detailed"]]
-    assert len(probe.launch_groups(probe.grid(contexts=["full_solution"], modes=["think:think", "no_think:think"],
+    assert len(probe_cells.launch_groups(probe_cells.grid(contexts=["full_solution"], modes=["think:think", "no_think:think"],
                                               clip_taus=["none"], temperatures=[1.0]))) == 2  # student modes differ
 
 
@@ -64,9 +67,9 @@ def test_the_cells_override_composes_into_the_opsd_block_of_each_cell():
 
     from recipe.opsd.core.config import OPSDConfig
 
-    cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["think:no_think"], clip_taus=["none", "0.05"],
+    cells = probe_cells.grid(contexts=["full_solution", "unrelated"], modes=["think:no_think"], clip_taus=["none", "0.05"],
                        temperatures=[1.1, 0.7])[:4]
-    (override,) = OverridesParser.create().parse_overrides([probe.cells_override(cells)])
+    (override,) = OverridesParser.create().parse_overrides([probe_cells.cells_override(cells)])
     assert override.key_or_group == "opsd.cells"
     opsd = OPSDConfig.from_hydra({"cells": override.value(), "student_mode": "think", "teacher_mode": "no_think"})
     got = [(c.teacher_context, c.teacher_mode, c.loss.clip_tau, c.loss.student_temperature, c.cells)
@@ -100,9 +103,9 @@ def _cell(name, verdict):
 
 
 def test_tables_show_indicators_and_reasons():
-    text = probe.table([_cell("a", "gain")])
+    text = report.table([_cell("a", "gain")])
     assert "| a | 0.14 |" in text and "0.40 / 0.90" in text and "10.0 -> 20.0 (+2.5)" in text and "**gain** (observed)" in text
-    assert probe.reasons_text([_cell("a", "gain")]) == "- a: gain because on-policy reward z (late - early) 2.5 [t (value 2)]"
+    assert report.reasons_text([_cell("a", "gain")]) == "- a: gain because on-policy reward z (late - early) 2.5 [t (value 2)]"
 
 
 def test_agreement_against_full_runs_uses_the_paired_bootstrap():
@@ -157,9 +160,9 @@ def test_a_control_without_full_runs_is_refused_before_anything_runs(tmp_path, m
 
     monkeypatch.setattr(probe, "run_probe", lambda *a, **k: pytest.fail("no probe"))
     with pytest.raises(cli.InputError, match="needs --validate"):
-        probe.main(["--out-dir", str(tmp_path), "--control", str(tmp_path)])
+        probe_cli.main(["--out-dir", str(tmp_path), "--control", str(tmp_path)])
     with pytest.raises(cli.InputError, match="has no full_runs.jsonl"):
-        probe.main(["--out-dir", str(tmp_path), "--validate", "--control", str(tmp_path / "ctl")])
+        probe_cli.main(["--out-dir", str(tmp_path), "--validate", "--control", str(tmp_path / "ctl")])
 
 
 def test_the_cli_refuses_few_steps_and_a_validation_without_a_demo(tmp_path, monkeypatch):
@@ -167,22 +170,22 @@ def test_the_cli_refuses_few_steps_and_a_validation_without_a_demo(tmp_path, mon
 
     monkeypatch.setenv("DEVICE", "cpu")
     with pytest.raises(cli.InputError, match="--steps 3"):
-        probe.main(["--out-dir", str(tmp_path), "--steps", "3"])
+        probe_cli.main(["--out-dir", str(tmp_path), "--steps", "3"])
     monkeypatch.setenv("MODEL_PATH", str(tmp_path))
     monkeypatch.setenv("TRAIN_FILES", str(tmp_path / "t.parquet"))
     monkeypatch.setattr(probe, "run_probe", lambda *a, **k: pytest.fail("no probe"))
     monkeypatch.setattr("recipe.launch.config.Settings.demo", property(lambda self: None))
     with pytest.raises(cli.InputError, match="--validate evaluates held-out problems"):
-        probe.main(["--out-dir", str(tmp_path), "--validate"])
+        probe_cli.main(["--out-dir", str(tmp_path), "--validate"])
 
 
 def test_an_explicit_cell_list_replaces_the_grid():
-    axes = probe._cell_axes("full_solution,native:native,none,0.7")
-    assert [c.name for c in probe.grid(**axes)] == ["full_solution, native:native, tau=none, T=0.7"]
+    axes = probe_cli._cell_axes("full_solution,native:native,none,0.7")
+    assert [c.name for c in probe_cells.grid(**axes)] == ["full_solution, native:native, tau=none, T=0.7"]
     from recipe.common import cli
 
     with pytest.raises(cli.InputError, match="CONTEXT,STUDENT:TEACHER,TAU,T"):
-        probe._cell_axes("full_solution,none")
+        probe_cli._cell_axes("full_solution,none")
 
 
 def test_frozen_signals_of_a_tiny_model(tmp_path):
@@ -193,7 +196,7 @@ def test_frozen_signals_of_a_tiny_model(tmp_path):
 
     model = build_tiny_model(tmp_path / "model", seed=0)
     data = write_tiny_data(tmp_path / "data")
-    cells = probe.grid(contexts=["full_solution", "unrelated"], modes=["no_think:no_think"], clip_taus=["none", "0.05"],
+    cells = probe_cells.grid(contexts=["full_solution", "unrelated"], modes=["no_think:no_think"], clip_taus=["none", "0.05"],
                        temperatures=[1.0])
     out = probe.frozen_signals(str(model), str(data["train"]), cells, cap=16, top_p=1.0, top_k=-1, num_prompts=4,
                                log=lambda *_: None)

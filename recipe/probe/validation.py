@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from recipe.opsd.core import regimes
-from recipe.experiments.probe import Cell, _f
+from recipe.probe.cells import Cell
+from recipe.probe.report import _f
 
 
 def _eval_file(eval_dir: Path) -> Path:

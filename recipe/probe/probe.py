@@ -39,59 +39,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipe.analysis import compatibility
-
-NONE = ("none", "null")
-
-
-@dataclass(frozen=True)
-class Cell:
-    context: str
-    student_mode: str
-    teacher_mode: str
-    clip_tau: float | None
-    temperature: float
-
-    @property
-    def name(self) -> str:
-        tau = "none" if self.clip_tau is None else f"{self.clip_tau:g}"
-        return f"{self.context}, {self.student_mode}:{self.teacher_mode}, tau={tau}, T={self.temperature:g}"
-
-    @property
-    def slug(self) -> str:
-        return self.name.replace(", ", "_").replace(":", "-").replace("=", "")
-
-    def overrides(self) -> list[str]:
-        tau = "null" if self.clip_tau is None else f"{self.clip_tau:g}"
-        return [f"opsd.teacher_context={self.context}", f"opsd.student_mode={self.student_mode}",
-                f"opsd.teacher_mode={self.teacher_mode}", f"opsd.loss.clip_tau={tau}",
-                f"actor_rollout_ref.rollout.temperature={self.temperature:g}",
-                f"opsd.loss.student_temperature={self.temperature:g}"]
+from recipe.probe import verdicts as compatibility
+from recipe.probe.cells import Cell, cells_override, launch_groups
+from recipe.probe.report import plot, reasons_text, table
 
 
-def grid(*, contexts, modes, clip_taus, temperatures) -> list[Cell]:
-    """Every combination; ``modes`` as ``student:teacher``, a clip tau of ``none`` / ``null`` = no clip."""
-    cells = []
-    for context in contexts:
-        for pair in modes:
-            student, sep, teacher = pair.partition(":")
-            if not sep:
-                raise ValueError(f"--modes {pair!r} must be student:teacher, e.g. think:think or native:native")
-            for tau in clip_taus:
-                for temperature in temperatures:
-                    clip = None if str(tau).lower() in NONE else float(tau)
-                    cells.append(Cell(context, student, teacher, clip, float(temperature)))
-    return cells
-
-
-# ---------------------------------------------------------------------------------------------- frozen signals
 def accuracy(rollouts, items, rows, tokenizer) -> float:
     """Share of ``rollouts`` the shared grader's reward mode (``recipe.common.reward``) scores correct against their
     row's ``extra_info.answer``."""
@@ -102,7 +59,6 @@ def accuracy(rollouts, items, rows, tokenizer) -> float:
         text = tokenizer.decode(rollout.response_ids, skip_special_tokens=True)
         correct += grade(text, rows[items[rollout.prompt].row]["extra_info"]["answer"], mode=REWARD).acc
     return correct / len(rollouts)
-
 
 def eos_probabilities(token_signals, rollouts, eos_ids: Sequence[int]) -> dict[str, float | None]:
     """Mean student and teacher probability of the end-of-turn token where the student ended its turn (the
@@ -121,7 +77,6 @@ def eos_probabilities(token_signals, rollouts, eos_ids: Sequence[int]) -> dict[s
     teacher = float(token_signals["teacher_logp"][index].double().exp().mean())
     return {"eos_student": student, "eos_teacher": teacher, "eos_ratio": teacher / student if student > 0 else None,
             "eos_rollouts": len(rows)}
-
 
 def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, cap: int, top_p: float, top_k: int,
                    num_prompts: int, seed: int = 42, log=print) -> dict[str, dict[str, Any]]:
@@ -196,8 +151,6 @@ def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, c
             f"{len(conditions)} teacher condition(s): {seconds:.0f} s")
     return out
 
-
-# ---------------------------------------------------------------------------------------------- K monitored steps
 def probe_overrides(config, *, steps: int, batch: int | None, cells: int = 1) -> list[str]:
     """The launch of K steps of each of ``cells`` cells whose full run is ``config``: its batch, data order and peak
     learning rate from the first step (no warmup: in the warmup of a full run the first K steps barely move the
@@ -213,29 +166,6 @@ def probe_overrides(config, *, steps: int, batch: int | None, cells: int = 1) ->
     if batch is not None:
         out.append(f"data.train_batch_size={batch}")
     return out
-
-
-def launch_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
-    """The cells that share a launch (``opsd.cells``): the same student prompts (student mode; a context that
-    changes the student prompt: that context). In the order of ``cells``."""
-    from recipe.common.prompts import student_style
-
-    groups: dict[tuple, list[Cell]] = {}
-    for cell in cells:
-        key = (cell.student_mode, cell.context if student_style(cell.context) is not None else None)
-        groups.setdefault(key, []).append(cell)
-    return list(groups.values())
-
-
-def cells_override(cells: Sequence[Cell]) -> str:
-    """``opsd.cells=[...]``: each cell's teacher context, teacher mode, clip tau and temperature (sampling and loss)."""
-    items = []
-    for cell in cells:
-        tau = "null" if cell.clip_tau is None else f"{cell.clip_tau:g}"
-        items.append(f"{{teacher_context:{cell.context},teacher_mode:{cell.teacher_mode},loss:{{clip_tau:{tau}}},"
-                     f"temperature:{cell.temperature:g}}}")
-    return f"opsd.cells=[{','.join(items)}]"
-
 
 def run_cells_steps(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Sequence[str], steps: int,
                     batch: int | None, run_dir: Path, timeout_s: float | None = None) -> list[dict[str, Any]]:
@@ -269,91 +199,6 @@ def run_cells_steps(cells: Sequence[Cell], *, recipe, settings, demo_inputs, ext
                     "train_file": str(launch.overrides.get(recipe.train_key))})
     return out
 
-
-# ---------------------------------------------------------------------------------------------- report
-def _f(value, digits=3, signed=False) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-" if value is None else f"{value}"
-    return f"{value:+.{digits}g}" if signed else f"{value:.{digits}g}"
-
-
-def table(cells: Sequence[dict[str, Any]]) -> str:
-    """Markdown: frozen signals, K-step indicators and the verdict per cell."""
-    lines = ["| cell | fwd KL | D>.05 % | HE20 KL % | KL decay | p(eos) T / S | clipped mass | clip rev. % "
-             "| acc T / S % (z) | reward early -> late (z) | length x | capped + | boxed x | entropy x | grad x | KL x "
-             "| verdict |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c in cells:
-        fz, ind = c.get("frozen") or {}, c["indicators"]
-        eos = "-" if fz.get("eos_teacher") is None else f"{fz['eos_teacher']:.2f} / {fz['eos_student']:.2f}"
-        reward = "-" if ind.get("reward_early") is None else (
-            f"{100 * ind['reward_early']:.1f} -> {100 * ind['reward_late']:.1f} ({_f(ind['reward_z'], 2, True)})")
-        verdict = c["verdict"]
-        lines.append(
-            f"| {c['name']} | {_f(fz.get('fwd_kl'))} | {_f(fz.get('d_gt_005'), 3)} | {_f(fz.get('he20_kl'), 3)} "
-            f"| {_f(fz.get('kl_decay'), 2)} | {eos} | {_f(fz.get('clipped_teacher_mass'), 2)} "
-            f"| {_f(fz.get('clip_reversal'), 3)} | {_lift(fz)} | {reward} "
-            f"| {_f(ind.get('length_ratio'), 3)} | {_f(ind.get('capped_increase'), 2, True)} "
-            f"| {_f(ind.get('boxed_rate_ratio'), 3)} | {_f(ind.get('entropy_ratio'), 3)} | {_f(ind.get('grad_norm_ratio'), 3)} "
-            f"| {_f(ind.get('kl_ratio'), 3)} | **{verdict['verdict']}** ({verdict['basis']}) |")
-    return "\n".join(lines)
-
-
-def _lift(fz: dict[str, Any]) -> str:
-    """``teacher / student accuracy % (z)`` of the frozen signals."""
-    if fz.get("teacher_acc") is None:
-        return "-"
-    return f"{100 * fz['teacher_acc']:.0f} / {100 * fz['student_acc']:.0f} ({_f(fz['teacher_lift_z'], 2, True)})"
-
-
-def frozen_table(signals: dict[str, dict[str, Any]]) -> str:
-    """Markdown: the frozen signals of each cell (``--frozen-only``)."""
-    lines = ["| cell | fwd KL | D>.05 % | HE20 KL % | KL decay | p(eos) T / S (ratio) | clipped mass | clip rev. % "
-             "| acc T / S % (z) | rollout length |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, fz in signals.items():
-        if "skipped" in fz:
-            lines.append(f"| {name} | {fz['skipped']} |||||||||")
-            continue
-        eos = "-" if fz.get("eos_teacher") is None else \
-            f"{fz['eos_teacher']:.2f} / {fz['eos_student']:.2f} ({fz['eos_ratio']:.2f})"
-        lines.append(f"| {name} | {_f(fz['fwd_kl'])} | {_f(fz['d_gt_005'])} | {_f(fz['he20_kl'])} | {_f(fz['kl_decay'], 2)} "
-                     f"| {eos} | {_f(fz['clipped_teacher_mass'], 2)} | {_f(fz.get('clip_reversal'), 3)} | {_lift(fz)} "
-                     f"| {fz['mean_length']:.1f} |")
-    return "\n".join(lines)
-
-
-def reasons_text(cells: Sequence[dict[str, Any]]) -> str:
-    out = []
-    for c in cells:
-        parts = [f"{r['indicator']} {_f(r['value'], 3)} [{r['threshold']}]" for r in c["verdict"]["reasons"]]
-        out.append(f"- {c['name']}: {c['verdict']['verdict']} because " + "; ".join(parts))
-    return "\n".join(out)
-
-
-def plot(cells: Sequence[dict[str, Any]], path: Path) -> Path:
-    """Four panels of the K-step traces per cell: reward, length, student entropy, forward KL."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    panels = ((compatibility.REWARD_KEY, "on-policy reward"), ("response_length/mean", "rollout length"),
-              ("opsd/student_entropy", "student entropy"), (compatibility.KL_KEY, "forward KL (unclipped)"))
-    fig = Figure(figsize=(12, 7))
-    FigureCanvasAgg(fig)
-    for i, (key, title) in enumerate(panels):
-        ax = fig.add_subplot(2, 2, i + 1)
-        for c in cells:
-            steps = [r["step"] for r in c["rows"] if r.get(key) is not None]
-            ax.plot(steps, [r[key] for r in c["rows"] if r.get(key) is not None], marker="o", ms=3,
-                    label=f"{c['name']} ({c['verdict']['verdict']})")
-        ax.set_title(title)
-        ax.set_xlabel("step")
-    fig.axes[0].legend(fontsize=6, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
 def launch_shares(results: Sequence[dict[str, Any]]) -> list[float]:
     """Each cell's share of its launch's wall time: its own steps (``step_times_s``) plus an equal share of what the
     launch spent outside steps (start-up, the resets between cells, shutdown)."""
@@ -362,7 +207,6 @@ def launch_shares(results: Sequence[dict[str, Any]]) -> list[float]:
         steps_s[result["launch_dir"]] = steps_s.get(result["launch_dir"], 0.0) + sum(result["step_times_s"])
     return [sum(r["step_times_s"]) + max(r["launch_s"] - steps_s[r["launch_dir"]], 0.0) / r["launch_cells"]
             for r in results]
-
 
 def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Sequence[str], steps: int,
               batch: int | None, out_dir: Path, signal_prompts: int, frozen: bool = True, log=print) -> dict[str, Any]:
@@ -406,134 +250,3 @@ def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Se
     log(text)
     log(f"[probe] wrote {out_dir / 'probe.json'}, {out_dir / 'probe.md'}, {out_dir / 'probe.png'}")
     return summary
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-def _cell_axes(spec: str) -> dict[str, list[str]]:
-    parts = spec.split(",")
-    if len(parts) != 4:
-        from recipe.common import cli
-
-        raise cli.InputError(f"--cell {spec!r} must be CONTEXT,STUDENT:TEACHER,TAU,T, e.g. full_solution,native:native,none,1.1")
-    return {"contexts": [parts[0]], "modes": [parts[1]], "clip_taus": [parts[2]], "temperatures": [float(parts[3])]}
-
-
-def build_parser():
-    import argparse
-
-    from recipe.common import cli
-
-    parser = argparse.ArgumentParser(prog="python scripts/probe.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", required=True, type=Path, help="probe.json, probe.md, probe.png and the launches")
-    parser.add_argument("--contexts", nargs="+", default=None, help="teacher contexts (default: the config's)")
-    parser.add_argument("--modes", nargs="+", default=None, help="student:teacher reasoning modes (default: the config's)")
-    parser.add_argument("--clip-taus", nargs="+", default=None, help="per-entry clip values, none = no clip (default: the config's)")
-    parser.add_argument("--temperatures", nargs="+", type=float, default=None,
-                        help="rollout and loss temperatures (default: the config's)")
-    parser.add_argument("--cell", action="append", default=None, metavar="CONTEXT,STUDENT:TEACHER,TAU,T",
-                        help="one cell (repeatable) instead of the grid of the four axes, e.g. full_solution,native:native,none,0.7")
-    parser.add_argument("--steps", type=int, default=12, help="monitored OPSD steps per cell (K >= 4)")
-    parser.add_argument("--batch", type=int, default=None, help="prompts per step of the K steps (default: the config's)")
-    parser.add_argument("--signal-prompts", type=int, default=32, help="prompts of the frozen signals (2 rollouts each)")
-    parser.add_argument("--no-frozen", action="store_true", help="skip the frozen signals")
-    parser.add_argument("--frozen-only", action="store_true",
-                        help="the frozen signals of every cell only (frozen.json, frozen.md): a cheap first pass")
-    parser.add_argument("--validate", action="store_true",
-                        help="run cells in full and compare (a CPU demo: its held-out evaluation); with an existing "
-                             "probe.json in --out-dir the probe is not run again")
-    parser.add_argument("--validate-cells", nargs="+", type=int, default=None,
-                        help="indices (probe.json order) of the cells to run in full (default: all)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[42], help="data seeds of the --validate runs")
-    parser.add_argument("--control", type=Path, default=None, metavar="OUT_DIR",
-                        help="with --validate: another probe's --out-dir whose full runs are the control arm (one cell, "
-                             "the same seeds); each validated cell's held-out accuracy against it")
-    parser.add_argument("overrides", nargs="*", help="hydra overrides of every cell (after --)")
-    cli.add_debug_argument(parser)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    import os
-
-    from recipe.common import cli
-    from recipe.launch.config import Settings, get_recipe
-    from recipe.launch.run import plan
-    from recipe.toy.cpu_demos import demo_for
-
-    args = build_parser().parse_args(argv)
-    if args.steps < 4:
-        raise cli.InputError(f"--steps {args.steps}: the probe compares two windows of at least 2 steps; use >= 4")
-    from recipe.experiments import probe_validation as validation
-
-    control_runs = None
-    if args.control is not None:  # checked before any launch
-        control_file = args.control / "full_runs.jsonl"
-        if not (args.validate and control_file.is_file()):
-            raise cli.InputError(f"--control {args.control}: " + ("needs --validate" if not args.validate else
-                                 "has no full_runs.jsonl (run that probe with --validate first)"))
-        control_runs = validation.read_runs(control_file)
-        with cli.reraise_as_input(ValueError, file=control_file):
-            validation.control_cell(control_runs)
-    done = args.out_dir / "probe.json"
-    if not args.validate:
-        cli.refuse_overwrite([done], overwrite=False, other="another --out-dir")
-    recipe = get_recipe("opsd")
-    settings = Settings.from_environ(os.environ)
-    demo = demo_for(recipe, settings) if settings.demo is not None else None
-    if args.validate and demo is None:
-        raise cli.InputError("--validate evaluates held-out problems before and after each full run: a CPU demo's "
-                             "(CPU_DEMO=toy or real) evaluation; with MODEL_PATH / TRAIN_FILES run the probe without it")
-    if done.is_file():
-        probe = json.loads(done.read_text())
-        cells = [Cell(**c["cell"]) for c in probe["cells"]]
-        extra = probe["extra_overrides"]
-    else:
-        inputs = demo.load()(recipe.name, settings).inputs if demo is not None else None
-        extra = list(args.overrides)
-        base = plan(recipe, settings, extra, demo=inputs).config
-        opsd = base.opsd
-        if args.cell:
-            cells = [cell for spec in args.cell for cell in grid(**_cell_axes(spec))]
-        else:
-            cells = grid(contexts=args.contexts or [opsd.teacher_context],
-                         modes=args.modes or [f"{opsd.student_mode}:{opsd.teacher_mode}"],
-                         clip_taus=args.clip_taus or [str(opsd.loss.clip_tau)],
-                         temperatures=args.temperatures or [float(base.actor_rollout_ref.rollout.temperature)])
-        if args.frozen_only:
-            full = plan(recipe, settings, extra, demo=inputs)
-            rollout = base.actor_rollout_ref.rollout
-            signals = frozen_signals(str(full.overrides.get(recipe.model_key)), str(full.overrides.get(recipe.train_key)),
-                                     cells, cap=int(base.data.max_response_length), top_p=float(rollout.top_p),
-                                     top_k=int(rollout.top_k), num_prompts=args.signal_prompts)
-            args.out_dir.mkdir(parents=True, exist_ok=True)
-            (args.out_dir / "frozen.json").write_text(json.dumps(signals, indent=1) + "\n")
-            text = frozen_table(signals)
-            (args.out_dir / "frozen.md").write_text(text + "\n")
-            print(text)
-            return 0
-        probe = run_probe(cells, recipe=recipe, settings=settings, demo_inputs=inputs, extra=extra, steps=args.steps,
-                          batch=args.batch, out_dir=args.out_dir, signal_prompts=args.signal_prompts,
-                          frozen=not args.no_frozen)
-    if not args.validate:
-        return 0
-    chosen = [cells[i] for i in (args.validate_cells if args.validate_cells is not None else range(len(cells)))]
-    log_file = args.out_dir / "full_runs.jsonl"
-    runs = validation.read_runs(log_file)
-    for cell in chosen:
-        seeds = [seed for seed in args.seeds if not any(r["name"] == cell.name and r["seed"] == seed for r in runs)]
-        for run in validation.full_runs([cell], recipe=recipe, settings=settings, demo=demo, extra=extra, seeds=seeds,
-                             out_dir=args.out_dir):
-            runs.append(run)
-            with open(log_file, "a") as handle:
-                handle.write(json.dumps(run, default=str) + "\n")
-    result = validation.agreement(probe, runs)
-    text = validation.agreement_table(result)
-    if control_runs is not None:
-        chosen_names = {c.name for c in chosen}
-        result["versus_control"] = validation.versus_control([r for r in runs if r["name"] in chosen_names], control_runs)
-        text += "\n\n" + validation.control_table(result["versus_control"])
-    (args.out_dir / "validation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    (args.out_dir / "validation.md").write_text(text + "\n")
-    print(text)
-    return 0

@@ -1,4 +1,4 @@
-"""The compatibility probe's verdicts (recipe.analysis.compatibility): indicators by hand on K-step traces,
+"""The compatibility probe's verdicts (recipe.probe.verdicts): indicators by hand on K-step traces,
 one trace per regime, the recommendation (a full run's regime: tests/opsd/test_regimes.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from recipe.analysis.compatibility import (
+from recipe.probe.verdicts import (
     THRESHOLDS,
     classify,
     proportion_z,
