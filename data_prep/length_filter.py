@@ -19,7 +19,7 @@ Example::
 
     python -m data_prep.length_filter --input data/parquet/openthoughts/train.parquet \\
         --tokenizer Qwen/Qwen3-1.7B --student-mode no_think --teacher-mode think \\
-        --teacher-context full_solution --out data/parquet/openthoughts/qwen3-1.7b_nth-th_full.parquet
+        --teacher-context full_solution --out data/parquet/openthoughts/qwen3-1.7b_no_think-think_full.parquet
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ CLI: one row per run (N, mean tokens, >= 32k / >= 38k tokens, boxed, accuracy, "
 by its directory) to a ``generations.jsonl`` of ``scripts/evaluate.py run``::
 
     python -m recipe.analysis.generation_features "no-think base=evals/base/generations.jsonl" \\
-        "nth/th OPSD=evals/nth_th/generations.jsonl"
+        "no_think/think OPSD=evals/no_think-think/generations.jsonl"
 """
 
 from __future__ import annotations

@@ -43,13 +43,13 @@ MODE_KEYS = {"opsd.student_mode", "opsd.teacher_mode", "sweep.eval_mode"}
 # parameters fill the default's empty opsd.loss.params mapping, so that (empty) key changes too.
 EXPECTED = {
     "default": set(),
-    "mode_th_th_th": {"sweep.eval_mode"},
-    "mode_th_nth_th": {"opsd.teacher_mode", "sweep.eval_mode"},
-    "mode_nth_th_nth": {"opsd.student_mode", "sweep.eval_mode"},
-    "mode_nth_nth_nth": MODE_KEYS,
-    "mode_nth_th_th": {"opsd.student_mode", "sweep.eval_mode"},
-    "mode_th_nth_nth": {"opsd.teacher_mode", "sweep.eval_mode"},
-    "no_privilege_nth_th_th": {"opsd.teacher_context", "opsd.student_mode", "sweep.eval_mode"},
+    "mode_think-think-think": {"sweep.eval_mode"},
+    "mode_think-no_think-think": {"opsd.teacher_mode", "sweep.eval_mode"},
+    "mode_no_think-think-no_think": {"opsd.student_mode", "sweep.eval_mode"},
+    "mode_no_think-no_think-no_think": MODE_KEYS,
+    "mode_no_think-think-think": {"opsd.student_mode", "sweep.eval_mode"},
+    "mode_think-no_think-no_think": {"opsd.teacher_mode", "sweep.eval_mode"},
+    "no_privilege_no_think-think-think": {"opsd.teacher_context", "opsd.student_mode", "sweep.eval_mode"},
     "steps_300_fresh": {"trainer.total_training_steps", "trainer.save_freq", "sweep.eval_every"},
     "steps_300_continued": {"trainer.total_training_steps", "trainer.save_freq", "trainer.resume_mode", "sweep.eval_every",
                             "sweep.continue_from.run", "sweep.continue_from.step",
@@ -301,7 +301,7 @@ def test_rollout_caps_keep_the_global_batch(model, hydra_dir):
         ("qwen3_4b", "opsd_vs_grpo_matched", {"data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4}),
         ("qwen3_1p7b", "purified_answer", {"data.train_batch_size": 32, "actor_rollout_ref.model.lora_rank": 64}),
         ("qwen3_1p7b", "rollout_4096", {"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2}),
-        ("qwen3_1p7b", "mode_nth_th_th", {"opsd.student_mode": "no_think", "sweep.eval_mode": "think"}),
+        ("qwen3_1p7b", "mode_no_think-think-think", {"opsd.student_mode": "no_think", "sweep.eval_mode": "think"}),
     ],
 )
 @pytest.mark.slow
