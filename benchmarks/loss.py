@@ -1,25 +1,10 @@
-"""Benchmark the OPSD clipped forward-KL loss (paper eq:opsd_clipped): naive vs chunked vs fused.
+"""Benchmark the OPSD clipped forward-KL loss (paper eq:opsd_clipped): naive vs chunked vs fused vs fused_sum.
 
-Each (implementation, N) runs forward + backward in a fresh subprocess so its peak RSS is
-honest. All four include the student and teacher lm_head matmuls (hidden [N, H] @ W.T):
-
-* naive   - materialises [N, V] float32 tensors the way the official OPSD code does:
-            log_softmax of both logits / T, teacher probs, per-entry term, clamp(max=tau),
-            sum over V; plain autograd.
-* chunked - the same logits, then ``benchmarks.loss_variants.chunked_token_divergence(chunk_size=C)``.
-* fused   - ``benchmarks.loss_variants.fused_linear_token_divergence(chunk_size=C)``: the lm_head
-            matmul runs inside the row chunk, no [N, V] tensor exists.
-* fused_sum - ``recipe.opsd.core.losses.fused_linear_weighted_divergence`` with unit row weights: the
-            same sum(values) every implementation differentiates, with the gradients formed in
-            the forward pass (one pass over the vocabulary, 4 lm_head-sized matmuls instead of
-            6). This is what the OPSD actor calls (with token-mean weights).
-
-Loss settings are the paper defaults: beta=0, clip_tau=0.05, both temperatures 1.1.
-Peak extra RSS = ru_maxrss at the end minus the RSS right after the inputs were
-allocated. Error = max |x - ref| / max |ref| against a float64 computation on the first
-``--ref-rows`` rows, for the per-position values and for the hidden-state gradient.
-
-Example (the table in docs/core_math.md)::
+Each (implementation, N) runs forward + backward, both lm_head matmuls included, in a fresh subprocess so that its
+peak RSS is its own. ``naive`` materialises [N, V] float32 tensors as the official OPSD code does; ``chunked`` and
+``fused`` are ``benchmarks.loss_variants``; ``fused_sum`` is what the OPSD actor calls
+(``recipe.opsd.core.losses.fused_linear_weighted_divergence``). The paper's loss settings; errors against float64.
+Each implementation, the peak and the error in detail, and the tables: docs/results/loss_kernels.md::
 
     python scripts/bench.py loss --n 1024 2048 4096 --hidden 1024 --repeats 3 --chunk-size 256
 """
@@ -72,7 +57,7 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
     ht = torch.randn(n, hidden, generator=gen).mul_(0.5).add_(hs)
     hs.requires_grad_(True)
     ws.requires_grad_(True)
-    opts = dict(beta=BETA, clip_tau=CLIP_TAU, student_temperature=TEMPERATURE)
+    loss_options = dict(beta=BETA, clip_tau=CLIP_TAU, student_temperature=TEMPERATURE)
 
     def naive():
         s_logits = hs @ ws.T
@@ -88,23 +73,23 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
         s_logits = hs @ ws.T
         with torch.no_grad():
             t_logits = ht @ wt.T
-        return chunked_token_divergence(s_logits, t_logits, chunk_size=chunk, **opts)
+        return chunked_token_divergence(s_logits, t_logits, chunk_size=chunk, **loss_options)
 
     def fused():
-        return fused_linear_token_divergence(hs, ws, ht, wt, chunk_size=chunk, **opts)
+        return fused_linear_token_divergence(hs, ws, ht, wt, chunk_size=chunk, **loss_options)
 
     ones = torch.ones(n)
 
     def fused_sum():
-        return fused_linear_weighted_divergence(hs, ws, ht, wt, row_weights_N=ones, chunk_size=chunk, **opts)
+        return fused_linear_weighted_divergence(hs, ws, ht, wt, row_weights_N=ones, chunk_size=chunk, **loss_options)
 
-    fn = {"naive": naive, "chunked": chunked, "fused": fused, "fused_sum": fused_sum}[impl]
+    run_impl = {"naive": naive, "chunked": chunked, "fused": fused, "fused_sum": fused_sum}[impl]
     base_rss = _rss_bytes()
     times, values, grad_h = [], None, None
     for _ in range(repeats):
         hs.grad = ws.grad = None
         t0 = time.perf_counter()
-        out = fn()
+        out = run_impl()
         loss, values = out if isinstance(out, tuple) else (out.sum(), out)
         loss.backward()
         times.append(time.perf_counter() - t0)
@@ -113,7 +98,7 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
 
     # float64 reference on the first ref_rows rows (values and d sum(values) / d hidden)
     h64 = hs.detach()[:ref_rows].double().requires_grad_(True)
-    ref = token_divergence(h64 @ ws.detach().double().T, (ht[:ref_rows].double() @ wt.double().T), **opts)
+    ref = token_divergence(h64 @ ws.detach().double().T, (ht[:ref_rows].double() @ wt.double().T), **loss_options)
     (ref_grad,) = torch.autograd.grad(ref.sum(), h64)
     ref = ref.detach()
 
@@ -127,19 +112,19 @@ def _worker(impl: str, n: int, vocab: int, hidden: int, chunk: int, repeats: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096], help="numbers of positions N")
-    ap.add_argument("--vocab", type=int, default=151_936, help="vocabulary size V (Qwen3: 151,936)")
-    ap.add_argument("--hidden", type=int, default=1024, help="hidden size H")
-    ap.add_argument("--chunk-size", type=int, default=256, help="row chunk of the chunked and fused paths")
-    ap.add_argument("--repeats", type=int, default=3, help="timed forward+backward repeats (median reported)")
-    ap.add_argument("--ref-rows", type=int, default=64, help="rows of the float64 reference")
-    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    cli.add_debug_argument(ap)
-    args = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096], help="numbers of positions N")
+    parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary size V (Qwen3: 151,936)")
+    parser.add_argument("--hidden", type=int, default=1024, help="hidden size H")
+    parser.add_argument("--chunk-size", type=int, default=256, help="row chunk of the chunked and fused paths")
+    parser.add_argument("--repeats", type=int, default=3, help="timed forward+backward repeats (median reported)")
+    parser.add_argument("--ref-rows", type=int, default=64, help="rows of the float64 reference")
+    parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    cli.add_debug_argument(parser)
+    args = parser.parse_args(argv)
     for flag, values in (("--n", args.n), ("--vocab", [args.vocab]), ("--hidden", [args.hidden]),
                          ("--chunk-size", [args.chunk_size]), ("--repeats", [args.repeats]), ("--ref-rows", [args.ref_rows])):
         if min(values) < 1:
@@ -148,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.InputError(f"--ref-rows {args.ref_rows} exceeds the smallest --n {min(args.n)}")
 
     if args.worker:
-        res = _worker(args.impls[0], args.n[0], args.vocab, args.hidden, args.chunk_size, args.repeats, args.ref_rows, args.threads)
-        print(json.dumps(res))
+        result = _worker(args.impls[0], args.n[0], args.vocab, args.hidden, args.chunk_size, args.repeats,
+                         args.ref_rows, args.threads)
+        print(json.dumps(result))
         return 0
 
     print(f"V={args.vocab} H={args.hidden} chunk={args.chunk_size} repeats={args.repeats} "
@@ -157,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'N':>6} {'impl':>9} {'time s':>8} {'x naive':>8} {'peak extra GB':>14} {'x naive':>8} {'err values':>11} {'err grad_h':>11}"
     rows, failed = [], 0
     for n in args.n:
-        naive = None
+        naive_result = None
         for impl in args.impls:
             cmd = [sys.executable, "-m", "benchmarks.loss", "--worker", "--impls", impl, "--n", str(n),
                    "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk-size", str(args.chunk_size),
@@ -173,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(f"{n:>6} {impl:>9}  failed (exit {proc.returncode}): {tail}")
                 failed += 1
                 continue
-            r = json.loads(proc.stdout.strip().splitlines()[-1])
-            naive = r if impl == "naive" else naive
-            t_ratio = f"{r['time_s'] / naive['time_s']:.2f}" if naive else "-"
-            m_ratio = f"{r['peak_extra_gb'] / naive['peak_extra_gb']:.3f}" if naive else "-"
-            rows.append(f"{n:>6} {impl:>9} {r['time_s']:>8.2f} {t_ratio:>8} {r['peak_extra_gb']:>14.2f} {m_ratio:>8} "
-                        f"{r['err_values']:>11.1e} {r['err_grad_h']:>11.1e}")
+            result = json.loads(proc.stdout.strip().splitlines()[-1])
+            naive_result = result if impl == "naive" else naive_result
+            time_ratio = f"{result['time_s'] / naive_result['time_s']:.2f}" if naive_result else "-"
+            memory_ratio = f"{result['peak_extra_gb'] / naive_result['peak_extra_gb']:.3f}" if naive_result else "-"
+            rows.append(f"{n:>6} {impl:>9} {result['time_s']:>8.2f} {time_ratio:>8} {result['peak_extra_gb']:>14.2f} "
+                        f"{memory_ratio:>8} {result['err_values']:>11.1e} {result['err_grad_h']:>11.1e}")
             print(rows[-1], file=sys.stderr, flush=True)
     print(header)
     print("\n".join(rows))

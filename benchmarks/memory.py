@@ -3,18 +3,11 @@
     python scripts/bench.py memory-model table          # Qwen3-1.7B / 4B / 8B, caps 1,024-8,192, presets
     python scripts/bench.py memory-model check --model DIR --micro-batch 2 --response 512 [--no-gc]
 
-``table``: recipe.analysis.memory_model for each Qwen3 model preset (recipe/opsd/config/model/qwen3_*.yaml:
-GPUs, micro-batch per rollout cap), prompt cap 1,024 + the rollout cap tokens per sample.
-
-``check``: measures the peak resident memory of a direct, FSDP-free version of the update on the CPU
-(fp32 student with AdamW, fp32 frozen teacher, gradient checkpointing as asked, the trainer's own loss +
-diagnostics ``recipe.opsd.core.signals.weighted_divergence_and_signals``, two micro-batch updates so that
-AdamW's moments exist) in a fresh process, and prints it next to the model's prediction for the same
-setting (fp32 everywhere, no FSDP copies, teacher resident). Measured = the peak resident set (VmHWM, reset
-through /proc/self/clear_refs) minus the RSS before the models exist, after a 1 x 8-token warm-up update
-(kernel code, thread pools and allocator arenas are then part of the baseline); models are built from their
-config (random weights, anonymous memory: not the safetensors file mapping). ``MALLOC_MMAP_THRESHOLD_=65536`` is set so that freed large
-buffers go back to the OS and the RSS follows the live tensors.
+``table``: recipe.analysis.memory_model for each Qwen3 model preset (recipe/opsd/config/model/qwen3_*.yaml: GPUs,
+micro-batch per rollout cap), prompt cap 1,024 + the rollout cap tokens per sample. ``check``: the peak resident
+memory of a direct, FSDP-free version of the update on the CPU (fp32 student with AdamW, fp32 frozen teacher, the
+trainer's own loss + diagnostics, two micro-batch updates) in a fresh process, next to the model's prediction for
+the same setting. How it is measured: docs/results/compute_cost.md.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from pathlib import Path
 
 from recipe.analysis.memory_model import GiB, QWEN3, ModelShape, UpdateSetting, memory_terms, preset_micro_batch
 from recipe.common import cli
-from recipe.launch.config import REPO_ROOT as REPO
+from recipe.launch.config import REPO_ROOT
 
 PRESETS = {"Qwen3-1.7B": "qwen3_1p7b", "Qwen3-4B": "qwen3_4b", "Qwen3-8B": "qwen3_8b"}
 CAPS = (1024, 2048, 4096, 6144, 8192)
@@ -40,7 +33,7 @@ COLUMNS = ("student_params", "student_grads", "optimizer", "student_gathered", "
 def read_preset(name: str) -> dict:
     from omegaconf import OmegaConf
 
-    preset = OmegaConf.load(REPO / "recipe" / "opsd" / "config" / "model" / f"{name}.yaml").model_preset
+    preset = OmegaConf.load(REPO_ROOT / "recipe" / "opsd" / "config" / "model" / f"{name}.yaml").model_preset
     by_cap = {int(key.removeprefix("cap_")): int(value) for key, value in preset.micro_batch_by_cap.items()}
     return {"gpus": int(preset.gpus), "micro_batch": int(preset.micro_batch), "by_cap": by_cap}
 
@@ -61,7 +54,7 @@ def table(args) -> None:
                                     chunk_size=args.chunk_size, gradient_checkpointing=args.gc)
             terms = memory_terms(shape=QWEN3[model], setting=setting)
             print(f"| {model} | {preset['gpus']} | {cap} | {micro}{note} | "
-                  + " | ".join(f"{terms[c] / GiB:.2f}" for c in COLUMNS) + " |")
+                  + " | ".join(f"{terms[column] / GiB:.2f}" for column in COLUMNS) + " |")
 
 
 def _rss() -> int:
@@ -98,14 +91,14 @@ def measure(args) -> None:
             student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         optimizer = torch.optim.AdamW(student.parameters(), lr=1e-6, weight_decay=0.0)
         ids = torch.randint(0, config.vocab_size, (micro_batch, tokens))
-        n = ids.numel()
+        n_tokens = ids.numel()
         for _ in range(times):
             with torch.no_grad():
-                teacher_hidden = teacher.model(input_ids=ids).last_hidden_state.reshape(n, -1)
-            student_hidden = student.model(input_ids=ids).last_hidden_state.reshape(n, -1)
+                teacher_hidden = teacher.model(input_ids=ids).last_hidden_state.reshape(n_tokens, -1)
+            student_hidden = student.model(input_ids=ids).last_hidden_state.reshape(n_tokens, -1)
             loss, _, _ = weighted_divergence_and_signals(
-                student_hidden, student.lm_head.weight, teacher_hidden, teacher.lm_head.weight, ids.reshape(n),
-                row_weights_N=torch.full((n,), 1.0 / n), clip_tau=0.05, student_temperature=1.1,
+                student_hidden, student.lm_head.weight, teacher_hidden, teacher.lm_head.weight, ids.reshape(n_tokens),
+                row_weights_N=torch.full((n_tokens,), 1.0 / n_tokens), clip_tau=0.05, student_temperature=1.1,
                 chunk_size=args.chunk_size)
             loss.backward()
             optimizer.step()
@@ -115,11 +108,11 @@ def measure(args) -> None:
     # warm-up at 1 x 8 tokens: the kernels' code and thread pools are loaded before the baseline
     updates(1, 8, 1)
     gc.collect()
-    base = _rss()
+    base_rss = _rss()
     Path("/proc/self/clear_refs").write_text("5")  # resets the peak resident set (VmHWM) to the current RSS
     updates(args.micro_batch, args.response, 2)
-    peak = _hwm()
-    print(json.dumps({"measured": peak - base, "base": base}))
+    peak_rss = _hwm()
+    print(json.dumps({"measured": peak_rss - base_rss, "base": base_rss}))
 
 
 def check(args) -> None:
@@ -127,7 +120,7 @@ def check(args) -> None:
     shape = ModelShape.from_hf_config(config, name=Path(args.model).name)
     command = [sys.executable, "-m", "benchmarks.memory", "measure", "--model", args.model, "--micro-batch", str(args.micro_batch),
                "--response", str(args.response), "--chunk-size", str(args.chunk_size)] + ([] if args.gc else ["--no-gc"])
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=str(REPO))
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.run(command, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"the measuring process failed:\n{proc.stderr[-3000:]}")
@@ -141,8 +134,8 @@ def check(args) -> None:
           f"{'on' if args.gc else 'off'}, chunk {args.chunk_size}; MiB")
     print("| " + " | ".join(("teacher_resident",) + COLUMNS) + " | measured | model / measured |")
     print("|" + "---|" * (len(COLUMNS) + 3))
-    row = [terms["teacher_resident"]] + [terms[c] for c in COLUMNS]
-    print("| " + " | ".join(f"{v / 2**20:.1f}" for v in row) + f" | {measured / 2**20:.1f} | "
+    row = [terms["teacher_resident"]] + [terms[column] for column in COLUMNS]
+    print("| " + " | ".join(f"{value / 2**20:.1f}" for value in row) + f" | {measured / 2**20:.1f} | "
           f"{terms['peak'] / measured:.3f} |")
 
 
@@ -150,13 +143,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("table", "check", "measure"):
-        p = sub.add_parser(name)
-        p.add_argument("--chunk-size", type=int, default=1024, help="opsd.loss.chunk_size")
-        p.add_argument("--no-gc", dest="gc", action="store_false", help="gradient checkpointing off")
+        subparser = sub.add_parser(name)
+        subparser.add_argument("--chunk-size", type=int, default=1024, help="opsd.loss.chunk_size")
+        subparser.add_argument("--no-gc", dest="gc", action="store_false", help="gradient checkpointing off")
         if name != "table":
-            p.add_argument("--model", required=True, help="HF model directory (its config.json)")
-            p.add_argument("--micro-batch", type=int, default=2)
-            p.add_argument("--response", type=int, default=512, help="tokens per sample")
+            subparser.add_argument("--model", required=True, help="HF model directory (its config.json)")
+            subparser.add_argument("--micro-batch", type=int, default=2)
+            subparser.add_argument("--response", type=int, default=512, help="tokens per sample")
     cli.add_debug_argument(parser)
     args = parser.parse_args(argv)
     {"table": table, "check": check, "measure": measure}[args.command](args)

@@ -3,13 +3,12 @@
     python scripts/bench.py real-step --steps 4
     python scripts/bench.py real-step --variants hf_1thread hf_2threads --steps 3
 
-Floor: the same step's math in this process on all cores -- the batch's prompts sampled to the response cap
-(the HF rollout's own ``sample_batch``), the frozen teacher's forward on teacher prompt + response, the
-student's forward and backward through the trainer's loss on final hidden states
-(``weighted_divergence_and_signals``), one AdamW step. Real: the launcher's OPSD launch of the real demo's
-preset for ``--steps`` steps per variant (``VARIANTS``: thread count of the Ray workers, rollout engine); verl's
-``timing_s/*`` of every step after the first. Every response runs to the cap on both sides
-(``rollout.ignore_eos``), so both do the same work. Prints each phase and step / floor.
+Floor: the same step's math in this process on all cores -- the batch's prompts sampled to the response cap (the HF
+rollout's ``sample_batch``), the frozen teacher's forward on teacher prompt + response, the student's forward and
+backward through the trainer's loss on final hidden states (``weighted_divergence_and_signals``), one AdamW step.
+Real: the launcher's OPSD launch of the real demo's preset for ``--steps`` steps per variant (``VARIANTS``: thread
+count of the Ray workers, rollout engine); verl's ``timing_s/*`` of every step after the first. Every response runs
+to the cap on both sides (``rollout.ignore_eos``), so both do the same work. Prints each phase and step / floor.
 """
 
 from __future__ import annotations

@@ -4,14 +4,10 @@ vs from the loss's own pass (after), forward + backward, one micro-batch.
     python scripts/bench.py signals-pass
     python scripts/bench.py signals-pass --shape 2048 49152 576 --repeats 3
 
-before = ``signals.token_signals_from_hidden`` over the response rows (no grad: two lm_head
-projections) + ``losses.fused_linear_weighted_divergence`` over the loss rows, what the actor ran
-until the diagnostics moved into the loss pass; after = ``signals.weighted_divergence_and_signals``
-(one pass, both outputs), what ``actor_loss.opsd_loss`` runs for ``variant: opsd`` without top-k.
-Both compute the same loss, gradients and signals (checked here, float32 tolerances). Inputs:
-random hidden states and lm_head weights in float32 (the CPU engine's dtype), beta 0, tau_clip 0.05,
-temperature 1.1, positions = all. Prints a markdown table: best-of-repeats wall time per
-configuration and the after / before ratio, from one run.
+before = ``signals.token_signals_from_hidden`` + ``losses.fused_linear_weighted_divergence``; after =
+``signals.weighted_divergence_and_signals``, what ``actor_loss.opsd_loss`` runs for ``variant: opsd`` without top-k.
+Both outputs are checked equal (float32 tolerances) on random float32 inputs with the paper's loss settings. Prints
+best-of-repeats wall time per configuration and after / before (what is compared: docs/results/loss_kernels.md).
 """
 
 from __future__ import annotations
@@ -30,12 +26,12 @@ DEFAULT_SHAPES = ((2048, 49152, 576), (512, 151936, 1024))
 
 
 def _inputs(n: int, v: int, h: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    hs = torch.randn(n, h, generator=g) / h ** 0.5
-    ws = torch.randn(v, h, generator=g)
-    ht = hs + 0.3 * torch.randn(n, h, generator=g) / h ** 0.5
-    wt = ws + 0.05 * torch.randn(v, h, generator=g)
-    ids = torch.randint(0, v, (n,), generator=g)
+    generator = torch.Generator().manual_seed(seed)
+    hs = torch.randn(n, h, generator=generator) / h ** 0.5
+    ws = torch.randn(v, h, generator=generator)
+    ht = hs + 0.3 * torch.randn(n, h, generator=generator) / h ** 0.5
+    wt = ws + 0.05 * torch.randn(v, h, generator=generator)
+    ids = torch.randint(0, v, (n,), generator=generator)
     return hs, ws, ht, wt, ids, torch.full((n,), 1.0 / n)
 
 
@@ -82,8 +78,8 @@ def main(argv=None) -> None:
         t_before, (loss_b, grads_b, sig_b) = _best_time(_before, inputs, args.repeats)
         t_after, (loss_a, grads_a, sig_a) = _best_time(_after, inputs, args.repeats)
         torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-7)
-        for a, b in zip(grads_a, grads_b):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        for grad_after, grad_before in zip(grads_a, grads_b):
+            torch.testing.assert_close(grad_after, grad_before, rtol=1e-4, atol=1e-6)
         for key in SIGNAL_KEYS:
             torch.testing.assert_close(sig_a[key], sig_b[key], rtol=1e-4, atol=1e-5, msg=key)
         print(f"| {n} | {v} | {h} | {t_before:.2f} | {t_after:.2f} | {t_after / t_before:.3f} |")

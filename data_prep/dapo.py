@@ -1,12 +1,10 @@
 """DAPO-Math-17k -> verl parquet (GRPO training data; also the default unrelated-pair pool).
 
-Source: ``data/dapo/dapo_math_17k.jsonl`` (17,917 unique prompts with integer answers, the
-instruction wrapper removed; provenance in ``data/SOURCES.md``). Rows whose normalised problem
-text repeats are deduplicated: a repeated group with one answer keeps its first row
-(``duplicate`` drops), a group with conflicting answers is dropped entirely
-(``conflicting_duplicate``). The prompt is the paper's student message; the paper's GRPO
-control renders it in thinking mode and keeps prompts of at most 1,024 tokens
-(``data_prep.length_filter`` with no teacher context).
+Source: ``data/dapo/dapo_math_17k.jsonl`` (17,917 unique prompts with integer answers, the instruction wrapper
+removed; provenance in ``data/SOURCES.md``). Rows whose normalised problem text repeats are deduplicated: a repeated
+group with one answer keeps its first row (``duplicate`` drops), a group with conflicting answers is dropped entirely
+(``conflicting_duplicate``). The prompt is the paper's student message; the paper's GRPO control renders it in
+thinking mode and keeps prompts of at most 1,024 tokens (``data_prep.length_filter`` with no teacher context).
 
 Example::
 

@@ -1,18 +1,11 @@
 """Decontamination of training text against the 120 evaluation items (AIME 2024-2026, HMMT Feb 2025).
 
-Paper (appendix "Supervised-Initialization Data"): "we decontaminate both corpora against all
-120 evaluation items ... Matched records are removed, and a second check finds zero overlaps
-in every final preprocessed training set."
-
-Two tests per (training text, eval item), on text normalised by ``normalise_text`` (NFKC,
-lower case, LaTeX spacing commands / ``\\left`` ``\\right`` / ``$`` removed, ``\\dfrac`` ->
-``\\frac``, whitespace collapsed):
-
-- ``exact``: equal after also removing all whitespace and braces;
-- ``ngram``: the training text contains at least ``threshold`` (default 0.5) of the eval
-  item's distinct word n-grams (default n = 13, words = ``\\w+`` runs of the normalised text;
-  an item shorter than n words must appear as a whole). Measured on the repo's DAPO copy:
-  see docs/prompts.md for the overlap distribution behind the default.
+Paper (appendix "Supervised-Initialization Data"): "we decontaminate both corpora against all 120 evaluation items
+... Matched records are removed, and a second check finds zero overlaps in every final preprocessed training set."
+Two tests per (training text, eval item), on text normalised by ``normalise_text``: ``exact`` (equal once all
+whitespace and braces are also removed) and ``ngram`` (the training text holds at least ``threshold``, default 0.5,
+of the eval item's distinct word n-grams, default n = 13; an item shorter than n words must appear as a whole).
+The overlaps measured on the repo's DAPO copy behind the default: docs/prompts.md.
 
 CLI (the second pass on any built parquet): ``python -m data_prep.decontaminate --check out.parquet``.
 """
@@ -40,7 +33,8 @@ _WORD = re.compile(r"\w+")
 
 
 def normalise_text(text: str) -> str:
-    """Lower-cased text with LaTeX spacing removed and whitespace collapsed."""
+    """NFKC, lower-cased text with ``\\dfrac`` / ``\\tfrac`` -> ``\\frac``, LaTeX spacing commands, ``\\left``,
+    ``\\right`` and ``$`` removed, and whitespace collapsed."""
     text = unicodedata.normalize("NFKC", text).lower()
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = _SPACING.sub(" ", text)

@@ -1,21 +1,9 @@
 """Per-model, per-template prompt-length filtering of a built verl parquet (never truncates).
 
-Paper (appendix "OPSD Data"): "Student and teacher prompts are rendered independently with the
-model's native chat template and designated reasoning mode ... We keep examples for which both
-rendered prompts contain at most 1,024 tokens and filter longer prompts without truncation.
-Each model--mode configuration is filtered separately"; CoT+Solution raises the teacher cap to
-8,192 with the same rows; "Teacher-context controls are filtered under their modified teacher
-templates while retaining the student message."
-
-A row is kept only if its rendered student prompt fits ``--max-prompt-length`` and, for every
-``--teacher-context NAME[:CAP]`` given, the rendered teacher prompt fits CAP (default 1,024;
-8,192 for ``cot_solution``). Several contexts at once keep the rows that fit all of them, in
-their original order (e.g. ``full_solution:1024`` + ``cot_solution:8192`` for the paper's
-identical-rows CoT comparison). With no teacher context only the student prompt is checked
-(GRPO data, evaluation sets). For the instruction-only contexts the ``prompt`` column is
-rewritten with the styled student message the context implies. Drops are counted per reason.
-
-Example::
+Paper (appendix "OPSD Data"): student and teacher prompts are rendered independently with the model's chat template
+in their reasoning modes; rows whose rendered prompts exceed 1,024 tokens (the CoT+Solution teacher: 8,192) are
+dropped, each model--mode configuration and each teacher-context control (its own template) filtered separately.
+Which prompts are checked, the caps, the rewritten ``prompt`` column: docs/prompts.md (data pipeline).
 
     python -m data_prep.length_filter --input data/parquet/openthoughts/train.parquet \\
         --tokenizer Qwen/Qwen3-1.7B --student-mode no_think --teacher-mode think \\

@@ -1,14 +1,11 @@
 """OpenMathReasoning ``cot`` split -> verl parquet (cross-dataset replication, GRPO subsets).
 
-Each ``generated_solution`` is split at its ``</think>`` into the internal CoT (``<think>``
-removed) and the post-thinking solution; ``expected_answer`` is the answer. Rows without
-exactly one ``</think>``, or with an empty part, are counted drops. Paper subsets (appendix
-"OPSD Data"): post-thinking solutions of at most 1,024 tokens (``--solution-tokens 0:1024``) or
-2,048-4,096 tokens (``--solution-tokens 2048:4096``), counted with the model's tokenizer
-(bounds inclusive); the released-model GRPO runs use the integer-answer subset with source
-solutions capped at 12,288 tokens (``--integer-answers-only --max-source-tokens 12288``).
-
-Example::
+Each ``generated_solution`` is split at its ``</think>`` into the internal CoT (``<think>`` removed) and the
+post-thinking solution; ``expected_answer`` is the answer. Rows without exactly one ``</think>``, or with an empty
+part, are counted drops. Paper subsets (appendix "OPSD Data"): post-thinking solutions of at most 1,024 tokens
+(``--solution-tokens 0:1024``) or 2,048-4,096 tokens (``--solution-tokens 2048:4096``), counted with the model's
+tokenizer (bounds inclusive); the released-model GRPO runs use the integer-answer subset with source solutions
+capped at 12,288 tokens (``--integer-answers-only --max-source-tokens 12288``). Example::
 
     python -m data_prep.openmathreasoning --input omr_cot.parquet --tokenizer Qwen/Qwen3-1.7B \\
         --solution-tokens 0:1024 --out data/parquet/omr/le1k.parquet

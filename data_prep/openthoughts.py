@@ -1,19 +1,13 @@
 """OpenThoughts Math 30k -> verl parquet (the main OPSD training set).
 
-Paper (appendix "OPSD Data"): 29,434 rows; "Field normalization leaves 29,418 records before
-model-specific prompt-length filtering. Each record provides a mathematics problem, reference
-solution, final answer, and separate CoT trace." The hub copy used by the official code is
-``siyanzhao/Openthoughts_math_30k_opsd``; column names are options (defaults: problem,
-solution, answer, cot). Hub downloads need network: pass a local json/jsonl/parquet file on
-machines without it.
-
-Example::
+Paper (appendix "OPSD Data"): 29,434 rows; "Field normalization leaves 29,418 records before model-specific
+prompt-length filtering. Each record provides a mathematics problem, reference solution, final answer, and separate
+CoT trace." ``--input``: a local json/jsonl/parquet file or a Hub name (default: the official code's copy,
+``siyanzhao/Openthoughts_math_30k_opsd``; needs network); column names are options (defaults: problem, solution,
+answer, cot). The per-model length filter comes next (``data_prep.length_filter``, docs/prompts.md). Example::
 
     python -m data_prep.openthoughts --input openthoughts_math_30k.parquet \\
         --out data/parquet/openthoughts/train.parquet
-    python -m data_prep.length_filter --input data/parquet/openthoughts/train.parquet \\
-        --tokenizer Qwen/Qwen3-1.7B --student-mode think --teacher-mode think \\
-        --teacher-context full_solution --out data/parquet/openthoughts/qwen3_full_solution.parquet
 """
 
 from __future__ import annotations

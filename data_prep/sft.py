@@ -1,16 +1,10 @@
 """Supervised-initialization data: a built parquet (with cot + solution) -> verl SFT parquet.
 
-Paper (appendix "Supervised-Initialization Data"): "We use ``problem`` as the user turn and
-``generated_solution`` as the assistant target, render both with the Qwen3 chat template in
-Th mode, and keep sequences of at most 12,288 tokens." Each row becomes
-``messages = [{"role": "user", "content": problem},
-{"role": "assistant", "content": solution, "reasoning_content": cot}]``, which the shipped
-``qwen3.jinja`` renders as ``<think>\\n{cot}\\n</think>\\n\\n{solution}`` (the same tokens as
-the source ``generated_solution``); verl's ``MultiTurnSFTDataset`` renders turn by turn and the
-template gives the same ids as a whole-conversation render. Rows longer than
-``--max-length`` (rendered, think mode) are dropped and counted, never truncated.
-
-Example::
+Paper (appendix "Supervised-Initialization Data"): "We use ``problem`` as the user turn and ``generated_solution``
+as the assistant target, render both with the Qwen3 chat template in Th mode, and keep sequences of at most 12,288
+tokens." Each row becomes ``messages`` = the user ``problem`` and the assistant ``solution`` with ``reasoning_content``
+``cot`` (how ``qwen3.jinja`` and verl's ``MultiTurnSFTDataset`` render it: docs/prompts.md); rows longer than
+``--max-length`` (rendered, think mode) are dropped and counted, never truncated. Example::
 
     python -m data_prep.sft --input data/parquet/omr/all.parquet --tokenizer Qwen/Qwen3-1.7B \\
         --out data/parquet/omr/sft.parquet

@@ -1,19 +1,11 @@
 """Unrelated problem-solution pairs for the ``unrelated`` teacher context.
 
-Paper: "Unrelated provides a deduplicated problem--solution pair from DAPO-Math-17k"; "an
-independently sampled problem--solution pair precedes the target problem and never claims to
-solve it". DAPO-Math-17k ships a problem and an integer answer but no worked solution, so the
-pool source is a choice (``--unrelated-pool``):
-
-- ``dapo`` (default, the paper's source): DAPO problems, deduplicated on normalised text,
-  decontaminated; the "solution" is DAPO's final answer (the only solution text DAPO has);
-- ``self``: other rows of the corpus being built (worked solutions);
-- ``none``: leave ``unrelated_problem`` / ``unrelated_solution`` empty;
-- a path to a json/jsonl/parquet file with ``problem`` and ``solution`` columns.
-
-Assignment is deterministic given the seed: one seeded permutation of the pool, record ``i``
-takes pool entry ``perm[i mod len(pool)]``, skipping forward past any entry whose normalised
-problem equals the record's own (the pair is never the target problem).
+Paper: "Unrelated provides a deduplicated problem--solution pair from DAPO-Math-17k"; "an independently sampled
+problem--solution pair precedes the target problem and never claims to solve it". DAPO-Math-17k has no worked
+solutions, so the pool is a choice (``--unrelated-pool``: ``dapo``, ``self``, ``none`` or a file; docs/prompts.md).
+``build_pool`` deduplicates on normalised text and decontaminates. ``assign_unrelated`` is deterministic given the
+seed: one seeded permutation of the pool, record ``i`` takes entry ``perm[i mod len(pool)]``, skipping forward past
+any entry whose normalised problem equals the record's own (the pair is never the target problem).
 """
 
 from __future__ import annotations

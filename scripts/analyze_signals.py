@@ -1,20 +1,14 @@
 """Frozen teacher-student signal analysis of one model (paper: "Token-Level Analysis Protocol").
 
-Samples K prompts x R rollouts from a verl training parquet (default 2,048 x 2 at
-temperature 1.1, 1,024-token cap), rescores the SAME response tokens under every teacher
-condition ``context:mode``, and writes to ``--out-dir``: ``signals.json`` (all numbers,
-including per-rollout features), ``signals.md`` (the paper's tables), ``pca.png`` and
-``position_windows.png``, plus ``rollouts.json`` (reuse with ``--rollouts``).
+Samples K prompts x R rollouts from a verl training parquet (default 2,048 x 2 at temperature 1.1, 1,024-token cap),
+rescores the SAME response tokens under every teacher condition ``context:mode``, and writes to ``--out-dir``
+``signals.json`` (all numbers, per-rollout features included), ``signals.md`` (the paper's tables), ``pca.png``,
+``position_windows.png`` and ``rollouts.json`` (reuse: ``--rollouts``). GPU: add ``--device cuda --dtype bfloat16
+--backend vllm``; the S/T grid or multi-model tables: ``--combine run_a/signals.json run_b/signals.json``.
+Logic: recipe/analysis/signal_analysis.py (and the signal_* modules it names). Example (CPU, tiny model)::
 
-Example (CPU, tiny model)::
-
-    python scripts/analyze_signals.py --model /tmp/tiny --data /tmp/tiny_data/train.parquet \\
-        --out-dir /tmp/signals --num-prompts 8 --max-new-tokens 64 \\
-        --conditions full_solution:think answer_only:think unrelated:think none:think
-
-GPU: add ``--device cuda --dtype bfloat16 --backend vllm``. The paper's S/T grid or multi-model
-tables: ``python scripts/analyze_signals.py --combine run_a/signals.json run_b/signals.json``.
-Logic: recipe/analysis/signal_analysis.py (and the signal_* modules it names).
+    python scripts/analyze_signals.py --model /tmp/tiny --data /tmp/tiny_data/train.parquet --out-dir /tmp/signals \\
+      --num-prompts 8 --max-new-tokens 64 --conditions full_solution:think answer_only:think unrelated:think none:think
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import logging
 import os
 import sys
 
-from recipe.analysis import signal_analysis as sa
+from recipe.analysis import signal_analysis
 from recipe.analysis.signal_conditions import BACKENDS, MODES, SignalAnalysisConfig
 from recipe.analysis.signal_report import combined_table
 from recipe.common import cli
@@ -91,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             sample_batch_size=args.sample_batch_size, score_batch_size=args.score_batch_size, backend=args.backend,
             windows=_windows(args.windows) if args.windows else defaults.windows,
         )
-    sa.analyze(model=args.model, data=args.data, out_dir=args.out_dir, config=config, model_name=args.model_name,
-               data_label=args.data_label, rollouts=args.rollouts, device=args.device, dtype=args.dtype,
-               overwrite=args.overwrite)
+    signal_analysis.analyze(model=args.model, data=args.data, out_dir=args.out_dir, config=config,
+                            model_name=args.model_name, data_label=args.data_label, rollouts=args.rollouts,
+                            device=args.device, dtype=args.dtype, overwrite=args.overwrite)
     return 0
 
 

@@ -8,8 +8,7 @@
 
     python scripts/make_figures.py dynamics --run Qwen3-4B=runs/a.jsonl --run "SFT+GRPO=runs/b.log" --out dyn.png
 
-Spec layouts and options: ``python scripts/make_figures.py <command> --help``; logic:
-recipe/analysis/figures.py (the drawing: recipe/analysis/plots.py).
+Spec layouts and options: ``<command> --help``; logic: recipe/analysis/figures.py (drawing: recipe/analysis/plots.py).
 """
 
 import sys

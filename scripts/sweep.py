@@ -1,22 +1,12 @@
 """Run a sweep of experiment presets for one model preset and tabulate it like the paper.
 
-Thin CLI over ``recipe.experiments.sweep`` (docs/presets.md).
+Thin CLI over ``recipe.experiments.sweep`` (docs/presets.md: the GPU commands, what a sweep writes). Arguments after
+``--`` are hydra overrides applied to every run (after the presets). A CPU smoke run with the tiny local model:
 
-    # the rollout-cap study of Qwen3-1.7B, sequentially on this machine
-    python scripts/sweep.py run --model qwen3_1p7b --out sweeps/caps \\
-        --presets rollout_128 rollout_256 rollout_512 rollout_1024 rollout_2048 rollout_4096 rollout_6144 \\
-        -- data.train_files=data/ot/qwen3.parquet data.val_files=data/ot/val.parquet
-    # the teacher-context table at a 256-token cap, each run a separate Ray job
-    python scripts/sweep.py submit --address http://head:8265 --model qwen3_4b --out /shared/sweeps/ctx \\
-        --presets rollout_256 context_answer_only+rollout_256 context_unrelated+rollout_256 -- data.train_files=...
-    python scripts/sweep.py collect /shared/sweeps/ctx          # once the jobs are done
-    # CPU smoke run with the tiny local model
     python scripts/sweep.py run --device cpu --model tiny_cpu --presets default divergence_jsd \\
         --eval-n 2 --eval-limit 1 --benchmarks aime2024 --out /tmp/sweep -- \\
         actor_rollout_ref.model.path=/tmp/tiny data.train_files=... data.val_files=... \\
         data.max_response_length=32 trainer.total_training_steps=1 trainer.save_freq=1
-
-Arguments after ``--`` are hydra overrides applied to every run (after the presets).
 """
 
 from __future__ import annotations

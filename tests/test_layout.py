@@ -33,8 +33,10 @@ ALLOWED = {
     # `python -m recipe.launch`: on a CPU it runs the toy world's demos (recipe.toy.cpu_demos); nothing imports it
     "recipe.launch.__main__": {"recipe.launch", "recipe.toy"},
     "recipe.tools": {"recipe.common", "recipe.analysis", "recipe.launch", "recipe.rollout", "recipe.toy"},
-    # the compatibility probe: nothing imports it (scripts/probe.py)
-    "recipe.probe": {"recipe.common", "recipe.analysis", "recipe.evaluation", "recipe.launch", "recipe.opsd", "recipe.toy"},
+    # the compatibility probe: nothing imports it (scripts/probe.py); its cells' entry point subclasses the OPSD glue
+    # and refuses an async_training block
+    "recipe.probe": {"recipe.common", "recipe.analysis", "recipe.async_rl", "recipe.evaluation", "recipe.launch",
+                     "recipe.opsd", "recipe.toy"},
     "recipe.experiments": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.launch", "recipe.models",
                            "recipe.analysis", "recipe.opsd", "recipe.toy", "recipe.rollout", "recipe.async_rl", "data_prep",
                            "recipe.tools"},

@@ -1,25 +1,9 @@
 """OPSD-vs-GRPO compute table from two runs' step metrics (pure: stdlib, and PyYAML to read a launch config).
 
-Both recipes run on verl's legacy ``RayPPOTrainer`` (``trainer.use_v1=false``), so their
-``timing_s/*`` keys come from the same loop. Phases of one step (seconds):
-
-- generation = ``timing_s/gen``
-- teacher    = ``timing_s/teacher`` (OPSD: the frozen teacher's forward, measured inside the update)
-               + ``timing_s/ref`` (GRPO: the frozen reference's scoring pass for the KL loss)
-- update     = ``timing_s/update_actor`` - ``timing_s/teacher`` (the actor's forward/backward/step)
-- other      = ``timing_s/step`` - generation - teacher - update (GRPO's old-log-prob pass, reward,
-               advantages, the weight push, checkpoints, ...)
-
-Tokens per second = sum of ``perf/total_num_tokens`` (prompt + response tokens of every sample) over
-the sum of ``timing_s/step``. Peak memory = the largest ``perf/max_memory_allocated_gb`` of any step
-(verl's actor update on an accelerator); where that is absent or 0 (the CPU path) the caller passes
-what it measured instead, with a label saying what it is.
-
-Same data: the paper's comparison trains both methods on "exactly the same 3,200 examples ... in the
-same order". Every RL launch records the rows it trains on (``data_order.json`` in its run directory,
-written by ``recipe.launch.data_order``: the row count and a hash of the order); ``check_same_data``
-refuses a pair whose records differ or are missing. ``loss_aggregation`` names the GRPO run's loss
-aggregation (read from the launch's resolved config) for the table.
+Called by ``recipe.experiments.opsd_grpo_cost`` (``scripts/compare_opsd_grpo.py``): ``run_cost`` splits each
+step into phases from verl's ``timing_s/*`` and ``perf/*`` metrics, ``check_same_data`` compares the runs'
+``data_order.json`` records (``recipe.launch.data_order``), ``cost_table`` prints both runs beside the paper's
+numbers. What each row measures: docs/cost.md.
 """
 
 from __future__ import annotations
@@ -130,7 +114,7 @@ class RunCost:
 
 
 def step_phases(row: Mapping[str, float]) -> dict:
-    """``{phase: seconds}`` of one step's metrics (keys missing in ``row`` count 0)."""
+    """``{phase: seconds}`` of one step's metrics (keys missing in ``row`` count 0; the phases: docs/cost.md)."""
     step = float(row["timing_s/step"])
     teacher_inside = float(row.get("timing_s/teacher", 0.0))
     gen = float(row.get("timing_s/gen", 0.0))
@@ -149,7 +133,7 @@ def run_cost(*, rows: Sequence[Mapping[str, float]], n_devices: int, warmup_step
     if n_devices < 1:
         raise ValueError(f"n_devices must be >= 1, got {n_devices}")
     kept = rows[warmup_steps:] or rows
-    phases = [step_phases(r) for r in kept]
+    phases = [step_phases(row) for row in kept]
     step_s = sum(r["timing_s/step"] for r in kept) / len(kept)
     tokens = sum(r.get("perf/total_num_tokens", 0.0) for r in kept)
     loop_s = sum(r["timing_s/step"] for r in rows)
@@ -158,21 +142,21 @@ def run_cost(*, rows: Sequence[Mapping[str, float]], n_devices: int, warmup_step
         steps=len(kept),
         loop_s=loop_s,
         step_s=step_s,
-        phases_s={p: sum(ph[p] for ph in phases) / len(kept) for p in PHASES},
+        phases_s={phase: sum(split[phase] for split in phases) / len(kept) for phase in PHASES},
         tokens_per_s=tokens / sum(r["timing_s/step"] for r in kept),
         device_hours=loop_s * n_devices / 3600.0,
         peak_memory_gb=max(logged) if logged else measured_peak_gb,
     )
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    if a is None or b is None or b == 0:
+def _ratio(opsd_value: float | None, grpo_value: float | None) -> str:
+    if opsd_value is None or grpo_value is None or grpo_value == 0:
         return "n/a"
-    return f"{a / b:.3f}"
+    return f"{opsd_value / grpo_value:.3f}"
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "n/a" if x is None else format(x, fmt)
+def _num(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
 
 
 def cost_table(*, opsd: RunCost, grpo: RunCost, memory_label: str, same_data: str | None = None,
@@ -188,11 +172,13 @@ def cost_table(*, opsd: RunCost, grpo: RunCost, memory_label: str, same_data: st
         (f"peak memory (GB): {memory_label}", opsd.peak_memory_gb, grpo.peak_memory_gb, ".2f"),
     ]
     lines = ["| | OPSD | GRPO | OPSD / GRPO |", "|---|---|---|---|"]
-    lines += [f"| {name} | {_num(a, fmt)} | {_num(b, fmt)} | {_ratio(a, b)} |" for name, a, b, fmt in rows]
+    lines += [f"| {name} | {_num(opsd_value, fmt)} | {_num(grpo_value, fmt)} | {_ratio(opsd_value, grpo_value)} |"
+              for name, opsd_value, grpo_value, fmt in rows]
     lines += ["", f"Data: {same_data or 'not checked'}", f"GRPO loss aggregation: {grpo_aggregation or 'not recorded'}"]
     lines += ["", "Paper (tab:opsd_grpo_compute, GPU hours of 50 steps):", "",
               "| model | OPSD | GRPO | OPSD / GRPO |", "|---|---|---|---|"]
-    lines += [f"| {m} | {o} | {g} | {o / g:.4f} |" for m, (o, g) in PAPER_GPU_HOURS.items()]
+    lines += [f"| {model} | {opsd_hours} | {grpo_hours} | {opsd_hours / grpo_hours:.4f} |"
+              for model, (opsd_hours, grpo_hours) in PAPER_GPU_HOURS.items()]
     lines += ["", "| paper setting | OPSD | GRPO |", "|---|---|---|"]
-    lines += [f"| {name} | {o} | {g} |" for name, o, g in PAPER_SETTINGS]
+    lines += [f"| {name} | {opsd_setting} | {grpo_setting} |" for name, opsd_setting, grpo_setting in PAPER_SETTINGS]
     return "\n".join(lines)

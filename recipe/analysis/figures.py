@@ -1,21 +1,14 @@
-"""The paper's figures from run logs and result JSON (PNG, CPU only): ``python scripts/make_figures.py``;
-the drawing: recipe/analysis/plots.py.
+"""The paper's figures from run logs and result JSON (PNG, CPU only): ``python scripts/make_figures.py``.
 
-Subcommands (each writes one PNG to ``--out``; add ``--overwrite`` to replace it):
+Subcommands (each writes one PNG to ``--out``; ``--overwrite`` replaces it): ``dynamics`` (training curves),
+``accuracy`` (Avg@n / Pass@n vs step), ``cap-sweep`` (OPSD vs Base across rollout caps), ``pca`` and ``windows``
+(from signals.json files of scripts/analyze_signals.py). The spec JSON of ``accuracy`` and of ``cap-sweep``:
 
-  dynamics   training curves, 5-step moving average from step 2 (fig:grpo_opsd_dynamics)
-             python scripts/make_figures.py dynamics --run Qwen3-4B=runs/a.jsonl --run "SFT+GRPO=runs/b.log" --out dyn.png
-  accuracy   Avg@n / Pass@n vs training step (fig:opsd_extend300); spec JSON:
-             {"Qwen3-1.7B": {"0": "eval/base", "50": "eval/step50/results.json", ...}}
-  cap-sweep  OPSD (solid) vs Base (dashed) across rollout caps, length on the right axis
-             (fig:length_sweeps); spec JSON:
-             {"Qwen3-1.7B": {"base": "eval/base", "caps": {"128": "eval/opsd128", "256": ...}}}
-  pca        rollout-level signal PCA (fig:teacher_context_signals a) from one or more
-             signals.json of scripts/analyze_signals.py, standardised within each file
-  windows    forward KL mean / SNR by response-position window from signals.json files
+    {"Qwen3-1.7B": {"0": "eval/base", "50": "eval/step50/results.json", ...}}
+    {"Qwen3-1.7B": {"base": "eval/base", "caps": {"128": "eval/opsd128", "256": ...}}}
 
-Paths inside a spec JSON are relative to the spec file; each names an evaluation
-``results.json`` (scripts/evaluate.py) or the directory holding it.
+Paths in a spec are relative to the spec file; each names an evaluation ``results.json``
+(scripts/evaluate.py) or its directory. Drawing: recipe/analysis/plots.py; examples: docs/analysis.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
-"""Stylistic and length feature rates of generated texts (pure stdlib).
+"""Stylistic and length feature rates of generated texts (pure stdlib): the paper's Table 1(b)
+(``tab:mode_discourse``) and ``tab:sft_output_degen``, pooled over all generations given.
 
-Paper, Table 1(b) ``tab:mode_discourse`` ("Qwen3-4B feature rates. Self-correction includes
-Hmm/Actually/No/But"): the % of generations that contain "wait", a self-correction marker, or
-``<think>``; appendix ``tab:sft_output_degen``: N, mean tokens, the % of generations with >= 32k and
->= 38k tokens, the boxed rate and Avg@8, "pooled over AIME 2024--2026 and HMMT25".
-
-The paper does not spell the matching rules out; ours (docs/analysis.md):
-
-- ``wait``: the word "wait" in any case (``\\bwait\\b``, case-insensitive: "Wait," and "wait" count);
-- ``self_correction``: one of the words Hmm (any number of m's), Actually, No, But, case-sensitive
-  as written (capitalised discourse markers; lower-case "but"/"no" inside a sentence are ordinary
-  words). "Wait" is not in the list: the paper's thinking base has 100.0% "wait" and 99.7%
-  self-correction, so self-correction cannot include it;
-- ``think_tag``: the literal text ``<think>`` (decode with ``skip_special_tokens=True``; Qwen3's
-  ``<think>`` is an added, non-special token and survives it);
-- length thresholds: 32k = 32,768 and 38k = 38,912 tokens (binary k, as in the paper's 6k =
-  6,144-token window; 38,912 is the Qwen3 thinking cap, so ">= 38k" counts generations cut at the
-  cap). Both are parameters.
-
-Rates are pooled over all generations given (the paper pools the four benchmarks: N = 960).
-
-CLI: one row per run (N, mean tokens, >= 32k / >= 38k tokens, boxed, accuracy, "wait", self-correction,
-``<think>``: % of generations, pooled over the benchmarks); each argument is NAME=PATH (or a PATH, named
-by its directory) to a ``generations.jsonl`` of ``scripts/evaluate.py run``::
+``feature_rates`` counts the % of generations with "wait", a self-correction marker or ``<think>``
+(``STYLE_PATTERNS``; the matching rules: docs/analysis.md) and at or above each length threshold;
+the signal analysis calls it on its rollouts. CLI, one row per ``generations.jsonl`` of
+``scripts/evaluate.py run`` (NAME=PATH, or a PATH named by its directory)::
 
     python -m recipe.analysis.generation_features "no-think base=evals/base/generations.jsonl" \\
         "no_think/think OPSD=evals/no_think-think/generations.jsonl"
@@ -38,6 +20,8 @@ STYLE_PATTERNS = {
     "self_correction": re.compile(r"\b(?:Hm+|Actually|No|But)\b"),
     "think_tag": re.compile(re.escape("<think>")),
 }
+# ">= 32k" and ">= 38k" tokens in binary k, as the paper's 6k = 6,144-token window; 38,912 is the Qwen3 thinking
+# cap, so ">= 38k" counts generations cut at the cap.
 LENGTH_THRESHOLDS = (32_768, 38_912)
 
 

@@ -1,37 +1,10 @@
-"""Per-GPU peak memory of one OPSD actor update (pure: stdlib only; docs/cost.md).
+"""Per-GPU peak memory of one OPSD actor update (pure: stdlib only).
 
-The update of the OPSD trainer (recipe/opsd): per micro-batch the frozen teacher's forward
-(no grad, its final hidden states kept), the student's forward with gradient checkpointing, the
-fused lm_head + divergence loss with its diagnostics (recipe.opsd.core.signals, row chunks of
-``chunk_size`` x V), backward; an AdamW step per mini-batch. verl 0.9.1's FSDP2 engine
-(``workers/engine/fsdp/transformer_impl.py``): the actor is loaded in fp32 (master weights,
-gradients, AdamW's two moments all fp32, sharded over the n data-parallel GPUs) and computes in
-bf16 (``MixedPrecisionPolicy(param_dtype=bf16)``); a forward-only model (the teacher) is loaded
-in bf16 with ``CPUOffloadPolicy``: its shards live in host memory and each layer is copied to
-the GPU for its forward.
-
-Terms (bytes per GPU), P = parameters, n = GPUs, T = tokens of one micro-batch (the callers use
-micro-batch x (prompt cap + rollout cap): the worst case, every sample at both caps), V = vocabulary:
-
-- student: P x (4 param + 4 grad + 8 AdamW) / n, plus the unsharded bf16 working copies FSDP2
-  gathers (two decoder layers: current + prefetched; the root module's embedding, final norm and
-  lm_head, which stay gathered from forward to backward).
-- teacher: offloaded: the gathered bf16 working copies only (two layers + root); not offloaded:
-  P x 2 / n resident plus the same working copies. Its final hidden states [T, H] are kept for the loss.
-- activations: gradient checkpointing on: every layer's input [T, H], plus one layer's saved
-  tensors while it is recomputed in backward; off: every layer's saved tensors
-  (``ModelShape.saved_bytes_per_token_per_layer``: sdpa / flash attention, no T x T score
-  matrix; RMSNorms save fp32 copies). Plus the final norm's saved tensors.
-- loss: the fused loss's [chunk, V] workspace (five fp32 buffers, a bool clip mask, and with
-  bf16 weights two bf16 raw-logit buffers and a bf16 gradient copy), the diagnostics'
-  transients (two fp32 [chunk, V] and one bool), and the gradients it forms in forward: lm_head
-  [V, H] fp32 and hidden [T, H].
-
-Peak = the persistent terms + the saved activations + the larger of the loss's transient and
-one layer's recomputation in backward (they do not overlap: the loss runs before the layers'
-backward). Not modelled: the CUDA context and allocator fragmentation (typically 1-3 GB on a GPU),
-the rollout engine's memory (vLLM sleeps during the update in verl's colocated layout), the
-optimizer's fp32 temporaries inside ``step``.
+``memory_terms`` adds up, term by term, the student's sharded fp32 state, FSDP2's gathered working copies,
+the (offloaded) teacher, the saved activations and the fused loss's workspace of verl 0.9.1's FSDP2 update
+for a ``ModelShape`` (``QWEN3``: the paper's models) and an ``UpdateSetting``. Used by
+``scripts/bench.py memory-model`` (``benchmarks/memory.py``), ``benchmarks/gpu.py`` and
+``recipe.tools.gpu_check``; the terms, the peak rule and what is not modelled: ``memory_terms``.
 """
 
 from __future__ import annotations
@@ -131,7 +104,7 @@ QWEN3 = {
 
 @dataclass(frozen=True)
 class UpdateSetting:
-    """One actor update's layout. Defaults: verl 0.9.1's FSDP2 engine on GPUs (module docstring)."""
+    """One actor update's layout. Defaults: verl 0.9.1's FSDP2 engine on GPUs (``memory_terms``)."""
 
     n_gpus: int
     micro_batch: int
@@ -160,31 +133,57 @@ class UpdateSetting:
 
 
 def memory_terms(*, shape: ModelShape, setting: UpdateSetting) -> dict[str, int]:
-    """Bytes per GPU of every term and their ``peak`` (module docstring)."""
-    s, n, t, h, v = setting, setting.n_gpus, setting.tokens, shape.hidden, shape.vocab
-    p = shape.params
+    """Bytes per GPU of every term and their ``peak``.
+
+    The update modelled (verl 0.9.1's FSDP2 engine): per micro-batch the teacher's forward (no grad, final
+    hidden states kept), the student's forward, the fused lm_head + loss with its diagnostics in row chunks,
+    backward; AdamW per mini-batch. P parameters, n GPUs, T = ``setting.tokens`` (the callers use micro-batch
+    x (prompt cap + rollout cap): every sample at both caps), V vocabulary:
+
+    - student: P x (4 param + 4 grad + 8 AdamW) / n (fp32, sharded), plus the bf16 working copies FSDP2
+      gathers: two decoder layers (current + prefetched) and the root (embedding, final norm, lm_head, which
+      stay gathered from forward to backward);
+    - teacher: bf16 with ``CPUOffloadPolicy`` (shards in host memory), so only the same gathered copies; not
+      offloaded, P x 2 / n more; its final hidden states [T, H];
+    - activations: with gradient checkpointing every layer's input [T, H], plus one layer's saved tensors
+      while it is recomputed in backward; without, every layer's saved tensors
+      (``ModelShape.saved_bytes_per_token_per_layer``); plus the final norm's;
+    - loss: the fused loss's [chunk, V] workspace, the diagnostics' transients and the gradients it forms in
+      forward.
+
+    Peak = the persistent terms (saved activations included) + the larger of the loss's workspace and one
+    layer's recomputation (they do not overlap: the loss runs before the layers' backward). Not modelled: the
+    CUDA context and allocator fragmentation (1-3 GB on a GPU), the rollout engine (vLLM sleeps during the
+    update in verl's colocated layout), the optimizer's fp32 temporaries inside ``step``.
+    """
+    n_gpus, tokens, hidden, vocab = setting.n_gpus, setting.tokens, shape.hidden, shape.vocab
+    params = shape.params
     working = 2 * shape.layer_params + shape.root_params  # gathered by FSDP2: two layers + root
     terms = {
-        "student_params": p * s.param_bytes // n,
-        "student_grads": p * s.grad_bytes // n,
-        "optimizer": p * s.optimizer_bytes // n,
-        "student_gathered": working * s.compute_bytes if s.fsdp else 0,
-        "teacher_resident": 0 if s.teacher_offload else p * s.teacher_bytes // n,
-        "teacher_gathered": working * s.teacher_bytes if s.fsdp else 0,
-        "teacher_hidden": t * h * s.teacher_bytes,
+        "student_params": params * setting.param_bytes // n_gpus,
+        "student_grads": params * setting.grad_bytes // n_gpus,
+        "optimizer": params * setting.optimizer_bytes // n_gpus,
+        "student_gathered": working * setting.compute_bytes if setting.fsdp else 0,
+        "teacher_resident": 0 if setting.teacher_offload else params * setting.teacher_bytes // n_gpus,
+        "teacher_gathered": working * setting.teacher_bytes if setting.fsdp else 0,
+        "teacher_hidden": tokens * hidden * setting.teacher_bytes,
     }
-    layer_saved = t * shape.saved_bytes_per_token_per_layer(compute_bytes=s.compute_bytes)
-    final_norm = t * h * (8 + s.compute_bytes)  # as each layer norm (see saved_bytes_per_token_per_layer)
-    if s.gradient_checkpointing:
-        terms["activations"] = shape.layers * t * h * s.compute_bytes + final_norm
+    layer_saved = tokens * shape.saved_bytes_per_token_per_layer(compute_bytes=setting.compute_bytes)
+    final_norm = tokens * hidden * (8 + setting.compute_bytes)  # as each layer norm (saved_bytes_per_token_per_layer)
+    if setting.gradient_checkpointing:
+        terms["activations"] = shape.layers * tokens * hidden * setting.compute_bytes + final_norm
         recompute = layer_saved
     else:
         terms["activations"] = shape.layers * layer_saved + final_norm
         recompute = 0
-    rows = min(s.chunk_size, t)
-    per_entry = 5 * 4 + 1 + (3 * 2 if s.compute_bytes == 2 else 0)  # loss workspace, bytes per [chunk, V] entry
-    per_entry += 2 * 4 + 1  # diagnostics transients
-    terms["loss_workspace"] = rows * v * per_entry + v * h * 4 + t * h * s.compute_bytes
+    chunk_rows = min(setting.chunk_size, tokens)
+    # loss workspace, bytes per [chunk, V] entry: five fp32 buffers, a bool clip mask, and with bf16 weights
+    # two bf16 raw-logit buffers and a bf16 gradient copy
+    per_entry = 5 * 4 + 1 + (3 * 2 if setting.compute_bytes == 2 else 0)
+    per_entry += 2 * 4 + 1  # diagnostics transients: two fp32 [chunk, V] and one bool
+    # plus the gradients the fused loss forms in forward: lm_head [V, H] fp32 and hidden [T, H]
+    terms["loss_workspace"] = (chunk_rows * vocab * per_entry + vocab * hidden * 4
+                               + tokens * hidden * setting.compute_bytes)
     terms["layer_recompute"] = recompute
     persistent = sum(value for key, value in terms.items() if key not in ("loss_workspace", "layer_recompute"))
     terms["peak"] = persistent + max(terms["loss_workspace"], recompute)

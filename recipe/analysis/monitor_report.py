@@ -1,15 +1,11 @@
 """Offline collapse monitor over finished (or running) OPSD / GRPO runs: ``python scripts/monitor_run.py``.
 
-Reads each run's step metrics (verl's JSONL file logger ``*.jsonl``, or its console
-output), prints the early / late window table of the paper (``tab:sft_grpo_opsd_train``:
-steps 1-10 vs 91-100, H_S, D_KL, grad norm, loss) and replays
-``recipe.opsd.core.monitor.TrainingDynamicsMonitor`` over the steps, printing every warning
-(joint entropy + grad-norm rise, length blow-up, boxed-rate collapse) with its step.
-
-Example::
+Reads each run's step metrics (``recipe.analysis.run_logs``: verl's JSONL file log or console output),
+prints the paper's early / late window table (``tab:sft_grpo_opsd_train``: steps 1-10 vs 91-100) and
+replays ``recipe.opsd.core.monitor.TrainingDynamicsMonitor`` over the steps, printing every warning with
+its step (signatures: docs/analysis.md#collapse-monitor). Example::
 
     python scripts/monitor_run.py runs/qwen3_4b.jsonl runs/sft_grpo.log --name Qwen3-4B --name "SFT+GRPO"
-    python scripts/monitor_run.py grpo.log --metric-key entropy=actor/entropy   # a GRPO run
 
 Exit code 0, or 3 with ``--strict`` when any run raised a warning.
 """
@@ -92,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         any_warning |= bool(monitor.events)
         report[name] = {
             "steps": len(rows),
-            "events": [asdict(e) for e in monitor.events],
-            "windows": {f"{a}-{b}": monitor.window_means(a, b) for a, b in windows},
+            "events": [asdict(event) for event in monitor.events],
+            "windows": {f"{start}-{end}": monitor.window_means(start, end) for start, end in windows},
         }
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -1,19 +1,9 @@
 """The paper's figures as PNG files (matplotlib, Agg canvas; no GPU, no display).
 
-Every function takes plain numbers (already read from run logs or result JSON; see
-``scripts/make_figures.py`` for the readers), draws with ``matplotlib.figure.Figure`` (no
-pyplot global state) and writes one PNG, refusing to overwrite an existing file unless
-``overwrite=True``.
-
-- ``plot_metric_vs_cap``: OPSD vs rollout cap per model (paper ``fig:length_sweeps``):
-  solid OPSD, dashed Base, Avg@n / Pass@n on the left axis, mean length on a right axis.
-- ``plot_training_dynamics``: training curves (``fig:grpo_opsd_dynamics``): five-step
-  moving averages from step 2 onward ("Step 1 contains a one-off startup batch").
-- ``plot_accuracy_vs_step``: accuracy over training steps (``fig:opsd_extend300``).
-- ``plot_pca_scatter``: rollout-level signal PCA with condition centroids
-  (``fig:teacher_context_signals`` (a)).
-- ``plot_position_windows``: forward KL mean and SNR by response-position window
-  (``tab:position_window_main``).
+Every ``plot_*`` function takes plain numbers (read from run logs or result JSON by
+``recipe.analysis.figures``, the sweep and the signal report), draws on a ``matplotlib.figure.Figure``
+(no pyplot global state) and writes one PNG, refusing to overwrite an existing file unless
+``overwrite=True``. Each function's docstring names the paper figure it draws.
 """
 
 from __future__ import annotations
@@ -61,7 +51,8 @@ def plot_metric_vs_cap(
     length_unit: float = 1000.0,
     overwrite: bool = False,
 ) -> Path:
-    """One panel per model: OPSD (solid) vs Base (dashed) across rollout caps.
+    """One panel per model: OPSD (solid) vs Base (dashed) across rollout caps (paper ``fig:length_sweeps``),
+    Avg@n / Pass@n on the left axis, mean length on a right axis.
 
     ``models[name]`` = ``{"caps": [128, 256, ...], "opsd": {"avg": [...], "pass": [...],
     "length": [...]}, "base": {"avg": x, "pass": y, "length": z}}`` (accuracies in %,
@@ -120,8 +111,8 @@ def plot_training_dynamics(
     overwrite: bool = False,
 ) -> Path:
     """One panel per metric, one line per run: ``smooth``-step moving average of the rows with
-    step >= ``start_step`` (paper: 5, from step 2). A metric no run logged is left out; a
-    run lacking a metric is listed in that panel's note."""
+    step >= ``start_step`` (paper ``fig:grpo_opsd_dynamics``: 5, from step 2, "Step 1 contains a one-off
+    startup batch"). A metric no run logged is left out; a run lacking a metric is listed in that panel's note."""
     runs = {name: list(rows) for name, rows in runs.items()}
     if not runs:
         raise ValueError("plot_training_dynamics: no runs given")
@@ -168,7 +159,7 @@ def plot_accuracy_vs_step(
     n: int = 8,
     overwrite: bool = False,
 ) -> Path:
-    """Avg@n (solid) and Pass@n (dashed) vs training step, one colour per run.
+    """Avg@n (solid) and Pass@n (dashed) vs training step, one colour per run (paper ``fig:opsd_extend300``).
 
     ``runs[name]`` = ``[{"step": 0, "avg": .., "pass": ..}, ...]`` (step 0 = Base), in %.
     """
@@ -198,7 +189,8 @@ def plot_pca_scatter(
     title: str | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Rollout-level PCA coordinates (small, translucent) and per-condition centroids (large).
+    """Rollout-level PCA coordinates (small, translucent) and per-condition centroids (large)
+    (paper ``fig:teacher_context_signals`` (a)).
 
     ``points[condition]`` = list of ``[pc1, pc2]``; ``explained`` = variance ratios of the PCs.
     """
@@ -215,9 +207,9 @@ def plot_pca_scatter(
         ax.scatter(xs, ys, s=16 if few else 8, alpha=0.6 if few else 0.25, color=color, marker=marker, linewidths=0)
         ax.scatter([sum(xs) / len(xs)], [sum(ys) / len(ys)], s=140, color=color, marker=marker,
                    edgecolors="black", linewidths=1.0, label=f"{name} (n={len(xs)})", zorder=3)
-    pc = [f" ({100 * r:.1f}% var.)" for r in explained] if explained is not None else ["", ""]
-    ax.set_xlabel("PC1" + pc[0])
-    ax.set_ylabel("PC2" + pc[1])
+    variance = [f" ({100 * ratio:.1f}% var.)" for ratio in explained] if explained is not None else ["", ""]
+    ax.set_xlabel("PC1" + variance[0])
+    ax.set_ylabel("PC2" + variance[1])
     ax.axhline(0, color="gray", lw=0.5)
     ax.axvline(0, color="gray", lw=0.5)
     ax.grid(alpha=0.3)
@@ -235,8 +227,9 @@ def plot_position_windows(
     overwrite: bool = False,
 ) -> Path:
     """Forward-KL mean (left panel) and SNR = mean/std (right panel) per response-position
-    window, one line per condition. ``windows[cond]`` = ``[{"window": "[0,128)", "mean": ..,
-    "snr": .., "count": ..}, ...]``; windows without tokens (count 0 or mean None) are skipped."""
+    window, one line per condition (paper ``tab:position_window_main``). ``windows[cond]`` =
+    ``[{"window": "[0,128)", "mean": .., "snr": .., "count": ..}, ...]``; windows without tokens
+    (count 0 or mean None) are skipped."""
     if not windows:
         raise ValueError("plot_position_windows: no conditions given")
     labels: list[str] = []  # windows with tokens in at least one condition, in order

@@ -2,15 +2,10 @@
 
     python -m recipe.analysis.replay CKPT_DIR/step_dumps/step_3.pt --student STUDENT_DIR --teacher MODEL_DIR
 
-The student is the model the step scored: its weights before the step's update, i.e. the
-checkpoint of step s - 1 (merged to a Hugging Face directory, ``scripts/merge_checkpoint.sh``),
-the initial model for step 1; the teacher is the initial model (``frozen_initial``). Prints the
-step's token-level ``opsd/*`` diagnostics as JSON, computed as the trainer logs them: exact token
-means over the step's response tokens (``recipe.opsd.actor_loss.SIGNAL_METRICS``) and the shares
-of loss positions with a positive / negative sampled-token advantage (``opsd/enc_frac``,
-``opsd/disc_frac``), from ``recipe.opsd.core.signals.token_signals_from_hidden`` over
-``signal_scoring.response_hidden_states`` (float32 here; the trainer's FSDP forward packs the
-sequences, so agreement is to float32 rounding, not bit-exact).
+The student is the model the step scored: its weights before the step's update, i.e. the checkpoint of
+step s - 1 merged to an HF directory (``scripts/merge_checkpoint.sh``), the initial model for step 1; the
+teacher is the initial model (``frozen_initial``). Prints the step's token-level ``opsd/*`` diagnostics as
+JSON, computed as the trainer logs them (``rescore_step``).
 """
 
 from __future__ import annotations
@@ -31,14 +26,20 @@ from recipe.opsd.core.step_dump import read_step_dump
 
 @torch.no_grad()
 def rescore_step(dump: dict, *, student, teacher, batch_size: int = 8) -> dict[str, float]:
-    """``opsd/*`` diagnostics of a dumped step under ``student`` / ``teacher`` (HF causal LMs)."""
+    """``opsd/*`` diagnostics of a dumped step under ``student`` / ``teacher`` (HF causal LMs).
+
+    Exact token means over the step's response tokens (``recipe.opsd.actor_loss.SIGNAL_METRICS``) and the
+    shares of loss positions with a positive / negative sampled-token advantage (``opsd/enc_frac``,
+    ``opsd/disc_frac``), from ``token_signals_from_hidden`` over ``response_hidden_states`` in float32 (the
+    trainer's FSDP forward packs the sequences: agreement is to float32 rounding, not bit-exact).
+    """
     rows, loss = dump["rows"], dump["loss_config"]
     keep = [b for b, response in enumerate(rows["response_ids"]) if response]
     student_temperature = float(loss["student_temperature"])
     teacher_temperature = loss.get("teacher_temperature")
     teacher_temperature = student_temperature if teacher_temperature is None else float(teacher_temperature)
-    ws_VH, bs_V = output_head(student)
-    wt_VH, bt_V = output_head(teacher)
+    student_weight_VH, student_bias_V = output_head(student)
+    teacher_weight_VH, teacher_bias_V = output_head(teacher)
     sums = {name: 0.0 for name in SIGNAL_METRICS.values()}
     enc = disc = tokens = loss_tokens = 0
     for start in range(0, len(keep), batch_size):
@@ -50,8 +51,8 @@ def rescore_step(dump: dict, *, student, teacher, batch_size: int = 8) -> dict[s
         )
         sampled_N = torch.as_tensor([t for r in responses for t in r], dtype=torch.long)
         out = token_signals_from_hidden(
-            student_NH.float(), ws_VH.float(), teacher_NH.float(), wt_VH.float(), sampled_N,
-            student_bias=bs_V, teacher_bias=bt_V, student_temperature=student_temperature,
+            student_NH.float(), student_weight_VH.float(), teacher_NH.float(), teacher_weight_VH.float(), sampled_N,
+            student_bias=student_bias_V, teacher_bias=teacher_bias_V, student_temperature=student_temperature,
             teacher_temperature=teacher_temperature, clip_tau=loss["clip_tau"], chunk_size=int(loss["chunk_size"]),
         )
         for key, name in SIGNAL_METRICS.items():

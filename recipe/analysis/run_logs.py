@@ -1,20 +1,12 @@
 """Read a verl run's step metrics from its console log or its JSONL file log (stdlib only).
 
-verl 0.9.1 (``verl/utils/tracking.py``) has two local loggers, selected by
-``trainer.logger``:
-
-- ``console`` (``verl.utils.logger.LocalLogger``) prints one line per step,
-  ``step:N - key:value - key:value ...`` with values formatted by ``pprint.pformat``
-  (so numpy scalars appear as ``np.float64(0.5)``); inside Ray the line is prefixed with
-  ``(TaskRunner pid=...)``. Lossy (numbers only) but always there.
-- ``file`` (``FileLogger``) appends ``{"step": N, "data": {...}}`` per call to
-  ``$VERL_FILE_LOGGER_PATH`` or ``$VERL_FILE_LOGGER_ROOT/<project_name>/<experiment_name>.jsonl``
-  (default root: the working directory). Exact and machine-readable: **the recipes should
-  enable it** (``trainer.logger='["console","file"]'``) and the monitor / figures read it.
-
-Both readers return a list of rows ``{"step": N, metric: value, ...}`` sorted by step; rows
-logged twice for a step (validation logged separately, or a resumed run replaying steps)
-are merged, later values winning.
+verl 0.9.1 (``verl/utils/tracking.py``) has two local loggers, chosen by ``trainer.logger``: ``console``
+prints ``step:N - key:value - ...`` per step (values by ``pprint.pformat``, e.g. ``np.float64(0.5)``; inside
+Ray prefixed ``(TaskRunner pid=...)``; numbers only, lossy), ``file`` appends ``{"step": N, "data": {...}}``
+to ``$VERL_FILE_LOGGER_PATH`` (default ``<$VERL_FILE_LOGGER_ROOT or .>/<project>/<experiment>.jsonl``; exact: the
+recipes enable it). Both readers return rows ``{"step": N, metric: value, ...}`` sorted by step, a step
+logged twice (validation apart, a resumed run) merged with later values winning. Callers: the monitor,
+the figures, the compute comparison, the probe, the CPU demos, the GPU check, the launcher's progress line.
 """
 
 from __future__ import annotations

@@ -1,51 +1,11 @@
 """Frozen teacher-student signal analysis: sample rollouts once, rescore them under teacher conditions.
 
-Spec: paper section "Analysis: From Token-Level Signals to Optimization Dynamics" and
-appendix "Token-Level Analysis Protocol":
-
-    "For each initial checkpoint, we sample 2,048 training prompts with two on-policy
-    rollouts each (n=4,096) at temperature 1.1 and a 1,024-token rollout cap. The frozen
-    self-teacher scores the visited response tokens under its privileged context. Reported
-    forward KL is the vocabulary-summed, unclipped beta=0 divergence."
-
-Protocol implemented here (``run_signal_analysis``):
-
-1. Draw ``num_prompts`` rows of a verl training parquet (seeded permutation of the rows
-   whose teacher prompt can be built, and fits ``teacher_max_prompt_length`` if set, under
-   EVERY condition, so all conditions score the same rollouts) and sample
-   ``rollouts_per_prompt`` responses each from the student prompt (the parquet ``prompt``
-   column, rendered in ``student_mode``) with HF ``generate`` (CPU) or vLLM (GPU).
-2. For every condition ``context:mode`` (e.g. ``full_solution:think``), build the teacher
-   prompt from ``extra_info`` with ``recipe.common.prompts.build_prompt_pair``, render it in
-   that mode, and splice the SAME response ids after it at the token level (no decode /
-   re-encode). One forward pass of the model on [student prompt || response] and one on
-   [teacher prompt || response] give the final hidden states at the response positions;
-   ``recipe.opsd.core.signals.token_signals_from_hidden`` projects them through the lm_head in
-   chunks (nothing of size [N, V] beyond a chunk) with the sampling temperature (1.1), as
-   in training.
-3. Summaries per condition with the shared signal functions: Fwd KL, D>.05 (%), |adv|,
-   top-1 agreement, Enc / Disc (%), position windows (mean / SNR), HE20 shares of KL and
-   |adv|, and the vocabulary items with the largest cumulative divergence mass; plus one
-   feature vector per rollout for the PCA of ``fig:teacher_context_signals`` (features
-   standardised within the model, PCA by ``torch.linalg.svd``).
-
-The student mode is one per run (the rollouts depend on it); the paper's S/T mode grid is
-two runs, ``--student-mode think`` and ``--student-mode no_think``, each with conditions
-``full_solution:think full_solution:no_think``. A template without an enable_thinking switch
-(SmolLM2, DeepSeek-R1-Distill, OLMo-3) has one mode, ``native`` (the template's own default):
-``--student-mode native`` and conditions ``full_solution:native``. A prompt cap
-``full_solution:think@1024`` cuts the reference solution so the teacher prompt fits 1,024 tokens
-(the paper's Sol vs Sol-long control, ``TRUNCATED_FIELD``).
-
-Model heads: the logit scale of ``recipe.common.heads.output_logit_scale`` is folded into the
-lm_head weight, the trainer's policy (Falcon-H1R's ``lm_head_multiplier``); soft-capped heads are
-refused; any other head whose logits are not ``h @ W.T + b`` is refused by a check on one sequence.
-
-The modules: ``signal_conditions`` (conditions, ``SignalAnalysisConfig``), ``signal_rollouts``
-(prompt items, sampling, the rollouts file, model loading), ``signal_scoring`` (token signals and the
-per-condition summaries), ``signal_pca`` (the rollout PCA, single and joint), ``signal_report``
-(Markdown tables, output files); this one: ``run_signal_analysis`` and ``analyze``, what
-``scripts/analyze_signals.py`` runs.
+The paper's "Token-Level Analysis Protocol" (2,048 prompts x 2 rollouts at T 1.1, a 1,024-token cap; the
+frozen teacher scores the visited response tokens under its privileged context): ``run_signal_analysis``
+and ``analyze``, what ``scripts/analyze_signals.py`` runs. The parts: ``signal_conditions`` (conditions,
+``SignalAnalysisConfig``), ``signal_rollouts`` (prompt items, sampling, the rollouts file, model loading),
+``signal_scoring`` (token signals, per-condition summaries), ``signal_pca`` (the rollout PCA),
+``signal_report`` (tables, output files). Protocol, columns and the mode grid: docs/analysis.md.
 """
 
 from __future__ import annotations

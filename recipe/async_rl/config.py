@@ -1,20 +1,11 @@
 """Rollouts that overlap training: the ``async_training`` block, checked, and what it implies (no verl import).
 
-Three modes, one launcher and one set of recipe presets (``+experiment=async_one_step_off`` /
-``+experiment=async_fully``; no ``async_training`` block = the synchronous trainer):
-
-- ``one_step_off``: verl's ``OneStepOffRayTrainer``: the rollout of step s+1 runs on its own resource
-  pool while step s trains; every sample after the first step is exactly one policy version old;
-- ``fully_async``: verl's ``FullyAsyncRollouter`` streams samples into a queue while
-  ``FullyAsyncTrainer`` trains; ``staleness_threshold`` bounds how far the rollout may run ahead of
-  the trainer (verl's semantics: the rollout may produce ``(1 + staleness_threshold)`` steps' worth of
-  samples per weight version), 0 = every sample comes from the current weights (synchronous, but
-  on separate pools).
-
-``derived_values(cfg)`` returns the keys an async launch sets from the ones the user sets, so that
-the same config (``data.train_batch_size`` prompts per step, ``trainer.total_training_steps``)
-means the same run in every mode; the entry points (``recipe.async_rl.main_grpo``,
-``recipe.opsd.main_opsd``) apply them before Ray starts and print each.
+``async_settings(cfg, opsd=...)`` reads the block (``mode``: ``one_step_off`` or ``fully_async``; no block:
+the synchronous trainer). ``derived_values`` / ``apply_derived`` set the keys an async launch derives from
+the user's, so that ``data.train_batch_size`` (prompts per step) and ``trainer.total_training_steps`` mean
+the same run in every mode; the entry points (``recipe.async_rl.main_grpo``, ``recipe.opsd.main_opsd``)
+apply them before Ray starts and print each. The modes and each setting: the commented presets
+``+experiment=async_one_step_off`` / ``+experiment=async_fully`` and docs/opsd_recipe.md.
 """
 
 from __future__ import annotations
@@ -40,7 +31,9 @@ class AsyncConfigError(ValueError):
 class AsyncSettings:
     """The project's reading of the ``async_training`` block (verl's keys plus ``mode``).
 
-    mode: one_step_off | fully_async. staleness_threshold: fully_async only, >= 0 (verl's).
+    mode: one_step_off | fully_async. staleness_threshold: fully_async only, >= 0 (verl's semantics: the
+    rollout may produce ``(1 + staleness_threshold)`` steps' worth of samples per weight version; 0 = every
+    sample from the current weights, the synchronous schedule on separate pools).
     trigger_parameter_sync_step: optimizer steps between weight pushes (fully_async; 1 = after every
     step). opsd: the OPSD recipe (its step is one optimizer step per batch).
     """

@@ -1,15 +1,12 @@
 """Hydra entry point of the GRPO baseline on verl's async trainers (one-step-off, fully-async).
 
     bash recipe/grpo_baseline/run_grpo.sh +experiment=async_one_step_off     # the launcher starts this module
-    python -m recipe.async_rl.main_grpo +experiment=async_fully async_training.staleness_threshold=1
 
 The config is the GRPO baseline's (``recipe/grpo_baseline/config/grpo_trainer.yaml``) with an
-``async_training`` block (the presets ``async_one_step_off`` / ``async_fully``). Apart from the
-policy-version bookkeeping of ``recipe.async_rl.trainers`` the run is verl's own
-``OneStepOffRayTrainer`` / ``FullyAsyncTrainer`` with verl's decoupled PPO (old log-probs recomputed
-by the trainer; the gap to the rollout's behaviour policy logged as ``rollout_corr/*``; the presets
-say why not verl's bypass mode). Without an ``async_training`` block this entry refuses to run (the synchronous GRPO run is
-``verl.trainer.main_ppo``).
+``async_training`` block (the presets ``async_one_step_off`` / ``async_fully``, which also say why verl's
+decoupled PPO and not its bypass mode). Apart from the policy-version bookkeeping of
+``recipe.async_rl.trainers`` the run is verl's own ``OneStepOffRayTrainer`` / ``FullyAsyncTrainer``.
+Without an ``async_training`` block it refuses to run (the synchronous GRPO run is ``verl.trainer.main_ppo``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Staleness of a trained batch and the overlap speed-up model (pure python, no verl import).
 
-Policy versions count optimizer steps: version v = the weights after v updates. Every rollout
-server labels a sample with the versions of the weights that generated it (verl's
-``min_global_steps`` / ``max_global_steps``: the first and last version a trajectory saw; they differ
-only when a weight push lands in the middle of a partial rollout). A step that updates version v
-trains each sample i with
-
-    lag_i = v - min_version_i         (the oldest weights that produced any of its tokens)
-
-so the synchronous trainer has lag 0, one-step-off lag 1 from its second step on, and fully-async
-at most about ``ceil(staleness_threshold)`` (docs/results/async.md measures it).
-
-``overlap_model`` is the model of the speed-up of overlapping generation with training, from
-measured phase times per step: synchronous step = gen + train on all devices; overlapped =
-max(gen', train') on separate pools, gen' and train' slowed by the share of devices each loses.
-How generation slows with fewer devices is the model's one assumption (``gen_scaling``): 1 =
-throughput-bound (time x devices lost, data parallel), 0 = latency-bound (a step's generation time
-is its longest rollout, whatever the device count: long caps, memory-bound decoding).
+``lag_metrics``: the ``async/*`` metrics of one trained batch from the policy versions the rollout
+labelled each sample with; the async trainers (``recipe.async_rl.trainers``, the OPSD ones) log them
+every step: lag 0 synchronous, 1 one-step-off from its second step, at most about
+``ceil(staleness_threshold)`` fully-async (measured: docs/results/async.md). ``overlap_model`` /
+``best_split``: the modelled speed-up of giving generation its own devices, from one synchronous step's
+phase times (``recipe.experiments.async_compare``).
 """
 
 from __future__ import annotations
@@ -29,7 +18,14 @@ LAG_PREFIX = "async"
 
 def lag_metrics(*, policy_version: int, min_versions: Sequence, max_versions: Sequence) -> dict[str, float]:
     """``async/...`` metrics of one trained batch: lag per sample (mean / min / max), the share of
-    samples older than the updated weights, and the span of versions inside one trajectory."""
+    samples older than the updated weights, and the span of versions inside one trajectory.
+
+    Policy versions count optimizer steps: version v = the weights after v updates. The rollout labels
+    each sample with the first and last version a trajectory saw (verl's ``min_global_steps`` /
+    ``max_global_steps``; they differ only when a weight push lands in the middle of a partial
+    rollout). A step that updates version ``policy_version`` trains sample i with
+    ``lag_i = policy_version - min_version_i`` (the oldest weights that produced any of its tokens).
+    """
     if len(min_versions) != len(max_versions) or not min_versions:
         raise ValueError(f"need one (min, max) version per sample, got {len(min_versions)} and {len(max_versions)}")
     if any(v is None for v in (*min_versions, *max_versions)):
@@ -72,8 +68,11 @@ def overlap_model(*, gen_s: float, train_s: float, push_s: float = 0.0, devices:
         sync    = gen + train + push
         overlap = max(gen * (D / r) ** a, train * D / (D - r)) + push
 
-    With a = 1 the best split gives exactly ``sync`` (perfect scaling leaves nothing to hide); the
-    gain comes from generation that does not speed up with more devices (a < 1).
+    How generation slows with fewer devices is the model's one assumption: a = 1 throughput-bound (time
+    x devices lost, data parallel), a = 0 latency-bound (a step's generation time is its longest rollout
+    whatever the device count: long caps, memory-bound decoding). With a = 1 the best split gives exactly
+    ``sync`` (perfect scaling leaves nothing to hide); the gain comes from generation that does not speed
+    up with more devices (a < 1).
     """
     if not 0 < rollout_devices < devices:
         raise ValueError(f"rollout_devices={rollout_devices} must leave devices for training (devices={devices})")

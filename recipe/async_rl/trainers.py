@@ -1,21 +1,12 @@
 """verl glue: verl 0.9.1's one-step-off and fully-async trainers with policy-version bookkeeping.
 
-What is added to verl's own trainers (``verl.experimental.one_step_off_policy`` and
-``verl.experimental.fully_async_policy``), for GRPO and as the base of the OPSD async trainers
-(``recipe.opsd.opsd_async_trainers``); every subclass, override and private name used is listed
-in docs/verl_private_apis.md:
-
-- ``VersionedOneStepOffTrainer``: the weights pushed before step s are labelled with the number of
-  updates they hold (s - 1; verl labels them s, so its samples would read one version too new), and
-  every step logs the lag of each trained sample (``recipe.async_rl.staleness.lag_metrics``);
-- ``VersionedFullyAsyncTrainer``: the same lag metrics on verl's fully-async trainer (whose labels are
-  already the update count, ``current_param_version``);
-- ``InputsKeepingRollouter``: verl's fully-async rollouter whose samples keep their prompt's
-  non-tensor columns (``extra_info``, ``reward_model``, ...; verl's agent loop drops them when the
-  reward is computed in the loop): the OPSD teacher prompt is built from ``extra_info``;
-- ``AsyncTaskRunner`` / ``run_one_step_off``: the task runners, with the trainer class as a
-  parameter; the fully-async one ends the rollouter when the trainer is done (verl's waits for the
-  rollouter, which a trainer that stops early leaves paused forever).
+What is added to verl's own trainers (``verl.experimental.one_step_off_policy``,
+``verl.experimental.fully_async_policy``), for GRPO (``recipe.async_rl.main_grpo``) and as the base of
+the OPSD async trainers (``recipe.opsd.opsd_async_trainers``): versioned weight pushes and per-step lag
+metrics (``VersionedOneStepOffTrainer``, ``VersionedFullyAsyncTrainer``), samples that keep their
+prompt's ``extra_info`` (``InputsKeepingRollouter``: the OPSD teacher prompt is built from it), and task
+runners with the trainer class as a parameter (``AsyncTaskRunner``, ``run_one_step_off``). Every
+subclass, override and private name used: docs/verl_private_apis.md.
 """
 
 from __future__ import annotations
@@ -46,7 +37,10 @@ def batch_lag_metrics(batch, *, policy_version: int) -> dict[str, float]:
 
 
 class VersionedOneStepOffTrainer(OneStepOffRayTrainer):
-    """verl's one-step-off trainer; pushes labelled with the update count; lag metrics per step."""
+    """verl's one-step-off trainer; pushes labelled with the update count; lag metrics per step.
+
+    The weights pushed before step s hold s - 1 updates and are labelled so (verl labels them s, so its
+    samples would read one version too new); every step logs the lag of each trained sample."""
 
     policy_version = 0  # updates applied to the trainer's weights
 
@@ -69,10 +63,11 @@ class VersionedOneStepOffTrainer(OneStepOffRayTrainer):
 
 
 class VersionedFullyAsyncTrainer(FullyAsyncTrainerBase):
-    """verl's fully-async trainer with the lag metrics of every trained batch, every step's metrics
-    logged at that step (verl logs a sync cycle's aggregate before the cycle's last step joins it, so
-    each record holds the previous step and the run's last step is never logged), and a resumed run
-    numbering its steps from the checkpoint's (verl's resume starts one step later)."""
+    """verl's fully-async trainer (whose labels are already the update count, ``current_param_version``)
+    with the lag metrics of every trained batch, every step's metrics logged at that step (verl logs a
+    sync cycle's aggregate before the cycle's last step joins it, so each record holds the previous step
+    and the run's last step is never logged), and a resumed run numbering its steps from the
+    checkpoint's (verl's resume starts one step later)."""
 
     def _compute_old_log_prob(self, batch):
         # verl's method, called through a method of this importable class: Ray makes an actor class by wrapping
@@ -102,7 +97,9 @@ class VersionedFullyAsyncTrainer(FullyAsyncTrainerBase):
 
 
 class KeepInputsAgentLoopManager(FullyAsyncAgentLoopManager):
-    """Fully-async agent loop whose output keeps the prompt's non-tensor columns it does not set."""
+    """Fully-async agent loop whose output keeps the prompt's non-tensor columns it does not set
+    (``extra_info``, ``reward_model``, ...: verl's agent loop drops them when the reward is computed in
+    the loop, and the OPSD teacher prompt is built from ``extra_info``)."""
 
     async def generate_sequences_single(self, prompts):
         output = await super().generate_sequences_single(prompts)
@@ -167,8 +164,9 @@ class AsyncTaskRunner(FullyAsyncTaskRunnerBase):
         self.components["rollouter"] = rollouter
 
     def _run_training_loop(self):
-        """Run rollouter and trainer; the trainer's end (its last step or a stop) ends the run. A
-        rollouter error ends it too; a rollouter that finishes first leaves the trainer to drain the queue."""
+        """Run rollouter and trainer; the trainer's end (its last step or a stop) ends the run, rollouter
+        included (verl's waits for the rollouter, which a trainer that stops early leaves paused forever).
+        A rollouter error ends it too; a rollouter that finishes first leaves the trainer to drain the queue."""
         rollouter, trainer = self.components["rollouter"].fit.remote(), self.components["trainer"].fit.remote()
         try:
             done, _ = ray.wait([rollouter, trainer], num_returns=1)

@@ -1,20 +1,10 @@
 """Chat rendering with an explicit reasoning mode, and token-level teacher splicing.
 
-- ``render(messages, tokenizer, mode)``: the prompt string with the generation prompt, the
-  mode passed to the template as ``enable_thinking`` (``"think"`` -> True, ``"no_think"``
-  -> False, ``"native"`` -> the template's own default, nothing passed). Student and teacher are
-  rendered independently, each in its own mode (paper, appendix "Training Prompts").
-- ``render_ids(messages, tokenizer, mode)``: the token ids verl's agent loop feeds the rollout
-  for the same prompt with ``data.apply_chat_template_kwargs={enable_thinking: ...}``
-  (``apply_chat_template(tokenize=True, add_generation_prompt=True)``, i.e. the rendered string
-  tokenized without extra special tokens).
-- ``splice_teacher_inputs(...)``: teacher input = left-padded teacher prompt ids + the
-  student's response ids, column-aligned with verl's ``prompt | response`` layout, no pad in
-  between, never decoded and re-encoded.
-
-A template without an ``enable_thinking`` switch (one that renders the same text for both
-values) raises a ``ValueError`` when a mode is asked for, instead of silently rendering the
-template default.
+``render`` / ``render_ids`` render a chat with the generation prompt in a mode of ``MODES`` (``think`` /
+``no_think`` set ``enable_thinking``; ``native`` passes nothing), ``render_ids`` exactly as verl's agent
+loop tokenizes the rollout prompt; ``splice_teacher_inputs`` puts the student's response ids after the
+left-padded teacher prompts, column-aligned with verl's ``prompt | response`` batch. Used by the trainer,
+the analysis, the evaluation and data_prep; the rules: docs/prompts.md#chat-rendering-and-reasoning-modes.
 """
 
 from __future__ import annotations
@@ -146,7 +136,7 @@ def splice_teacher_inputs(
         )
     lengths = [len(ids) for ids in teacher_prompt_ids]
     if any(length == 0 for length in lengths):
-        raise ValueError(f"empty teacher prompt in rows {[b for b, n in enumerate(lengths) if n == 0]}")
+        raise ValueError(f"empty teacher prompt in rows {[row for row, length in enumerate(lengths) if length == 0]}")
     prompt_len = max(lengths) if lengths else 0
     device = response_ids_BR.device
     prompt_ids_BP = torch.full((batch_size, prompt_len), int(pad_token_id), dtype=torch.long, device=device)

@@ -1,25 +1,11 @@
 """Checks of model and checkpoint directories before anything loads them (pure stdlib).
 
-Reads only file names, sizes, JSON files and safetensors headers (no tensor data, no torch),
-so a CLI or a launcher can refuse a bad directory in well under a second, before Ray starts:
-
-- ``check_model_dir(path)``: a Hugging Face model directory: ``config.json``; every weight
-  shard the index lists is there, whole (the file is as long as its safetensors header says) and
-  holds the tensors the index puts in it; the embedding shape and the layer count agree with the
-  config; tokenizer files are there and their ids fit the config's ``vocab_size``.
-- ``check_fsdp_checkpoint(path)``: a verl FSDP checkpoint (``global_step_N`` or its ``actor/``):
-  every ``model_world_size_W_rank_R.pt`` for R < W, each a whole torch zip file,
-  ``fsdp_config.json`` (verl writes it last) and ``huggingface/`` with config and tokenizer.
-- ``check_same_model(reference, other)``: two directories hold the same architecture and
-  tokenizer (a checkpoint resumed on its own base model, a teacher and its student).
-- ``choose_resume_dir(...)``: the save a training run resumes from: the tracker's when whole
-  (``check_resumable``: shards and the dataloader state), else the newest whole one (a run killed while saving).
-- ``check_model_source(value, offline=...)``: what a run is given as its model: a model directory
-  (``check_model_dir``), else a Hub id in the local Hugging Face cache, else (online) one the Hub has.
-- ``parameter_count(model_dir)``, ``tree_bytes(path)``: what a save or a merge of it will write.
-
-Every failure is a :class:`recipe.common.cli.InputError` naming the file and how to fix it.
-CLI (used by ``scripts/merge_checkpoint.sh``)::
+Reads only file names, sizes, JSON files and safetensors headers (no tensor data, no torch), so a CLI or
+a launcher refuses a bad directory in well under a second, before Ray starts: ``check_model_dir`` (an HF
+directory), ``check_fsdp_checkpoint`` (a verl save), ``check_same_model``, ``choose_resume_dir`` (the save a
+run resumes from), ``check_model_source`` (a directory or a Hub id), ``parameter_count`` / ``tree_bytes``
+(what a save or a merge will write). Every failure is a :class:`recipe.common.cli.InputError` naming the
+file and how to fix it (docs/errors_and_outputs.md). CLI (used by ``scripts/merge_checkpoint.sh``)::
 
     python -m recipe.common.checkpoints DIR [--same-as BASE_MODEL_DIR]
 """

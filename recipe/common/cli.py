@@ -1,24 +1,13 @@
 """One clear line for a user's input error, in every command-line tool of the project (pure stdlib).
 
-A CLI raises :class:`InputError` for anything wrong in what the user gave it (a file, a line
-or row of it, an option); :func:`run` turns it into one line on stderr and exit code 2::
-
-    error: <file>[:<line> | :row '<id>']: <what is wrong> (<how to fix>)
-
-Any other exception is a bug of ours and keeps its traceback. ``--debug`` anywhere on the
-command line before a ``--`` (or ``OPSD_DEBUG=1`` in the environment) prints the traceback of
-an input error too. Each script ends with::
+A CLI raises :class:`InputError` (a full disk: :class:`NoSpaceError`) for anything wrong in what the user
+gave it; :func:`run` turns it into one ``error: <file>[:<line> | :row '<id>']: <what> (<fix>)`` line on
+stderr and exit code 2, any other exception keeps its traceback (docs/errors_and_outputs.md). Also the
+readers and guards the tools share (:func:`iter_jsonl`, :func:`read_json`, :func:`require_file`,
+:func:`refuse_overwrite`, :func:`require_space`, :func:`on_full_disk`). Each script ends with::
 
     if __name__ == "__main__":
         sys.exit(cli.run(main))        # main(argv: list[str]) -> int | None
-
-Readers the tools share: :func:`iter_jsonl` / :func:`read_json` (malformed JSON named by file
-and line), :func:`require_file`, and :func:`refuse_overwrite` (no tool replaces an output
-silently: ``--overwrite`` or another path).
-
-A full disk is an input error of the same shape (:class:`NoSpaceError`, exit code 2): it names the
-directory, the space the write needed and the space left (:func:`require_space` before a write,
-:func:`on_full_disk` around one).
 """
 
 from __future__ import annotations

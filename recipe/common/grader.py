@@ -1,37 +1,11 @@
 """The one math grader, with two documented modes; Math-Verify decides equivalence.
 
-Every path of the toolkit grades with ``grade(response, gold, mode=...)``: evaluation and
-analysis with ``mode="evaluation"``, the GRPO reward (``recipe.common.reward.compute_score``)
-with ``mode="reward"``. The mode is a required keyword, so no caller gets a rule by accident.
-
-Paper, appendix "Evaluation Protocol and Inference Settings": "Answers are extracted from
-the final balanced \\boxed{} expression and checked with Math-Verify."; appendix "GRPO
-Control Configuration": "The reward extracts a boxed answer first and falls back to an
-Answer: pattern. Correctness is checked with Math-Verify."
-
-Extraction (``extract_answer``):
-- ``evaluation``: the LAST ``\\boxed{...}`` whose braces balance (nested braces allowed,
-  whitespace between ``\\boxed`` and ``{`` allowed; an unclosed, truncated ``\\boxed{`` is
-  skipped and the previous complete one is used). Nothing else counts: no ``\\fbox``, no
-  ``\\boxed 5``, no ``Answer:`` line. A collapsed checkpoint that stops boxing its answers
-  scores 0 on those samples, as in the paper.
-- ``reward``: the same boxed answer first; without one, the rest of the line after the
-  last ``Answer:`` (case-insensitive).
-The whole response is searched, including any ``<think>`` block: the paper's rule is the
-final balanced boxed expression of the output, and a closing ``</think>`` is not required
-(a final answer after ``</think>`` is always the last one anyway).
-
-Verification: a fast path decides integer answers and identical normalised strings
-without Math-Verify (``"025"`` == ``"25"``). Everything else goes to Math-Verify with both
-sides wrapped as ``\\boxed{...}`` (unwrapped, 10 of the 30 HMMT February 2025 golds do not
-verify against themselves). Math-Verify's own timeouts use ``signal.alarm``, which fails
-outside the main thread, so they are turned off and the call runs in a persistent worker
-subprocess (``python -m recipe.common.grader --serve``) that we kill and replace when it
-exceeds ``timeout_s``. This works from threads, thread pools, daemonic process-pool
-workers and Ray workers alike. Answers longer than ``MAX_ANSWER_CHARS`` are rejected
-without parsing; the worker runs under a ``WORKER_MEMORY_BYTES`` address-space limit.
-Anything that times out, crashes or fails to parse grades as incorrect; ``grade`` never
-raises on model output.
+Every path grades with ``grade(response, gold, mode=...)`` (a required keyword): evaluation and analysis
+with ``mode="evaluation"`` (the final balanced ``\\boxed{}`` only), the GRPO reward
+(``recipe.common.reward.compute_score``) with ``mode="reward"`` (the same, else the last ``Answer:`` line).
+Math-Verify runs in killable worker subprocesses (``python -m recipe.common.grader --serve``), so grading
+is bounded in time from threads, process pools and Ray workers, and never raises on model output.
+The rules, the paper's wording and why: docs/evaluation.md#grading-two-modes.
 """
 
 from __future__ import annotations

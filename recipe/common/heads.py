@@ -1,17 +1,11 @@
 """Model heads as the losses see them (pure: torch, safetensors, huggingface_hub; no verl).
 
-The OPSD losses and the signal analysis work on final hidden states and the lm_head weight instead
-of logits. The facts about a model that make that exact live here, so that the trainer
-(``recipe.opsd.worker``) and the analysis (``recipe.analysis.signal_scoring``) apply one
-policy:
-
-- ``output_logit_scale(hf_config)``: the factor the head multiplies ``h @ W.T`` by (folded into the
-  weight); non-linear heads (soft-capping) are refused;
-- ``response_rows(...)``: which hidden-state rows predict each response token;
-- ``checkpoint_lm_head(model_path, ...)``: the lm_head weight a checkpoint holds (the frozen
-  teacher head), for a local directory or a Hub id, read from the files without loading the model;
-  ``local_checkpoint_dir(model_path)`` resolves a Hub id the way transformers does, offline, from
-  the local Hugging Face cache.
+The OPSD losses and the signal analysis work on final hidden states and the lm_head weight instead of
+logits; the facts that make that exact live here, so the trainer (``recipe.opsd.worker``) and the
+analysis (``recipe.analysis.signal_scoring``) apply one policy: ``output_logit_scale`` (the head's scale,
+folded into the weight; soft-capped heads refused), ``response_rows`` (the hidden-state rows that
+predict each response token), ``checkpoint_lm_head`` / ``local_checkpoint_dir`` (the frozen teacher
+head read from a checkpoint's files, a local directory or a cached Hub id, without loading the model).
 """
 
 from __future__ import annotations

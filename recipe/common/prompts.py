@@ -1,16 +1,8 @@
 r"""Every user-message text of the paper, built in one place (pure stdlib).
 
-Spec: appendix "Training Prompts" and "Evaluation Protocol and Inference Settings" of
-``opsd_diagnosis_paper.tex``. The strings are reproduced character for character from
-the paper's ``promptbox`` environments (``\\`` = newline, blank line = ``\n\n``,
-``---`` = an em dash "—" with no spaces, ``\promptboxed`` = ``\boxed{}``). Where the
-official OPSD code differs (it writes " — " with spaces and a third newline before
-"After reading"), the paper wins; ``docs/prompts.md`` lists the differences.
-
-Only user turns are built here; rendering with a chat template and a reasoning mode is
-``recipe.common.chat.render``.
-
-Example::
+The strings are the paper's ``promptbox`` texts (appendices "Training Prompts" and "Evaluation Protocol
+and Inference Settings") character for character; where the official OPSD code differs, the paper wins
+(docs/prompts.md). Only user turns are built here; ``recipe.common.chat.render`` renders them. Example::
 
     >>> student, teacher = build_prompt_pair("answer_only", {"problem": "1+1?", "answer": "2"})
     >>> student[0]["content"]
@@ -21,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+# Transcribed from the paper's ``promptbox`` environments: ``\\`` = newline, blank line = "\n\n", ``---`` = an
+# em dash with no spaces, ``\promptboxed`` = ``\boxed{}`` (the official code's differences: docs/prompts.md).
 # The paper's boxed instruction (student, evaluation, full-solution, unrelated, CoT+solution).
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 # The answer-only prompt's variant: no comma after "step by step", "the final answer".

@@ -1,23 +1,10 @@
-"""Checkpoint engine ``object_store`` for the CPU path: the trainer-to-rollout weight push between
-separate resource pools (verl's one-step-off and fully-async trainers) without NCCL.
+"""Checkpoint engine ``object_store``: the CPU path's trainer-to-rollout weight push between separate
+resource pools (verl's one-step-off and fully-async trainers) through Ray's object store, no NCCL.
 
-verl 0.9.1 pushes weights to a rollout on its own pool through a ``CheckpointEngine``
-(``verl/checkpoint_engine/base.py``: ``CheckpointEngineManager.update_weights`` -> the trainer
-workers' ``send_weights`` and the rollout workers' ``receive_weights``); its backends (nccl, hccl,
-nixl, mooncake, kimi) all need GPUs or RDMA libraries, and ``naive`` only serves a rollout inside
-the trainer's processes. This backend goes through Ray's object store instead:
-
-- trainer rank 0 collects the full tensors (every rank walks the generator: FSDP's ``full_tensor``
-  is a collective), ``ray.put``-s them as one object and hands the reference to a small named Ray
-  actor (``WeightMailbox``) under the key of this push (``build_topology``: one key per push);
-- every rollout worker takes the reference from the mailbox and yields the tensors to its server
-  adapter (``recipe.cpu.rollout.HFServerAdapter`` loads them into the HF server).
-
-Selected with ``actor_rollout_ref.rollout.checkpoint_engine.backend=object_store`` and
-``...custom_backend_module=recipe.cpu.checkpoint_engine`` (verl imports that module in every
-process that builds an engine); the OPSD and GRPO async entry points set both on the CPU
-(``recipe.async_rl.config``). The payload is the full float32 state dict once per push (SmolLM2-135M:
-0.54 GB); fine for the CPU models, not meant for GPU-sized ones.
+``recipe.async_rl.config`` selects it on the CPU (``actor_rollout_ref.rollout.checkpoint_engine.backend=
+object_store`` and ``...custom_backend_module=recipe.cpu.checkpoint_engine``: verl imports the module in
+every process that builds an engine); the receiving adapter is ``recipe.cpu.rollout.HFServerAdapter``.
+Why not verl's own backends, and the payload's size: docs/cpu_path.md.
 """
 
 from __future__ import annotations
@@ -70,7 +57,15 @@ def mailbox():
 
 @CheckpointEngineRegistry.register(BACKEND)
 class ObjectStoreCheckpointEngine(CheckpointEngine):
-    """verl ``CheckpointEngine`` over Ray's object store (see the module docstring)."""
+    """verl ``CheckpointEngine`` over Ray's object store.
+
+    verl 0.9.1 calls it through ``CheckpointEngineManager.update_weights`` (``verl/checkpoint_engine/base.py``):
+    ``send_weights`` on the trainer workers, ``receive_weights`` on the rollout workers. Trainer rank 0
+    collects the full tensors (every rank walks the generator: FSDP's ``full_tensor`` is a collective),
+    ``ray.put``-s them as one object and hands the reference to the ``WeightMailbox`` actor under this
+    push's key (``build_topology``: one key per push); every rollout worker takes the reference from the
+    mailbox and yields the tensors to its server adapter.
+    """
 
     def __init__(self, bucket_size: int = 0, is_master: bool = False, **kwargs) -> None:
         self.is_master = is_master
@@ -102,12 +97,12 @@ class ObjectStoreCheckpointEngine(CheckpointEngine):
                            global_steps: int | None = None):
         if self.role not in ("send", "walk"):
             raise RuntimeError(f"object_store checkpoint engine: send_weights on a worker of role {self.role!r}")
-        named = []
+        named_tensors = []
         async for name, tensor in ensure_async_iterator(weights):
             if self.role == "send":
-                named.append((name, tensor.detach().to("cpu", copy=True)))
+                named_tensors.append((name, tensor.detach().to("cpu", copy=True)))
         if self.role == "send":
-            await mailbox().put.remote(self.key, [ray.put(named)])
+            await mailbox().put.remote(self.key, [ray.put(named_tensors)])
         return {}
 
     def receive_weights(self, global_steps: int | None = None) -> Generator[tuple[str, torch.Tensor], None, None]:

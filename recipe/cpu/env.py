@@ -1,12 +1,9 @@
 """Environment variables of the verl CPU path (the one copy; the hydra side is ``config/platform``).
 
-``cpu_environment(os.environ)`` is what the launcher (``recipe.launch``) adds to a CPU run's
-environment. verl reads these when it is imported, so they must be set before the process
-starts; the hydra overrides of the CPU path are the config group ``platform`` next to this file
-(``+platform=cpu`` for the RL trainers, ``+platform=cpu_sft`` for verl's SFT trainer).
-Why each item is needed: docs/cpu_path.md.
-
-Running verl by hand on a CPU::
+``cpu_environment(os.environ)`` is what the launcher (``recipe.launch``) adds to a CPU run's environment;
+verl reads these when it is imported, so they are set before the process starts. The hydra overrides
+are ``+platform=cpu`` (RL trainers) and ``+platform=cpu_sft`` (verl's SFT trainer); why each item is
+needed: docs/cpu_path.md. Running verl by hand on a CPU::
 
     eval "$(python -m recipe.cpu.env)"
     python -m verl.trainer.main_ppo --config-path ... +platform=cpu ...

@@ -1,20 +1,9 @@
 """Batched sampling with Hugging Face ``generate`` (pure torch + transformers, no verl).
 
-One call samples a whole batch of prompts of different lengths (left-padded), and
-returns for every sequence the response token ids, the log-probability of each sampled
-token and a finish reason. Used by the CPU rollout server (``recipe.cpu.rollout``),
-evaluation and analysis.
-
-Log-probabilities follow vLLM's default ``logprobs_mode=processed_logprobs`` (the mode
-verl 0.9.1's rollout config uses, ``verl/trainer/config/rollout/rollout.yaml:93``): the
-log-probability of the sampled token under the distribution it was sampled from, i.e.
-after temperature scaling and top-k / top-p filtering (renormalised). With
-``top_k=-1, top_p=1.0`` this is ``log_softmax(logits / temperature)``, the quantity verl's
-actor recomputes as ``old_log_prob``. Greedy decoding (``temperature=0``) reports
-``log_softmax(logits)``.
-
-Response ids stop at, and include, the first end-of-sequence token (as vLLM's
-``token_ids`` do); ``finish_reason`` is ``"stop"`` then, else ``"length"``.
+``sample_batch`` samples a whole batch of prompts of different lengths (left-padded) in one call and
+returns, per sequence, the response ids, the log-probability of each sampled token (vLLM's
+``processed_logprobs``) and a finish reason. Used by the CPU rollout server (``recipe.cpu.rollout``),
+the evaluation and the analysis.
 """
 
 from __future__ import annotations
@@ -157,6 +146,15 @@ def sample_batch(
         pad_token_id: id used for left padding of the prompts.
         seed: if given, sampling draws from a CPU RNG seeded with it (the global RNG state
             is restored afterwards), so the same inputs and seed give the same outputs.
+
+    Returns:
+        Response ids that stop at, and include, the first end-of-sequence token (as vLLM's
+        ``token_ids``; ``finish_reason`` ``"stop"``, else ``"length"``). Log-probs follow vLLM's
+        default ``logprobs_mode=processed_logprobs`` (the mode of verl 0.9.1's rollout config,
+        ``verl/trainer/config/rollout/rollout.yaml:93``): the sampled token under the distribution it
+        was sampled from, after temperature and top-k / top-p filtering (renormalised). With
+        ``top_k=-1, top_p=1.0`` this is ``log_softmax(logits / temperature)``, what verl's actor
+        recomputes as ``old_log_prob``; greedy decoding (``temperature=0``) reports ``log_softmax(logits)``.
     """
     if len(eos_token_ids) == 0:
         raise ValueError("eos_token_ids is empty; pass the tokenizer's end-of-sequence id(s)")

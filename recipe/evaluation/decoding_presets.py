@@ -1,32 +1,7 @@
-"""Model-specific decoding presets: the paper's inference table (``tab:evaluation_config``).
-
-Paper, appendix "Evaluation Protocol and Inference Settings", Table "Inference settings":
-
-| preset              | model and eval mode                 | engine | max new | context | T   | top-p | top-k | pres. |
-|---------------------|-------------------------------------|--------|---------|---------|-----|-------|-------|-------|
-| qwen3_think         | Qwen3-0.6/1.7/4/8B, think           | vLLM   | 38,912  | 40,960  | 0.6 | 0.95  | 20    | 0.0   |
-| qwen3_no_think      | Qwen3-1.7/4/8B, no-think            | vLLM   | 32,768  | 40,960  | 0.7 | 0.80  | 20    | 0.0   |
-| qwen3_4b_instruct   | Qwen3-4B-Instruct, no-think         | vLLM   | 32,768  | 40,960  | 0.7 | 0.80  | 20    | 0.0   |
-| qwen3_4b_thinking   | Qwen3-4B-Thinking                   | vLLM   | 81,920  | 90,112  | 0.6 | 0.95  | 20    | 0.0   |
-| qwen35_4b           | Qwen3.5-4B, think or no-think       | SGLang | 81,920  | 131,072 | 1.0 | 0.95  | 20    | 1.5   |
-| deepseek_r1_distill | DeepSeek-R1-Distill-Qwen-1.5B       | vLLM   | 32,768  | 40,960  | 0.6 | 0.95  | off   | 0.0   |
-| olmo3_think         | OLMo-3-7B-Think                     | SGLang | 32,768  | 40,960  | 0.6 | 0.95  | off   | 0.0   |
-| olmo3_instruct      | OLMo-3-7B-Instruct                  | SGLang | 32,768  | 40,960  | 0.6 | 0.95  | off   | 0.0   |
-| falcon_h1r          | Falcon-H1R-7B                       | SGLang | 65,536  | 73,728  | 0.6 | 0.95  | off   | 0.0   |
-| mimo_7b_rl          | MiMo-7B-RL (empty system message)   | SGLang | 32,768+ | 32,768  | 0.6 | 0.95  | off   | 0.0   |
-
-(+ "For MiMo-7B-RL, 32,768 is the nominal cap. The effective cap is the context window minus
-the rendered prompt length and one guard token.") The same rule, ``min(max_new_tokens,
-context - prompt_tokens - 1)``, is applied to every preset; for all the others the context
-leaves room for any evaluation prompt, so it never binds there.
-
-``mode`` is the chat-template reasoning switch the preset evaluates in: ``think`` /
-``no_think`` set ``enable_thinking``; ``native`` renders the model's own template without
-the switch (models whose template has none). ``tiny_cpu`` is for CPU tests with the tiny
-local model. ``smollm2_cpu`` (not a paper model: SmolLM2-135M-Instruct from
-``recipe.models.smollm2``, HF generate on CPU) takes the paper's setting for every model without a
-vendor-specific one (T 0.6, top-p 0.95, top-k off), its native ChatML template, its 8,192-token
-context and a 1,024-token cap (the training / analysis rollout cap: longer does not fit a CPU budget).
+"""Model-specific decoding presets: the paper's inference table (``tab:evaluation_config``, appendix
+"Evaluation Protocol and Inference Settings") as ``PRESETS``, one ``DecodingPreset`` per model and mode,
+plus ``tiny_cpu`` and ``smollm2_cpu`` for CPU runs. ``get_preset`` serves ``scripts/evaluate.py --preset``,
+the sweep and the CPU demos; which preset evaluates which model: docs/evaluation.md#protocol.
 """
 
 from __future__ import annotations
@@ -122,20 +97,29 @@ def _preset(name, engine, mode, max_new, context, temperature, top_p, top_k, pre
     )
 
 
+# The paper's table, one row per model and eval mode (the model in the comment). Every preset caps a
+# generation at min(max_new_tokens, context - prompt_tokens - 1): the paper's rule for MiMo-7B-RL ("32,768 is
+# the nominal cap. The effective cap is the context window minus the rendered prompt length and one guard
+# token"), applied to all; for every other preset the context leaves room for any evaluation prompt.
 PRESETS: dict[str, DecodingPreset] = {
     p.name: p
     for p in (
-        _preset("qwen3_think", "vllm", "think", 38_912, 40_960, 0.6, 0.95, 20, 0.0),
-        _preset("qwen3_no_think", "vllm", "no_think", 32_768, 40_960, 0.7, 0.80, 20, 0.0),
-        _preset("qwen3_4b_instruct", "vllm", "native", 32_768, 40_960, 0.7, 0.80, 20, 0.0),
-        _preset("qwen3_4b_thinking", "vllm", "native", 81_920, 90_112, 0.6, 0.95, 20, 0.0),
-        _preset("qwen35_4b", "sglang", "think", 81_920, 131_072, 1.0, 0.95, 20, 1.5),
-        _preset("deepseek_r1_distill", "vllm", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),
-        _preset("olmo3_think", "sglang", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),
-        _preset("olmo3_instruct", "sglang", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),
-        _preset("falcon_h1r", "sglang", "native", 65_536, 73_728, 0.6, 0.95, None, 0.0),
-        _preset("mimo_7b_rl", "sglang", "native", 32_768, 32_768, 0.6, 0.95, None, 0.0, system=""),
+        #       name, engine, mode, max new tokens, context, T, top-p, top-k, presence penalty
+        _preset("qwen3_think", "vllm", "think", 38_912, 40_960, 0.6, 0.95, 20, 0.0),  # Qwen3-0.6/1.7/4/8B, think
+        _preset("qwen3_no_think", "vllm", "no_think", 32_768, 40_960, 0.7, 0.80, 20, 0.0),  # Qwen3-1.7/4/8B
+        _preset("qwen3_4b_instruct", "vllm", "native", 32_768, 40_960, 0.7, 0.80, 20, 0.0),  # Qwen3-4B-Instruct
+        _preset("qwen3_4b_thinking", "vllm", "native", 81_920, 90_112, 0.6, 0.95, 20, 0.0),  # Qwen3-4B-Thinking
+        _preset("qwen35_4b", "sglang", "think", 81_920, 131_072, 1.0, 0.95, 20, 1.5),  # Qwen3.5-4B, either mode
+        _preset("deepseek_r1_distill", "vllm", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),  # R1-Distill-Qwen-1.5B
+        _preset("olmo3_think", "sglang", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),  # OLMo-3-7B-Think
+        _preset("olmo3_instruct", "sglang", "native", 32_768, 40_960, 0.6, 0.95, None, 0.0),  # OLMo-3-7B-Instruct
+        _preset("falcon_h1r", "sglang", "native", 65_536, 73_728, 0.6, 0.95, None, 0.0),  # Falcon-H1R-7B
+        _preset("mimo_7b_rl", "sglang", "native", 32_768, 32_768, 0.6, 0.95, None, 0.0, system=""),  # MiMo-7B-RL
+        # CPU tests with the tiny local model
         _preset("tiny_cpu", "hf", "think", 48, 4_096, 1.0, 1.0, None, 0.0),
+        # SmolLM2-135M-Instruct (recipe.models.smollm2; not a paper model): the paper's setting for every model
+        # without a vendor-specific one (T 0.6, top-p 0.95, top-k off), its native ChatML template, its
+        # 8,192-token context, and the training / analysis rollout cap (longer does not fit a CPU budget)
         _preset("smollm2_cpu", "hf", "native", 1_024, 8_192, 0.6, 0.95, None, 0.0),
     )
 }

@@ -1,30 +1,10 @@
 """Evaluation of a model or checkpoint on the paper's benchmarks (library behind ``scripts/evaluate.py``).
 
-Paper, appendix "Evaluation Protocol and Inference Settings": every problem is evaluated
-zero-shot with eight sampled completions and seed 42, the user message is
-``{problem}\\n\\n`` + the boxed instruction (``recipe.common.prompts.eval_messages``)
-rendered with the model's chat template in the designated reasoning mode, decoding follows
-the model-specific preset (``recipe.evaluation.decoding_presets``), and answers are graded
-with the one grader in its evaluation mode (``grade(..., mode="evaluation")``: the final
-balanced ``\\boxed{}`` only, no ``Answer:`` fallback).
-
-Outputs in ``out_dir``:
-- ``run_config.json``: what was run (model, decoding, mode, n, seed, backend, benchmark
-  hashes); a rerun in the same directory must match it (resume) or fails naming the field;
-- ``generations.jsonl``: one line per (problem, sample) with ids, text, token count,
-  finish reason, pred, acc, has_boxed; appended as problems finish, so an interrupted
-  run resumes where it stopped;
-- ``results.json`` and ``results.md``: per-dataset and macro-average metrics
-  (``recipe.evaluation.metrics``); results.json also holds each problem's Avg@n
-  (``per_problem``), the unit of the Base-vs-checkpoint bootstrap interval.
-
-Inputs are checked before anything is written (``check_model_input``: a model directory or FSDP
-checkpoint that is whole, a Hub id in the local cache or, online, on the Hub). A full disk stops the
-run with one ``error: ...`` line naming the directory, the space the rest needs and the space free;
-the generations written so far are kept and the same command resumes after space is freed (a
-merge into the merge cache that fills the disk removes its partial directory).
-
-Example (CPU, tiny model)::
+``evaluate(EvalConfig)``: checks the model input (``check_model_input``), merges an FSDP checkpoint
+(``recipe.common.merge``), samples with a backend of ``recipe.evaluation.backends`` in a
+``recipe.evaluation.decoding_presets`` preset, grades with ``grade(..., mode="evaluation")`` and writes
+a resumable output directory. Protocol, outputs, resume and full-disk rules: docs/evaluation.md and
+docs/errors_and_outputs.md. Example (CPU, tiny model)::
 
     python scripts/evaluate.py run --model /tmp/tiny --preset tiny_cpu --n 2 --limit 2 --out-dir /tmp/eval_tiny
 """
@@ -345,6 +325,10 @@ def write_results(out_dir: Path, results: dict) -> None:
 def evaluate(config: EvalConfig, *, backend=None, progress: bool = True) -> dict:
     """Run (or resume) an evaluation and return the results dict.
 
+    Writes to ``config.out_dir``: ``run_config.json`` (model, decoding, mode, n, seed, backend, benchmark
+    hashes), ``generations.jsonl`` (one line per (problem, sample): ids, text, token count, finish reason,
+    pred, acc, has_boxed; appended as problems finish), ``results.json`` / ``results.md`` (per-dataset and
+    macro metrics; ``per_problem`` holds each problem's Avg@n, the unit of the paired bootstrap).
     ``backend`` (an object with ``tokenizer`` and ``generate(list[PromptRequest])``) can be
     passed in; by default it is built from ``config.backend`` on the resolved model.
     """

@@ -1,23 +1,10 @@
 """Evaluation metrics (pure stdlib): pass@k, Avg@n, and output-degeneration diagnostics.
 
-The paper reports Avg@8 (fraction of correct samples), Pass@8, mean output length in
-tokens and the boxed-answer rate ("Format"), and describes behavioural collapse as
-"repetition, hallucination, missing of <eos> token, corrupted text, or loss of
-boxed-answer formatting". The degeneration diagnostics here make those failure modes
-countable:
-
-- ``truncated``: the generation ended by hitting the token cap (finish reason
-  ``"length"``, i.e. no end-of-sequence token);
-- ``repeated_ngram_fraction``: rep-n of Welleck et al. (2019) on whitespace words,
-  ``1 - #distinct n-grams / #n-grams`` (0 for text without a repeated n-gram, close to 1
-  for a loop); a generation is counted as *repetitive* when it reaches
-  ``REPETITIVE_THRESHOLD``;
-- ``longest_repeated_line_run``: the longest run of consecutive identical non-empty lines.
-
-Aggregation: per dataset, every metric is a mean over problems of the per-problem mean over
-its samples (equal to the plain sample mean when every problem has n samples); the macro
-average is the unweighted mean over datasets (the paper: "Values are unweighted averages
-over AIME 2024--2026 and HMMT25").
+``dataset_metrics`` gives one benchmark's Avg@n, Pass@k, mean length, boxed rate and the degeneration
+rates (truncated, repeated n-grams, repeated lines: the paper's "repetition, ... missing of <eos> token,
+... or loss of boxed-answer formatting" made countable); ``macro_average`` the unweighted mean over
+benchmarks; ``problem_scores`` the per-problem Avg@n of the paired bootstrap. Called by
+``recipe.evaluation.harness``; definitions: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -50,7 +37,8 @@ def pass_at_k(*, n: int, c: int, k: int) -> float:
 
 
 def repeated_ngram_fraction(text: str, *, n: int = REPEAT_NGRAM) -> float:
-    """rep-n on whitespace words: ``1 - distinct / total`` n-grams (0.0 if fewer than n words)."""
+    """rep-n (Welleck et al., 2019) on whitespace words: ``1 - distinct / total`` n-grams (0.0 if fewer
+    than n words; close to 1 for a loop)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     words = text.split()
@@ -112,17 +100,17 @@ def dataset_metrics(records: Sequence[Mapping], *, ks: Sequence[int] | None = No
     ks = sorted({1, n} if ks is None else set(ks))
     per_problem = []
     for samples in by_problem.values():
-        correct = sum(bool(s["acc"]) for s in samples)
-        diags = [generation_diagnostics(s["text"], finish_reason=s["finish_reason"]) for s in samples]
+        correct = sum(bool(sample["acc"]) for sample in samples)
+        diags = [generation_diagnostics(sample["text"], finish_reason=sample["finish_reason"]) for sample in samples]
         row = {
             f"avg@{n}": correct / n,
-            "mean_length": _mean(s["num_tokens"] for s in samples),
-            "boxed_rate": _mean(float(bool(s["has_boxed"])) for s in samples),
-            "truncated_rate": _mean(d["truncated"] for d in diags),
-            "rep_ngram": _mean(d["rep_ngram"] for d in diags),
-            "repetitive_rate": _mean(d["repetitive"] for d in diags),
-            "mean_line_run": _mean(d["line_run"] for d in diags),
-            "max_line_run": max(d["line_run"] for d in diags),
+            "mean_length": _mean(sample["num_tokens"] for sample in samples),
+            "boxed_rate": _mean(float(bool(sample["has_boxed"])) for sample in samples),
+            "truncated_rate": _mean(diag["truncated"] for diag in diags),
+            "rep_ngram": _mean(diag["rep_ngram"] for diag in diags),
+            "repetitive_rate": _mean(diag["repetitive"] for diag in diags),
+            "mean_line_run": _mean(diag["line_run"] for diag in diags),
+            "max_line_run": max(diag["line_run"] for diag in diags),
         }
         for k in ks:
             row[f"pass@{k}"] = pass_at_k(n=n, c=correct, k=k)

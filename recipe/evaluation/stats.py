@@ -1,42 +1,9 @@
 """Paired bootstrap confidence intervals for accuracy differences (pure numpy).
 
-The paper compares a checkpoint with its Base on the same 120 problems ("Base--OPSD comparisons
-differ only in whether evaluation uses the base model or the corresponding trained checkpoint")
-and reports seed repetitions (training seeds and evaluation seeds 42 / 1024 / 65536), but gives
-no interval. This module gives one, for the change in Avg@n (or any per-problem score).
-
-Data: ``base_SP`` and ``ckpt_SP`` hold one score per (seed, problem), e.g. a problem's Avg@n
-(the fraction of its n samples that are correct); S may be 1. Problem p of ``base_SP`` and
-``ckpt_SP`` is the same problem (the pairing). ``strata_P`` (optional) names each problem's
-benchmark.
-
-Statistic (``paired_difference``): per stratum, the mean over its problems of
-``mean_s ckpt[s, p] - mean_s base[s, p]``; then the unweighted mean over strata (the paper's
-macro average: "Values are unweighted averages over AIME 2024--2026 and HMMT25"). Without
-strata it is the plain mean difference over problems.
-
-Resampling (one replicate): within each stratum, draw its problems with replacement (same
-count); the same draw is used for Base and checkpoint (paired by problem). With more than one
-seed row, draw the checkpoint's seed rows with replacement too, and the Base's independently
-(``pair_seeds=False``) or with the same draw (``pair_seeds=True``: row s of both is the same
-evaluation seed). Problems and seeds are crossed (every seed sees every problem), so rows and
-columns are drawn independently: Owen's (2007) "pigeonhole" bootstrap, which errs on the wide
-side for crossed designs. With 3 seeds the seed draw has only 10 distinct outcomes; the
-interval then mostly reflects problem sampling, and a per-seed list should be shown beside it.
-
-Interval: the percentile method (Efron & Tibshirani 1993, ch. 13): the ``(1 - confidence)/2``
-and ``(1 + confidence)/2`` empirical quantiles of the replicates, each the smallest replicate
-value whose empirical CDF reaches the level (``numpy.quantile(method="inverted_cdf")``). We
-chose it over BCa because the statistic is a bounded mean of bounded scores, the percentile
-interval is transformation-respecting, and it can be checked exactly against an enumeration
-of every resample on a tiny set (tests); BCa's bias/acceleration corrections matter mostly for
-skewed statistics and small B. Known limit: with ~30 problems per benchmark a percentile
-bootstrap interval tends to be slightly too narrow (coverage a little under nominal).
-
-Reproducible: ``rng_seed`` seeds ``numpy.random.default_rng``; the same inputs and seed give the
-same interval bit for bit.
-
-Example::
+The paper compares a checkpoint with its Base on the same 120 problems (evaluation seeds 42 / 1024 / 65536)
+but gives no interval; ``paired_bootstrap`` gives one for the change in Avg@n (or any per-problem score),
+stratified by benchmark, percentile method, bit-reproducible from ``rng_seed``. Used by ``scripts/evaluate.py
+compare`` and the toy studies; the design and its limits: docs/evaluation.md#paired-bootstrap-intervals::
 
     from recipe.evaluation.stats import paired_bootstrap
     ci = paired_bootstrap(base_SP=[[0.25, 0.5, 1.0]], ckpt_SP=[[0.5, 0.5, 0.875]])
@@ -133,7 +100,14 @@ def _row_means(values_SP: np.ndarray, counts_BS: np.ndarray | None) -> np.ndarra
 
 def bootstrap_replicates(*, base_SP, ckpt_SP, strata_P: Sequence | None = None, pair_seeds: bool = False,
                          n_resamples: int = DEFAULT_RESAMPLES, rng_seed: int = DEFAULT_RNG_SEED) -> np.ndarray:
-    """The ``n_resamples`` bootstrap replicates of ``paired_difference`` (see the module docstring)."""
+    """The ``n_resamples`` bootstrap replicates of ``paired_difference``.
+
+    One replicate: within each stratum, draw its problems with replacement (same count), the same draw for
+    Base and checkpoint (paired by problem); with more than one seed row, draw the checkpoint's seed rows
+    with replacement too, and the Base's independently (``pair_seeds=False``) or with the same draw
+    (``pair_seeds=True``: row s of both is the same evaluation seed). Problems and seeds are crossed, so rows
+    and columns are drawn independently: Owen's (2007) "pigeonhole" bootstrap, which errs on the wide side.
+    """
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
         raise ValueError(f"n_resamples must be an int >= 1; got {n_resamples!r}")
     base, ckpt, strata = _check_inputs(base_SP, ckpt_SP, strata_P, pair_seeds)
@@ -154,7 +128,13 @@ def bootstrap_replicates(*, base_SP, ckpt_SP, strata_P: Sequence | None = None, 
 
 
 def percentile_interval(replicates, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
-    """(low, high): the (1 - c)/2 and (1 + c)/2 quantiles, each the smallest value whose empirical CDF reaches it."""
+    """(low, high): the (1 - c)/2 and (1 + c)/2 quantiles, each the smallest value whose empirical CDF reaches it.
+
+    The percentile method (Efron & Tibshirani 1993, ch. 13), chosen over BCa: the statistic is a bounded mean
+    of bounded scores, the interval is transformation-respecting and can be checked exactly against an
+    enumeration of every resample on a tiny set (tests); BCa's corrections matter mostly for skewed
+    statistics and small B.
+    """
     _check_confidence(confidence)
     values = np.asarray(replicates, dtype=np.float64)
     tail = (1 - confidence) / 2
@@ -170,7 +150,7 @@ def _check_confidence(confidence) -> None:
 def paired_bootstrap(*, base_SP, ckpt_SP, strata_P: Sequence | None = None, pair_seeds: bool = False,
                      n_resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
                      rng_seed: int = DEFAULT_RNG_SEED) -> Interval:
-    """Percentile bootstrap interval of the paired checkpoint - Base difference (module docstring).
+    """Percentile bootstrap interval of the paired checkpoint - Base difference (``bootstrap_replicates``).
 
     Args:
         base_SP, ckpt_SP: scores [seeds, problems] (or [problems]); column p is the same problem.

@@ -3,18 +3,11 @@
     python -m recipe.experiments.async_compare toy                  # the toy world, 150 steps per mode
     python -m recipe.experiments.async_compare smollm2 --steps 6    # SmolLM2-135M (the real demo's student)
 
-Each mode is one OPSD launch of the CPU demo (``recipe.toy.cpu_demos.train_demo``) on 2 devices:
-
-- ``sync``: the synchronous trainer on 2 ranks (2 FSDP ranks, 2 colocated rollout replicas);
-- ``one_step_off`` / ``fully_async``: 1 training rank + 1 rollout replica on separate pools
-  (``+experiment=async_one_step_off`` / ``async_fully``, staleness 1).
-
-Same data, same order, same number of samples. ``toy`` prints the held-out accuracy after training
-(greedy and Avg@4, the change against ``sync`` with a 95% paired bootstrap interval over the problems,
-``recipe.evaluation.stats``) and the time per step; ``smollm2`` the time per step and per sample, the
-exposed generation time, the lag, and the forward-KL trajectory. Both print the ratios against ``sync``
-and the modelled GPU speed-up (``recipe.async_rl.staleness.overlap_model``) from the synchronous run's
-phase times. Results: docs/results/async.md.
+Each mode (``MODES``) is one OPSD launch of the CPU demo (``recipe.toy.cpu_demos.train_demo``) on 2 devices, with
+the same data, order and samples: ``sync`` on 2 ranks with colocated rollout replicas; ``one_step_off`` /
+``fully_async`` on 1 training rank + 1 rollout replica in separate pools (staleness 1). Prints held-out accuracy
+(``toy``) or times and lag (``smollm2``) against ``sync``, and the modelled GPU speed-up from the synchronous run's
+phase times (``recipe.async_rl.staleness.overlap_model``). Results and their columns: docs/results/async.md.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from recipe.async_rl.staleness import best_split
 
 MODES = {"sync": [], "one_step_off": ["+experiment=async_one_step_off"],
          "fully_async": ["+experiment=async_fully", "async_training.staleness_threshold=1"]}
-DEMOS = {"toy": "toy", "smollm2": "real"}
+CPU_DEMO_OF = {"toy": "toy", "smollm2": "real"}
 # generation shares the GPU model is evaluated at besides the measured ones (long caps: generation dominates)
 MODEL_SHARES = (0.85, 0.95)
 MODEL_SCALING = (0.0, 0.5, 1.0)
@@ -42,7 +35,7 @@ def run_mode(bench: str, mode: str, *, cache: str, run_dir: Path, steps: int | N
     from recipe.toy.demo import toy
     from recipe.toy.real_demo import real
 
-    settings = Settings(device="cpu", cache_dir=cache, ckpt_dir=str(run_dir), steps=steps, cpu_demo=DEMOS[bench],
+    settings = Settings(device="cpu", cache_dir=cache, ckpt_dir=str(run_dir), steps=steps, cpu_demo=CPU_DEMO_OF[bench],
                         cpu_num_ranks=2 if mode == "sync" else None)
     build = toy("opsd", settings) if bench == "toy" else real("opsd", settings)
     if bench == "smollm2":  # time and KL only: no held-out evaluation
@@ -56,7 +49,7 @@ def run_mode(bench: str, mode: str, *, cache: str, run_dir: Path, steps: int | N
             "samples_per_step": int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)}
 
 
-def _steps(result: dict) -> list[dict]:
+def _step_records(result: dict) -> list[dict]:
     """One merged record per trained step (a step may be logged in several records)."""
     by_step: dict[int, dict] = {}
     for row in result["metrics"]:
@@ -72,12 +65,12 @@ def _mean(values) -> float:
 
 def timing(result: dict) -> dict:
     """Per-step means after step 1: step, exposed generation, update (teacher inside), weight push; samples."""
-    rows = _steps(result)[1:] or _steps(result)
+    rows = _step_records(result)[1:] or _step_records(result)
     update = _mean([r.get("timing_s/update_actor") for r in rows])
     push = _mean([r.get("timing_s/update_weights", r.get("timing_s/timing_s/param_sync")) for r in rows])
     return {"step_s": _mean([r.get("timing_s/step") for r in rows]), "gen_s": _mean([r.get("timing_s/gen") for r in rows]),
             "update_s": update, "push_s": push, "samples": result["samples_per_step"],
-            "lag": _mean([r.get("async/lag_mean") for r in rows]), "steps": len(_steps(result))}
+            "lag": _mean([r.get("async/lag_mean") for r in rows]), "steps": len(_step_records(result))}
 
 
 def speedup_model_table(*, shares: dict[str, float], devices: tuple[int, ...] = (2, 8)) -> str:
@@ -105,14 +98,15 @@ def toy_table(results: dict[str, dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     sync_step = timing(sync)["step_s"]
     for mode, result in results.items():
-        after, t = result["after"], timing(result)
-        cis = []
+        after, times = result["after"], timing(result)
+        intervals = []
         for metric in ("greedy", "avg@4"):
             interval = None if mode == "sync" else change_interval(sync["after"], [after], metric)
-            cis.append("-" if interval is None else f"{100 * interval.estimate:+.1f} {interval.points()}")
+            intervals.append("-" if interval is None else f"{100 * interval.estimate:+.1f} {interval.points()}")
         devices = "2 + colocated" if mode == "sync" else "1 + 1"
-        lines.append(f"| {mode} | {devices} | {100 * after['greedy']:.1f} | {100 * after['avg@4']:.1f} | {cis[0]} "
-                     f"| {cis[1]} | {t['steps']} | {t['step_s']:.2f} | {t['step_s'] / sync_step:.2f} |")
+        lines.append(f"| {mode} | {devices} | {100 * after['greedy']:.1f} | {100 * after['avg@4']:.1f} "
+                     f"| {intervals[0]} | {intervals[1]} | {times['steps']} | {times['step_s']:.2f} "
+                     f"| {times['step_s'] / sync_step:.2f} |")
     before = sync["before"]
     lines.append(f"(before training: greedy {100 * before['greedy']:.1f}%, Avg@4 {100 * before['avg@4']:.1f}%; "
                  f"{before['n_problems']} held-out problems)")
@@ -120,28 +114,29 @@ def toy_table(results: dict[str, dict]) -> str:
 
 
 def smollm2_table(results: dict[str, dict]) -> str:
-    sync = timing(results["sync"])
+    sync_times = timing(results["sync"])
     lines = ["| mode | s/step after step 1 | s/sample | exposed generation s/step | update s/step | push s/step | "
              "mean lag | time/step vs sync | opsd/fwd_kl per step |", "|---|---|---|---|---|---|---|---|---|"]
     for mode, result in results.items():
-        t = timing(result)
-        kl = " ".join(f"{r['opsd/fwd_kl']:.3f}" for r in _steps(result))
-        per_sample = t["step_s"] / t["samples"]
-        lines.append(f"| {mode} | {t['step_s']:.2f} | {per_sample:.3f} | {t['gen_s']:.2f} | {t['update_s']:.2f} "
-                     f"| {t['push_s']:.2f} | {t['lag']:.2f} | {t['step_s'] / sync['step_s']:.2f} | {kl} |")
+        times = timing(result)
+        kl = " ".join(f"{r['opsd/fwd_kl']:.3f}" for r in _step_records(result))
+        per_sample = times["step_s"] / times["samples"]
+        lines.append(f"| {mode} | {times['step_s']:.2f} | {per_sample:.3f} | {times['gen_s']:.2f} "
+                     f"| {times['update_s']:.2f} | {times['push_s']:.2f} | {times['lag']:.2f} "
+                     f"| {times['step_s'] / sync_times['step_s']:.2f} | {kl} |")
     return "\n".join(lines)
 
 
 def generation_share(result: dict) -> float:
     """gen / (gen + update) of a synchronous run's steps after step 1 (push and overhead excluded)."""
-    t = timing(result)
-    return t["gen_s"] / (t["gen_s"] + t["update_s"])
+    times = timing(result)
+    return times["gen_s"] / (times["gen_s"] + times["update_s"])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m recipe.experiments.async_compare",
                                      description="sync vs one-step-off vs fully-async OPSD, side by side, one table")
-    parser.add_argument("bench", choices=sorted(DEMOS))
+    parser.add_argument("bench", choices=sorted(CPU_DEMO_OF))
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--steps", type=int, default=None, help="default: the demo preset's (toy 150, smollm2 16)")
     parser.add_argument("--run-root", default=None, help="default: $OPSD_CACHE/async_compare/<bench>_<UTC time>")

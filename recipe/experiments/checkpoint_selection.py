@@ -1,14 +1,11 @@
-"""The end of a monitored run: every whole save of its line, evaluated on the held-out problems, the best by
-Avg@n, each with a paired bootstrap interval of its change against the start.
+"""The best save of a monitored run: every whole save evaluated on the held-out problems, chosen by Avg@n.
 
-``select_checkpoint(ckpt_dir, evaluate=..., before=..., metric="avg@4")`` merges each ``global_step_<s>``
-of ``ckpt_dir`` (the saves a rollback abandoned are under ``rolled_back/`` and not read) into
-``<ckpt_dir>/selection/step_<s>/model``, evaluates it with ``evaluate(model_dir, out_dir)`` (a CPU demo's
-evaluation: per-problem scores under ``per_problem[metric]``), and returns the table: step, the metric,
-its change against ``before`` with the interval (``recipe.evaluation.stats.paired_bootstrap``, problems
-resampled), and the best step (0: no save beats the start, keep the initial model). Choosing the maximum over several checkpoints on the same problems
-favours a lucky one; the interval of the chosen checkpoint is optimistic by that selection (use another
-split to choose when the difference matters).
+``select_checkpoint(ckpt_dir, evaluate=..., before=..., metric="avg@4")`` merges each whole ``global_step_<s>`` of
+``ckpt_dir`` (not the saves a rollback abandoned under ``rolled_back/``) into ``<ckpt_dir>/selection/step_<s>/model``,
+evaluates it with ``evaluate(model_dir, out_dir)`` (per-problem scores under ``per_problem[metric]``) and returns
+each step's metric, its change against ``before`` with a paired bootstrap interval over the problems, and the best
+step (0: no save beats the start, keep the initial model). The chosen save's interval is optimistic (the maximum
+over saves on the same problems): choose on another split when the difference matters.
 
     CPU_DEMO=toy python -m recipe.experiments.checkpoint_selection CKPT_DIR
 """
@@ -44,11 +41,11 @@ def select_checkpoint(ckpt_dir: str | Path, *, evaluate: Callable[[Path, Path], 
             model.parent.mkdir(parents=True, exist_ok=True)
             merge_checkpoint(folder, model, log=model.parent / "merge.log")
         after = evaluate(model, root / f"step_{step}" / "eval")
-        ci = change(before, after, metric)
-        rows.append({"step": step, metric: after[metric], "change": ci.estimate, "low": ci.low, "high": ci.high,
-                     "mean_length": after.get("mean_length")})
-        log(f"[select] step {step}: {metric} {100 * after[metric]:.1f}% ({100 * ci.estimate:+.1f} pts, 95% CI "
-            f"[{100 * ci.low:+.1f}, {100 * ci.high:+.1f}] vs the start)")
+        interval = change(before, after, metric)
+        rows.append({"step": step, metric: after[metric], "change": interval.estimate, "low": interval.low,
+                     "high": interval.high, "mean_length": after.get("mean_length")})
+        log(f"[select] step {step}: {metric} {100 * after[metric]:.1f}% ({100 * interval.estimate:+.1f} pts, 95% CI "
+            f"[{100 * interval.low:+.1f}, {100 * interval.high:+.1f}] vs the start)")
     if not rows:
         raise FileNotFoundError(f"no whole global_step_<s> save in {ckpt_dir} to select from")
     # the start is a candidate too: a run none of whose saves beats it keeps its initial model
@@ -69,11 +66,11 @@ def table(result: dict[str, Any]) -> str:
     metric = result["metric"]
     lines = [f"| step | {metric} (%) | change vs start, 95% CI (pts) | mean length |", "|---|---|---|---|",
              f"| 0 (start) | {100 * result['start']:.1f} | - | - |"]
-    for r in result["rows"]:
-        mark = " (chosen)" if r["step"] == result["best"] else ""
-        length = "-" if r["mean_length"] is None else f"{r['mean_length']:.1f}"
-        lines.append(f"| {r['step']}{mark} | {100 * r[metric]:.1f} | {100 * r['change']:+.1f} "
-                     f"[{100 * r['low']:+.1f}, {100 * r['high']:+.1f}] | {length} |")
+    for row in result["rows"]:
+        mark = " (chosen)" if row["step"] == result["best"] else ""
+        length = "-" if row["mean_length"] is None else f"{row['mean_length']:.1f}"
+        lines.append(f"| {row['step']}{mark} | {100 * row[metric]:.1f} | {100 * row['change']:+.1f} "
+                     f"[{100 * row['low']:+.1f}, {100 * row['high']:+.1f}] | {length} |")
     return "\n".join(lines)
 
 

@@ -1,26 +1,13 @@
-"""OPSD vs GRPO compute: one run of each on the same model and data, side by side.
+"""OPSD vs GRPO compute: one run of each on the same model and data, side by side (docs/cost.md).
 
-CLI: ``python scripts/compare_opsd_grpo.py`` (the toy-world accuracy comparison is
-``python scripts/toy_studies.py compare``)::
+Behind ``scripts/compare_opsd_grpo.py``: launches ``recipe/opsd/run_opsd.sh``, then ``recipe/grpo_baseline/run_grpo.sh``
+(each with its own recipe defaults; on a CPU the tiny demo's run size), or takes two run directories; reads each
+run's ``run_times.jsonl``, ``metrics.jsonl`` and launch config and prints the table (``recipe.analysis.compute_cost``).
+Peak memory on the CPU, where verl logs none: the largest process RSS of a run this script launches (``TreePeak``).
 
     python scripts/compare_opsd_grpo.py --steps 4                                  # tiny model, CPU
     python scripts/compare_opsd_grpo.py --model DIR --train-files a.parquet --val-files b.parquet
     python scripts/compare_opsd_grpo.py --opsd-run CKPT_DIR --grpo-run CKPT_DIR    # existing runs
-
-Launches ``recipe/opsd/run_opsd.sh`` and then ``recipe/grpo_baseline/run_grpo.sh`` (each with its own
-recipe defaults and the CPU demo's run size on a CPU: the paper's asymmetry of samples per prompt and
-response caps is kept), then reads each run's ``metrics.jsonl`` / ``run_times.jsonl`` under its
-CKPT_DIR. Both recipes run on verl's legacy RayPPOTrainer (``trainer.use_v1=false``). The table's
-arithmetic: ``recipe.analysis.compute_cost``.
-
-Weight push: the line above the table says how each run pushed the trainer's weights to its rollout
-(from its launch config: the rollout engine and ``recipe.rollout.extension``, the guarded vLLM push
-every OPSD and GRPO launch uses); a comparison of runs with different paths says so.
-
-Peak memory: verl's ``perf/max_memory_allocated_gb`` when it is logged (accelerators). On the CPU that
-is 0, so for runs it launches the script samples the run's process tree every second (psutil) and
-reports the largest resident set of one process (the FSDP worker that holds actor, teacher/reference
-and optimizer: the analogue of one GPU's memory); with ``--opsd-run/--grpo-run`` on CPU runs: n/a.
 """
 
 from __future__ import annotations
@@ -38,7 +25,7 @@ from recipe.analysis.compute_cost import (DataMismatch, check_same_data, cost_ta
                                           read_launch_config, run_cost)
 from recipe.analysis.run_logs import read_jsonl_metrics
 from recipe.common import cli
-from recipe.launch.config import REPO_ROOT as REPO
+from recipe.launch.config import REPO_ROOT
 from recipe.launch.verl_env import weight_push_path
 
 SCRIPTS = {"opsd": "recipe/opsd/run_opsd.sh", "grpo": "recipe/grpo_baseline/run_grpo.sh"}
@@ -95,17 +82,17 @@ def launch(recipe: str, out: Path, args) -> tuple[Path, float | None]:
     log = ckpt / "compare.log"
     print(f"[compare] {recipe}: bash {SCRIPTS[recipe]} {' '.join(overrides)}  (log: {log})", flush=True)
     with open(log, "w") as handle:
-        proc = subprocess.Popen(["bash", SCRIPTS[recipe], *overrides], cwd=REPO, env=env, stdout=handle,
+        proc = subprocess.Popen(["bash", SCRIPTS[recipe], *overrides], cwd=REPO_ROOT, env=env, stdout=handle,
                                 stderr=subprocess.STDOUT)
-        sampler = TreePeak(proc.pid)
-        sampler.start()
-        code = proc.wait()
-        sampler.stop()
-    if code != 0:
-        raise SystemExit(f"{recipe}: {SCRIPTS[recipe]} exited {code}; see {log}")  # a failed run, not an input error
-    (ckpt / PEAK_FILE).write_text(json.dumps({"largest_process_rss_gb": sampler.peak_bytes / 2**30,
-                                              "process": sampler.peak_name}) + "\n")
-    return ckpt, sampler.peak_bytes / 2**30 or None
+        rss_sampler = TreePeak(proc.pid)
+        rss_sampler.start()
+        exit_code = proc.wait()
+        rss_sampler.stop()
+    if exit_code != 0:  # a failed run, not an input error
+        raise SystemExit(f"{recipe}: {SCRIPTS[recipe]} exited {exit_code}; see {log}")
+    (ckpt / PEAK_FILE).write_text(json.dumps({"largest_process_rss_gb": rss_sampler.peak_bytes / 2**30,
+                                              "process": rss_sampler.peak_name}) + "\n")
+    return ckpt, rss_sampler.peak_bytes / 2**30 or None
 
 
 def launch_config(ckpt: Path, record: dict):
@@ -131,7 +118,8 @@ def weight_push(ckpt: Path, record: dict) -> str:
 
 
 def read_run(ckpt: Path, measured_peak_gb: float | None, warmup: int):
-    """RunCost of a run directory (its newest launch in run_times.jsonl) and its launch wall time."""
+    """(RunCost, launch record, (mean response length, tokens of the last step, weight-push path)) of a run
+    directory (its newest launch in run_times.jsonl)."""
     times = cli.require_file(ckpt / "run_times.jsonl", what="launch record",
                              hint="a run directory (CKPT_DIR) written by a run_*.sh launch has it")
     records = [record for _, record in cli.iter_jsonl(times, what="launch record")]
@@ -145,10 +133,10 @@ def read_run(ckpt: Path, measured_peak_gb: float | None, warmup: int):
                         measured_peak_gb=measured_peak_gb)
     except ValueError as err:
         raise cli.InputError(str(err), file=metrics) from None
-    mean_len = [r["response_length/mean"] for r in rows if "response_length/mean" in r]
-    tokens = [r["perf/total_num_tokens"] for r in rows if "perf/total_num_tokens" in r]
-    return cost, record, (sum(mean_len) / len(mean_len) if mean_len else None, tokens[-1] if tokens else None,
-                          weight_push(ckpt, record))
+    mean_lengths = [row["response_length/mean"] for row in rows if "response_length/mean" in row]
+    tokens = [row["perf/total_num_tokens"] for row in rows if "perf/total_num_tokens" in row]
+    mean_length = sum(mean_lengths) / len(mean_lengths) if mean_lengths else None
+    return cost, record, (mean_length, tokens[-1] if tokens else None, weight_push(ckpt, record))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,27 +166,29 @@ def main(argv: list[str] | None = None) -> int:
         if args.out_dir and out.exists() and any(out.iterdir()):
             raise cli.InputError("not empty (the runs would mix with what is there)", file=out, hint="give a new --out-dir")
         runs = {recipe: launch(recipe, out, args) for recipe in ("opsd", "grpo")}
-    costs, settings, records = {}, {}, {}
+    costs, run_facts, records = {}, {}, {}
     for recipe, (ckpt, peak) in runs.items():
-        costs[recipe], record, settings[recipe] = read_run(Path(ckpt), peak, args.warmup)
+        costs[recipe], record, run_facts[recipe] = read_run(Path(ckpt), peak, args.warmup)
+        mean_response, last_step_tokens, _ = run_facts[recipe]
         records[recipe] = record
         print(f"{recipe}: {ckpt}, launch wall {record['wall_time_s']} s on {record['device']} x "
-              f"{record['n_devices']}, mean response {settings[recipe][0]} tokens, "
-              f"{settings[recipe][1]} tokens in the last step")
+              f"{record['n_devices']}, mean response {mean_response} tokens, "
+              f"{last_step_tokens} tokens in the last step")
     try:  # the pair trained on the same rows in the same order (each launch's data_order.json), else one line
         same_data = check_same_data(opsd=read_data_order(runs["opsd"][0]), grpo=read_data_order(runs["grpo"][0]))
     except DataMismatch as err:
         raise cli.InputError(str(err)) from None
-    if any(c.peak_memory_gb is not None and runs[r][1] is None for r, c in costs.items()):
-        label = "perf/max_memory_allocated_gb"
+    if any(cost.peak_memory_gb is not None and runs[recipe][1] is None for recipe, cost in costs.items()):
+        memory_label = "perf/max_memory_allocated_gb"
     elif any(peak is not None for _, peak in runs.values()):
-        label = "largest process RSS (CPU, sampled 1/s)"
+        memory_label = "largest process RSS (CPU, sampled 1/s)"
     else:
-        label = "not logged (verl logs 0 on the CPU; runs launched by this script sample the RSS)"
-    pushes = {recipe: settings[recipe][2] for recipe in runs}
-    same = "the same path" if len(set(pushes.values())) == 1 else "DIFFERENT paths: the step times are not comparable"
-    print(f"weight push: opsd {pushes['opsd']}; grpo {pushes['grpo']} ({same})")
+        memory_label = "not logged (verl logs 0 on the CPU; runs launched by this script sample the RSS)"
+    pushes = {recipe: run_facts[recipe][2] for recipe in runs}
+    one_path = len(set(pushes.values())) == 1
+    push_note = "the same path" if one_path else "DIFFERENT paths: the step times are not comparable"
+    print(f"weight push: opsd {pushes['opsd']}; grpo {pushes['grpo']} ({push_note})")
     print()
-    print(cost_table(opsd=costs["opsd"], grpo=costs["grpo"], memory_label=label, same_data=same_data,
+    print(cost_table(opsd=costs["opsd"], grpo=costs["grpo"], memory_label=memory_label, same_data=same_data,
                      grpo_aggregation=loss_aggregation(read_launch_config(records["grpo"]))))
     return 0

@@ -1,33 +1,11 @@
 """Sweep runner: experiment presets -> runs -> resolved configs -> training -> evaluation -> tables.
 
-Library behind ``scripts/sweep.py`` (docs/presets.md). A sweep is one model preset
-(``recipe/opsd/config/model``) and a list of experiment presets (``recipe/opsd/config/experiment``;
-``a+b`` combines presets in one run). For every run it composes the OPSD config with hydra
-(``+model=<m> +experiment=[<presets>] <overrides>``), applies the preset's data step
-(``sweep.data_prep``, ``recipe.experiments.sweep_data``), writes the resolved config next to the run's
-outputs and trains from exactly that file (``python -m recipe.opsd.main_opsd --config-path <run_dir>
---config-name config``), then evaluates the checkpoints with ``recipe.evaluation.harness`` under the
-model preset's decoding preset for the run's evaluation mode (``sweep.eval_mode``, default: the
-student's mode). Every run is planned by the launcher (``recipe.launch.run.plan``, as ``run_opsd.sh``
-would launch it): on the CPU the platform group ``+platform=cpu`` after the presets, the grader, the
-verl environment, dynamic-batching token budgets derived from the caps, and the recipe's start-up
-checks (for a run whose model or checkpoint an earlier step of the sweep makes, the entry point runs
-them when it starts). The base model is evaluated once per evaluation setting. ``collect`` writes the
-paper-style comparison table (Avg@n / Pass@n / Length, deltas vs Base: points for accuracy,
-relative % for length) and figures (``recipe.analysis.plots``).
-
-Layout of a sweep directory::
-
-    sweep.json                          what was asked (model, presets, overrides, evaluation)
-    base/<key>/task.json, results.json  base-model evaluations, one per evaluation setting
-    runs/<name>/config.yaml             the resolved training config the run trains from
-    runs/<name>/overrides.txt, plan.json, status.json, train.log, metrics.jsonl, checkpoints/
-    runs/<name>/eval/step_<N>/results.json
-    comparison.md, comparison.json, figures/*.png
-
-Runs execute sequentially in this process (``run_local``) or as separate Ray jobs
-(``submit_ray``: ``ray job submit`` of ``scripts/sweep.py run-one <run_dir>``; the sweep
-directory must be on a file system the cluster shares).
+The library behind ``scripts/sweep.py`` (docs/presets.md: what a sweep does, its directory's layout). A sweep is one
+model preset and a list of experiment presets (``a+b``: both in one run). ``plan_run`` composes a run's config with
+hydra, plans it with the launcher (``recipe.launch.run.plan``, as ``run_opsd.sh`` would launch it), runs its data
+step (``recipe.experiments.sweep_data``) and writes the resolved ``config.yaml`` the run trains from; ``run_one``
+trains and evaluates the checkpoints with ``recipe.evaluation.harness``; ``collect`` writes the comparison table and
+figures. Runs execute in this process (``run_local``) or as Ray jobs (``submit_ray``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Data steps of the experiment presets (``sweep.data_prep``), run by the sweep runner before training.
 
-- ``gold_trace_deciles`` (presets ``context_short_prefix`` / ``context_long_prefix``, paper
-  tab:teacher_cotlen: "training on gold-trace length deciles 0--4 (Short-prefix) or 7--9
-  (Long-prefix)"): rows are ranked by the token length of the gold trace the teacher sees
-  (``extra_info.solution`` under the model's tokenizer; ``field`` selects another
-  ``extra_info`` field), decile d = floor(10 * rank / n) with ties broken by row order, and the
-  rows whose decile is in [lo, hi] are kept in their original order. Deciles are computed on the
-  whole input file (the model's already length-filtered training set).
-- ``grpo_order`` (preset ``opsd_vs_grpo_matched``, paper appendix "OPSD versus GRPO on Released
-  Qwen3 Thinking Models": "we materialize the first 3,200 rows produced by the GRPO random sampler
-  (seed 1) as the sequential OPSD dataset"): the first ``num_rows`` indices of verl's training
-  sampler (``verl.trainer.ppo.utils.create_rl_sampler`` with ``data.shuffle=True``: torchdata's
-  ``RandomSampler`` with a ``torch.Generator`` seeded by ``data.seed``; later epochs continue the
-  same generator) written in that order. Valid when GRPO reads the same parquet with no
-  dataset-side filtering (``data.filter_overlong_prompts=False``, grpo_trainer.yaml's value, and
-  ``train_max_samples=-1``); both launches record their rows and order (``recipe.launch.data_order``).
+- ``gold_trace_deciles`` (``context_short_prefix`` / ``context_long_prefix``, paper tab:teacher_cotlen): the rows
+  whose gold-trace token length decile is in [lo, hi] (``decile_keep_mask``), in their original order;
+- ``grpo_order`` (``opsd_vs_grpo_matched``, paper tab:opsd_grpo_compute): the first ``num_rows`` rows of verl's
+  shuffled training sampler for a seed (``sampler_order``), in that order.
 
-Each output gets a ``<output>.prep.json`` sidecar (step spec + source sha256); an existing output
-is reused only when its sidecar matches, otherwise it is an error (never overwritten silently).
+``prepare`` writes the output with a ``<output>.prep.json`` sidecar (step spec + source sha256) and reuses an
+existing output only when its sidecar matches (else an error). Rules and conditions: docs/presets.md.
 """
 
 from __future__ import annotations
@@ -117,13 +106,13 @@ def prepare(spec: Mapping, *, source: str | Path, output: str | Path, tokenizer=
         if tokenizer is None:
             raise ValueError("sweep.data_prep gold_trace_deciles needs the model's tokenizer")
         field = spec.get("field", "solution")
-        out = filter_gold_trace_deciles(
+        prepared = filter_gold_trace_deciles(
             frame, deciles=list(spec["deciles"]), field=field, source=source,
             length_fn=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
         )
     else:
-        out = materialize_sampler_order(frame, seed=int(spec["seed"]), num_rows=int(spec["num_rows"]))
+        prepared = materialize_sampler_order(frame, seed=int(spec["seed"]), num_rows=int(spec["num_rows"]))
     output.parent.mkdir(parents=True, exist_ok=True)
-    out.to_parquet(output)
+    prepared.to_parquet(output)
     sidecar.write_text(json.dumps(record, indent=2) + "\n")
     return output

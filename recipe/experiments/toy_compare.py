@@ -1,19 +1,11 @@
-"""OPSD vs GRPO (and RLSD) on the toy student: the toy demo of both recipes, one table (docs/toy_world.md).
+"""OPSD vs GRPO (and RLSD) on the toy student: the toy demo of each method, one table (docs/toy_world.md).
 
-Statistics: each accuracy change gets a 95% paired bootstrap interval over the held-out
-problems (``recipe.evaluation.stats``: the same problems resampled for both sides), after vs
-before for each method and OPSD vs GRPO after training.
+``run_method("opsd" | "grpo" | "rlsd", ...)`` is one toy-demo launch (``recipe.toy.cpu_demos.train_demo`` with
+``recipe.toy.demo.toy``: the recipe's toy preset, the toy student, a given run directory; every method on the same
+parquet, ``data.seed`` and batch) and returns the held-out evaluation before / after and the per-step metrics.
+``table`` adds 95% paired bootstrap intervals over the held-out problems (``recipe.evaluation.stats``).
 
-``run_method("opsd" | "grpo", ...)`` is one toy-demo launch (``recipe.toy.cpu_demos.train_demo``
-with ``recipe.toy.demo.toy``): the toy preset of the recipe (``config/demo/toy.yaml``), the
-toy student, a given run directory; it returns the held-out evaluation before/after and the
-per-step metrics. Both presets train on the same parquet with the same ``data.seed`` and batch,
-so both methods see the same problems in the same order.
-
-CLI (accuracy before/after, greedy / Avg@n / Pass@n, mean length, wall time, time per step and the
-OPSD/GRPO compute ratio)::
-
-    python scripts/toy_studies.py compare --steps 30                       # both methods
+    python scripts/toy_studies.py compare --steps 30                       # OPSD and GRPO
     python scripts/toy_studies.py compare --methods opsd --steps 5 -- opsd.teacher_context=none opsd.teacher.allow_zero_loss=true
 """
 

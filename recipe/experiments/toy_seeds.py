@@ -1,27 +1,12 @@
 """The toy acceptance study: OPSD arms x data seeds on one toy student, gains as mean +- sd.
 
-``seed_study`` launches ``recipe.experiments.toy_compare.run_method("opsd", ...)`` once per (arm, seed) (same
-student, same steps; the seed is verl's ``data.seed``, i.e. the order of the training problems)
-and reads, per run, the held-out accuracy after training and the training signal of the metrics
-jsonl. ``study_table`` prints one row per arm: greedy / Avg@n gain in points (mean +- sample sd
-over seeds, and each seed, and a 95% paired bootstrap interval that resamples both the
-held-out problems and the seeds: ``recipe.evaluation.stats``), and the training divergence of
-the first vs last 10 steps.
-
-Arms (hydra overrides on top of the OPSD toy preset, ``recipe/opsd/config/demo/toy.yaml``):
-- ``full_solution``: the toy preset (teacher = frozen student with the reference solution);
-- ``control``: ``opsd.teacher_context=none``, the no-privilege control (teacher prompt = student
-  prompt, so the loss is 0 at the first step; ``opsd.teacher.allow_zero_loss=true`` passes the
-  start-up refusal of that setting: here the null result is the point);
-- ``paper_clip``: the toy preset with the paper's per-entry clip ``tau_clip = 0.05``;
-- ``answer_only``: the answer-only teacher context.
-
-CLI: builds (or reuses) the default toy student, evaluates it once, trains one OPSD toy-demo run per
-(arm, seed), evaluates each, and prints the table::
+``seed_study`` runs ``recipe.experiments.toy_compare.run_method("opsd", ...)`` once per (arm, seed) (the seed is
+verl's ``data.seed``: the order of the training problems); ``study_table`` prints per arm the greedy / Avg@n gain
+(mean +- sample sd, each seed, a 95% paired bootstrap interval over problems and seeds) and the training divergence
+of the first vs last 10 steps. ``ARMS``: hydra overrides of the OPSD toy preset (described in docs/toy_world.md).
 
     python scripts/toy_studies.py seeds --seeds 1 2 3                          # full_solution + control
     python scripts/toy_studies.py seeds --arms full_solution paper_clip --steps 100 --out study.md
-    python scripts/toy_studies.py seeds --seeds 1 -- actor_rollout_ref.actor.optim.lr=2e-3
 """
 
 from __future__ import annotations
@@ -54,13 +39,13 @@ def _mean(values) -> float:
 
 def signal_windows(metrics: list[dict], *, window: int = WINDOW) -> dict[str, float]:
     """Mean ``opsd/fwd_kl``, ``opsd/loss`` and ``opsd/top1_agree`` over the first and last ``window`` steps."""
-    out = {}
+    windows = {}
     for key, name in (("opsd/fwd_kl", "fwd_kl"), ("opsd/loss", "loss"), ("opsd/top1_agree", "top1_agree")):
         values = [row[key] for row in metrics if key in row]
-        out[f"{name}_first"] = _mean(values[:window])
-        out[f"{name}_last"] = _mean(values[-window:])
-    out["step1_loss"] = metrics[0].get("opsd/loss", float("nan")) if metrics else float("nan")
-    return out
+        windows[f"{name}_first"] = _mean(values[:window])
+        windows[f"{name}_last"] = _mean(values[-window:])
+    windows["step1_loss"] = metrics[0].get("opsd/loss", float("nan")) if metrics else float("nan")
+    return windows
 
 
 def seed_study(*, cache: Path, run_root: Path, before: dict, arms: dict[str, tuple[str, ...]], seeds: list[int],
@@ -109,13 +94,14 @@ def study_table(results: dict[str, dict[int, dict]], before: dict, *, eval_n: in
         avg_mean, avg_sd, _ = gain_stats(by_seed, before, avg)
         afters = [run["after"] for _, run in sorted(by_seed.items())]
         intervals = {metric: change_interval(before, afters, metric) for metric in ("greedy", avg)}
-        ci = {metric: "-" if interval is None else interval.points() for metric, interval in intervals.items()}
+        interval_text = {metric: "-" if interval is None else interval.points()
+                         for metric, interval in intervals.items()}
         signals = [run["signal"] for run in by_seed.values()]
         first, last = _mean([s["fwd_kl_first"] for s in signals]), _mean([s["fwd_kl_last"] for s in signals])
         change = f"{100 * (last - first) / first:+.0f}%" if first > 0 else "-"
         lines.append(
-            f"| {arm} | {_mean_sd(mean, sd)} | {', '.join(f'{g:+.1f}' for g in gains)} | {ci['greedy']} "
-            f"| {_mean_sd(avg_mean, avg_sd)} | {ci[avg]} | {first:.4f} -> {last:.4f} ({change}) "
+            f"| {arm} | {_mean_sd(mean, sd)} | {', '.join(f'{g:+.1f}' for g in gains)} | {interval_text['greedy']} "
+            f"| {_mean_sd(avg_mean, avg_sd)} | {interval_text[avg]} | {first:.4f} -> {last:.4f} ({change}) "
             f"| {_mean([s['step1_loss'] for s in signals]):.2g} "
             f"| {_mean([s['top1_agree_first'] for s in signals]):.3f} -> {_mean([s['top1_agree_last'] for s in signals]):.3f} |"
         )

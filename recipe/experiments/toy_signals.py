@@ -1,12 +1,10 @@
 """Toy-scale reproductions of the paper's frozen-teacher measurements (docs/toy_world.md).
 
-``initial_signals`` runs the project's signal analysis (``recipe.analysis.signal_analysis``:
-sample rollouts from the student prompt once, rescore the same response tokens under every
-teacher context with ``recipe.opsd.core.signals``) on the toy student, in its no-think mode, with
-response-position windows scaled to toy responses (~20 tokens instead of thousands).
-
-CLI (prints the context table and the signal report; with ``--out-dir`` also signals.json / signals.md /
-figures)::
+``initial_signals`` runs the project's signal analysis (``recipe.analysis.signal_analysis``: sample rollouts from the
+student prompt once, rescore the same response tokens under every teacher context with ``recipe.opsd.core.signals``)
+on the toy student, in its no-think mode, with response-position windows scaled to toy responses (~20 tokens
+instead of thousands). The CLI prints the context table and the signal report (``--out-dir``: also signals.json /
+signals.md / figures)::
 
     python scripts/toy_studies.py signals                 # default toy student (built if missing)
     python scripts/toy_studies.py signals --model DIR --data train.parquet --num-prompts 64
@@ -52,13 +50,14 @@ def initial_signals(model_dir: str | Path, train_parquet: str | Path, *, config:
 
 def context_table(result: dict) -> str:
     """Fwd KL per teacher context and its ratio to the full-solution teacher's."""
-    conds = result["conditions"]
-    full = conds.get("full_solution:no_think", {}).get("summary", {}).get("fwd_kl")
+    conditions = result["conditions"]
+    full = conditions.get("full_solution:no_think", {}).get("summary", {}).get("fwd_kl")
     lines = ["| teacher context | Fwd KL | Fwd KL / full solution | top-1 agree (%) | abs adv |", "|---|---|---|---|---|"]
-    for name, rep in conds.items():
-        s = rep["summary"]
-        ratio = f"{s['fwd_kl'] / full:.2f}" if full else "-"
-        lines.append(f"| {name.split(':')[0]} | {s['fwd_kl']:.4f} | {ratio} | {s['agree']:.1f} | {s['abs_adv']:.3f} |")
+    for name, report in conditions.items():
+        summary = report["summary"]
+        ratio = f"{summary['fwd_kl'] / full:.2f}" if full else "-"
+        lines.append(f"| {name.split(':')[0]} | {summary['fwd_kl']:.4f} | {ratio} | {summary['agree']:.1f} "
+                     f"| {summary['abs_adv']:.3f} |")
     return "\n".join(lines) + "\n"
 
 

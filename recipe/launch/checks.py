@@ -1,25 +1,11 @@
-"""What every launch checks about its inputs before Ray starts (and in ``--dry-run``).
+"""What every launch checks about its inputs before Ray starts (and in ``--dry-run``): docs/launch.md.
 
-``check_inputs(recipe, cfg, overrides=..., environ=...)`` runs on the final config of a launch
-(``recipe.launch.run.plan``) before the recipe's own start-up checks:
-
-- the model (``actor_rollout_ref.model.path``; SFT ``model.path``) and, for OPSD with a teacher kind
-  that loads ``opsd.teacher.path`` (``checkpoint``), the teacher: a whole Hugging Face model
-  directory, or a Hub id in the local cache, or (online) one the Hub has
-  (``recipe.common.checkpoints.check_model_source``; ``HF_HUB_OFFLINE=1``, set by the CPU path: it
-  must be in the cache; a dry run does not ask the Hub);
-- the training and validation files: each exists, is a parquet file and has the columns the recipe
-  reads (``DATA_COLUMNS``); the training files hold at least one batch;
-- the checkpoint the run resumes from (``choose_resume_dir``) is whole and of the same model
-  (``check_training_inputs``).
-
-A failure is a ``LaunchInputError``: one line naming the setting (hydra key and the variable or
-source that set it), the value, what is wrong and the fix; the launcher prints it and exits with 2.
+``check_launch(...)``, called by ``recipe.launch.run.plan`` before the recipe's own start-up checks, runs
+``check_inputs`` (the model and a teacher that loads ``opsd.teacher.path``; the training and validation
+files; the save the run resumes from), then the checkpoint directory (``recipe.launch.resume``) and the
+disk (``recipe.launch.disk``). A failure is a ``LaunchInputError``: one line naming the setting (hydra key
+and the variable or source that set it), the value, what is wrong and the fix; the launcher exits with 2.
 Values in ``pending`` (what a CPU demo or an earlier pipeline stage will build) are not checked.
-
-``check_launch(...)`` is what ``recipe.launch.run.plan`` calls: these checks, then the checkpoint
-directory (``recipe.launch.resume``: a finished run, another config) and the disk
-(``recipe.launch.disk``: the size of one save against the free space).
 """
 
 from __future__ import annotations
@@ -178,7 +164,17 @@ def _not_asked(repo_id: str) -> None:
 
 def check_inputs(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mapping[str, str],
                  pending: Collection[str] = (), dry_run: bool = False, probe=None) -> Checked:
-    """The checks of the module docstring on the final config ``cfg``; raise LaunchInputError on the first failure.
+    """The input checks on the final config ``cfg``; raise LaunchInputError on the first failure.
+
+    - the model (``recipe.model_key``) and, for OPSD with a teacher kind that loads ``opsd.teacher.path``
+      (``checkpoint``), the teacher: a whole Hugging Face model directory, a Hub id in the local cache, or
+      (online) one the Hub has (``check_model_source``; with ``HF_HUB_OFFLINE=1``, set by the CPU path, it
+      must be in the cache);
+    - the training and validation files: each exists, is a parquet file and has the columns the recipe
+      reads (``DATA_COLUMNS``); the training files hold at least one batch;
+    - the save the run resumes from (``choose_resume_dir``) is whole and of the same model
+      (``check_training_inputs``).
+
     ``dry_run``: a Hub id that is not cached is not asked for (a note says so); the rest is checked alike."""
     pending = {str(p) for p in pending}
     probe = _not_asked if dry_run else probe
@@ -225,7 +221,8 @@ def check_inputs(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mappi
 def check_launch(recipe: Recipe, cfg, *, overrides: OverrideList, environ: Mapping[str, str], ckpt_dir: Path,
                  pending: Collection[str] = (), resume_anyway: bool = False, dry_run: bool = False,
                  probe=None) -> Checked:
-    """``check_inputs``, then the checkpoint directory and the disk (module docstring)."""
+    """``check_inputs``, then the checkpoint directory (``check_resume``: a finished run, another config) and
+    the disk (``plan_disk``: the size of one save against the free space)."""
     from recipe.launch.disk import plan_disk
     from recipe.launch.resume import check_resume
 

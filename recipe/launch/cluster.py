@@ -1,20 +1,11 @@
 """A launch on a Ray cluster the user started (``ray start`` on every node; docs/cluster.md).
 
-``RAY_ADDRESS`` (Ray's own variable, read by ``recipe.launch.config``) makes a launch join that
-cluster instead of starting Ray itself:
-
-- ``join_overrides(address, forwarded)``: verl's ``ray.init`` gets the address and no resource
-  counts (Ray refuses them when joining), and every Ray worker of the job, on every node, gets the
-  launch's environment through ``runtime_env.env_vars`` (``forwarded_environment``): a worker on a
-  ``ray start`` node inherits the environment of that node's raylet, not the launcher's;
-- ``preflight(launch)``, before verl starts (launch only, not ``--dry-run``): the rollout engine is
-  installed for the interpreter that runs verl; the address answers; the cluster runs this
-  launch's Ray; every node imports the project (and the engine); ``trainer.nnodes`` nodes with
-  ``trainer.n_gpus_per_node`` GPUs exist. Each failure is one ``PreflightError`` line (exit 2);
-  the probe that asked the cluster has exited by then (its own Ray job, nothing left running).
-
-The processes a launch on a cluster may kill are its own (``recipe.launch.processes``): the
-cluster's daemons stay up whatever happens to the launch.
+``RAY_ADDRESS`` (Ray's own variable, read by ``recipe.launch.config``) makes a launch join that cluster
+instead of starting Ray itself: ``join_overrides`` gives verl's ``ray.init`` the address and every Ray
+worker the launch's environment (``forwarded_environment``); ``preflight`` checks the engine and the
+cluster before verl starts (not in ``--dry-run``), each failure one ``PreflightError`` line (exit 2).
+The processes a launch may kill are its own (``recipe.launch.processes``): the cluster's daemons stay up
+whatever happens to the launch.
 """
 
 from __future__ import annotations
@@ -65,7 +56,10 @@ def forwarded_environment(env: Mapping[str, str], launcher_set: Mapping[str, str
 
 
 def join_overrides(address: str, forwarded: Mapping[str, str]) -> list[str]:
-    """Hydra overrides of a launch that joins the cluster at ``address``."""
+    """Hydra overrides of a launch that joins the cluster at ``address``: the address and no resource counts
+    (Ray refuses them when joining), and ``forwarded`` for every Ray worker of the job, on every node,
+    through ``runtime_env.env_vars`` (a worker on a ``ray start`` node inherits the environment of that
+    node's raylet, not the launcher's)."""
     host_port(address)
     overrides = [f"++ray_kwargs.ray_init.address={address}", "++ray_kwargs.ray_init.num_cpus=null",
                  "++ray_kwargs.ray_init.num_gpus=null"]
@@ -206,7 +200,12 @@ def engine_installed(python: str, engine: str) -> bool:
 def preflight(*, python: str, device: str, engine: str | None, address: str | None, nnodes: int,
               gpus_per_node: int, env: Mapping[str, str] | None = None) -> str | None:
     """The checks of a launch on a GPU or on a cluster, before verl starts (PreflightError on the first
-    failure); returns the line describing the cluster joined (None without one)."""
+    failure); returns the line describing the cluster joined (None without one).
+
+    The rollout engine is installed for ``python`` (the interpreter that runs verl); the address answers;
+    the cluster runs this launch's Ray; every node imports the project (and the engine); ``nnodes`` nodes
+    with ``gpus_per_node`` GPUs exist. The probe that asked the cluster has exited on return (its own Ray
+    job, nothing left running)."""
     if device == "gpu" and engine in ENGINE_EXTRAS and not engine_installed(python, engine):
         raise PreflightError(f"actor_rollout_ref.rollout.name={engine} but {engine} is not installed for {python}: "
                              f"`pip install torch==2.11.0 && pip install -e '{ENGINE_EXTRAS[engine]}'` (docs/cluster.md)")

@@ -1,29 +1,11 @@
 """The rows an RL launch trains on, in order, computed before Ray starts and recorded with the run.
 
-verl 0.9.1 builds the training stream as follows (``RayPPOTrainer._create_dataloader``,
-``verl.trainer.ppo.utils.create_rl_dataset`` / ``create_rl_sampler``, ``RLHFDataset``):
-
-1. the ``data.train_files`` parquets concatenated in order;
-2. ``data.train_max_samples`` > 0 keeps a subset: with ``data.shuffle``
-   ``numpy.random.default_rng(data.seed).choice(total, size, replace=False)``, else the first rows;
-3. ``data.filter_overlong_prompts`` drops the rows whose prompt renders (chat template with the
-   generation prompt and ``data.apply_chat_template_kwargs``) to more than ``data.max_prompt_length``
-   tokens;
-4. ``data.shuffle``: torchdata's ``RandomSampler`` with ``torch.Generator()`` seeded by ``data.seed``
-   (unseeded: torch's fixed default seed), one permutation per epoch from the same generator; else
-   the rows in order;
-5. ``StatefulDataLoader(batch_size=data.gen_batch_size or data.train_batch_size, drop_last=True)``:
-   one batch per training step.
-
-Without the filter an over-long prompt is left-truncated by verl's agent loop (a log warning). The
-launcher refuses such a row among those the run will read, with one line naming file and row: no
-recipe trains on a prompt it cut or on rows a filter silently dropped.
-
-The record (``data_order.json`` in the run's checkpoint directory) holds the row count and a hash of
-the order: sha256 over the rows' prompt digests in training order (``row_digest``: sha256 of the
-``prompt`` value as canonical JSON), so two runs on different parquets (the matched OPSD run reads
-the GRPO sampler's rows materialised in order) compare equal exactly when they train on the same
-prompts in the same order (``recipe.analysis.compute_cost.check_same_data``).
+``plan_data_order(cfg)`` (``recipe.launch.run``, the sweep) replays verl 0.9.1's dataset and sampler on
+the training files and refuses a prompt verl would cut (file and row); ``write_record`` writes
+``data_order.json`` to the checkpoint directory: the row count and ``order_sha256``, a hash of the
+prompts in training order, so two runs on different parquets compare equal exactly when they train on
+the same prompts in the same order (``recipe.analysis.compute_cost.check_same_data``;
+docs/cost.md#same-rows-same-order).
 """
 
 from __future__ import annotations
@@ -151,8 +133,20 @@ def _read_prompts(files: Sequence[str], key: str) -> tuple[list, list[tuple[str,
 def plan_data_order(cfg, *, load_tokenizer: Callable = load_tokenizer) -> tuple[DataOrder | None, str | None]:
     """The order of the resolved launch config ``cfg`` and a note (why it is not known, or what was not checked).
 
-    Raises ``InputError`` naming file and row for a prompt over ``data.max_prompt_length`` that the run
-    would read with ``data.filter_overlong_prompts`` off.
+    verl 0.9.1 builds the training stream so (``RayPPOTrainer._create_dataloader``, ``create_rl_dataset`` /
+    ``create_rl_sampler`` of ``verl.trainer.ppo.utils``, ``RLHFDataset``): (1) the ``data.train_files``
+    parquets concatenated in order; (2) ``data.train_max_samples`` > 0 keeps a subset (with ``data.shuffle``
+    ``numpy.random.default_rng(data.seed).choice(total, size, replace=False)``, else the first rows);
+    (3) ``data.filter_overlong_prompts`` drops the rows whose prompt renders (chat template with the
+    generation prompt and ``data.apply_chat_template_kwargs``) to more than ``data.max_prompt_length``
+    tokens; (4) ``data.shuffle``: torchdata's ``RandomSampler`` with a ``torch.Generator()`` seeded by
+    ``data.seed`` (unseeded: torch's fixed default seed), one permutation per epoch from the same
+    generator, else the rows in order; (5) ``StatefulDataLoader(batch_size=data.gen_batch_size or
+    data.train_batch_size, drop_last=True)``: one batch per training step.
+
+    Without the filter verl's agent loop left-truncates an over-long prompt (a log warning only): raises
+    ``InputError`` naming file and row for such a prompt among the rows the run will read, so no recipe
+    trains on a prompt it cut or on rows a filter silently dropped.
     """
     data = cfg.data
     files = [str(data.train_files)] if isinstance(data.train_files, str) else [str(f) for f in data.train_files]
@@ -167,9 +161,9 @@ def plan_data_order(cfg, *, load_tokenizer: Callable = load_tokenizer) -> tuple[
     cap, filtered = int(data.max_prompt_length), bool(data.get("filter_overlong_prompts", False))
     chat_kwargs = data.get("apply_chat_template_kwargs") or {}
     kept = subset_indices(len(prompts), max_samples=data.get("train_max_samples", -1), shuffle=shuffle, seed=seed)
-    for g, prompt in enumerate(prompts):  # verl's dataset renders each prompt as a list of chat messages
+    for index, prompt in enumerate(prompts):  # verl's dataset renders each prompt as a list of chat messages
         if not (isinstance(prompt, (list, tuple)) and all(isinstance(m, Mapping) and "role" in m for m in prompt)):
-            path, row = where[g]
+            path, row = where[index]
             raise InputError(f"row {row} (0-based) of the training data: column {key!r} is not a list of chat "
                              f"messages ({{role, content}}), got {type(prompt).__name__}", file=path,
                              hint="build the parquet with python -m data_prep.<builder> (docs/prompts.md)")
@@ -181,9 +175,9 @@ def plan_data_order(cfg, *, load_tokenizer: Callable = load_tokenizer) -> tuple[
     if filtered:
         if tokenizer is None:
             return None, f"data order not recorded: data.filter_overlong_prompts needs the tokenizer ({reason})"
-        lengths = prompt_lengths([prompts[g] for g in kept], tokenizer=tokenizer, chat_kwargs=chat_kwargs)
+        lengths = prompt_lengths([prompts[index] for index in kept], tokenizer=tokenizer, chat_kwargs=chat_kwargs)
         dropped = sum(n > cap for n in lengths)
-        kept = [g for g, n in zip(kept, lengths) if n <= cap]
+        kept = [index for index, n in zip(kept, lengths) if n <= cap]
         if dropped:
             note = f"data.filter_overlong_prompts drops {dropped} of {len(lengths)} rows over data.max_prompt_length={cap}"
     batch = int(data.get("gen_batch_size") or data.train_batch_size)
@@ -195,10 +189,10 @@ def plan_data_order(cfg, *, load_tokenizer: Callable = load_tokenizer) -> tuple[
         raise InputError(str(err), file=", ".join(files), hint="more rows, or a smaller data.train_batch_size") from None
     if not filtered and tokenizer is not None:
         read = sorted(set(order))
-        lengths = prompt_lengths([prompts[g] for g in read], tokenizer=tokenizer, chat_kwargs=chat_kwargs)
-        for g, n in zip(read, lengths):
+        lengths = prompt_lengths([prompts[index] for index in read], tokenizer=tokenizer, chat_kwargs=chat_kwargs)
+        for index, n in zip(read, lengths):
             if n > cap:
-                path, row = where[g]
+                path, row = where[index]
                 raise InputError(
                     f"row {row} (0-based) of the training data: its prompt renders to {n} tokens > data.max_prompt_length={cap}, "
                     "and with data.filter_overlong_prompts=false verl would cut it", file=path,
@@ -206,7 +200,7 @@ def plan_data_order(cfg, *, load_tokenizer: Callable = load_tokenizer) -> tuple[
                          "or raise data.max_prompt_length")
     elif not filtered:
         note = f"prompt lengths not checked: cannot load the tokenizer here ({reason})"
-    digests = [row_digest(prompts[g]) for g in order]
+    digests = [row_digest(prompts[index]) for index in order]
     return DataOrder(train_files=tuple(files), rows_in_files=len(prompts), rows_in_dataset=len(kept),
                      filter_overlong_prompts=filtered, max_prompt_length=cap, shuffle=shuffle, seed=seed,
                      batch_size=batch, steps=steps, rows=len(order), order_sha256=order_sha256(digests),

@@ -1,24 +1,10 @@
 """Disk use of a launch: the size of one checkpoint save, the free space, retention, a full disk.
 
-- ``plan_disk(...)`` (every launch and ``--dry-run``): the line ``[launch] disk: ...`` with the size one
-  save writes (``save_bytes``), the free space of the checkpoint directory's file system and how
-  many saves retention keeps; it refuses the launch (exit 2) when one save cannot fit, counting
-  what retention will remove first (``prunable``).
-- ``prune(...)`` (before and after the trainer runs): what retention removes across launches. verl
-  applies ``trainer.max_actor_ckpt_to_keep`` (SFT: ``trainer.max_ckpt_to_keep``) to the saves of one
-  launch only, and removes a save's model shards but not its folder; the launcher removes the older
-  saves of earlier launches beyond that count, the folders verl emptied, and the partial saves past
-  the one the run resumes from (a save interrupted by a full disk or a kill: it is written again).
-  Never the save the run resumes from; every removal is printed.
-- ``failure_line(...)``: after a failed launch, one line when the checkpoint directory's file system
-  is full (the partial save, the space one save needs, the last whole save to resume from).
-- ``prune_demo_runs(...)``: a CPU demo that starts a fresh run directory each time keeps the last
-  ``DEMO_RUNS_KEPT`` of them.
-
-Size of one save (verl 0.9.1, FSDP): the sharded weights in ``model_dtype`` (fp32: 4 bytes per
-parameter), AdamW's two moments in fp32 (8 bytes) when the optimizer is saved, a full HF copy when
-``save_contents`` holds ``hf_model`` (4 bytes), OPSD's EMA teacher (4 bytes), plus the config and
-tokenizer files.
+``plan_disk`` (``recipe.launch.checks.check_launch``: every launch and ``--dry-run``) gives the
+``[launch] disk: ...`` line and refuses a save that cannot fit; ``recipe.launch.run`` calls ``prune``
+before and after the trainer (retention across the launches of one directory) and ``failure_line``
+after a failed launch (a full disk); ``prune_demo_runs`` keeps a CPU demo's last ``DEMO_RUNS_KEPT``
+run directories. docs/launch.md#what-a-launch-checks-before-ray.
 """
 
 from __future__ import annotations
@@ -78,7 +64,11 @@ def _model_dir(model, environ) -> Path | None:
 
 
 def save_bytes(recipe: Recipe, cfg, *, model_dir: Path | None) -> SaveSize | None:
-    """The size of one checkpoint save of ``recipe`` under ``cfg`` (None: the model's size is not known here)."""
+    """The size of one checkpoint save of ``recipe`` under ``cfg`` (None: the model's size is not known here).
+
+    verl 0.9.1, FSDP: the sharded weights in ``model_dtype`` (fp32: 4 bytes bytes_per_parameter parameter), AdamW's two
+    moments in fp32 (8 bytes) when the optimizer is saved, a full HF copy when ``save_contents`` holds
+    ``hf_model`` (4 bytes), OPSD's EMA teacher (4 bytes), plus the config and tokenizer files."""
     parameters = parameter_count(model_dir) if model_dir is not None else None
     if not parameters:
         return None
@@ -90,11 +80,11 @@ def save_bytes(recipe: Recipe, cfg, *, model_dir: Path | None) -> SaveSize | Non
              "AdamW state": ADAM_BYTES if "optimizer" in contents else 0,
              "HF copy": 4 if "hf_model" in contents else 0,
              "EMA teacher": 4 if ema_teacher else 0}
-    per = sum(parts.values())
+    bytes_per_parameter = sum(parts.values())
     # + the config and tokenizer files, and the optimizer's extra state, the dataloader state, fsdp_config.json
     extra = sum(tree_bytes(p) for p in model_dir.iterdir() if p.is_file() and p.suffix not in (".safetensors", ".bin"))
     extra += SMALL_FILES
-    return SaveSize(bytes=parameters * per + extra, parameters=parameters, per_parameter=per,
+    return SaveSize(bytes=parameters * bytes_per_parameter + extra, parameters=parameters, per_parameter=bytes_per_parameter,
                     parts=", ".join(name for name, size in parts.items() if size))
 
 
@@ -117,9 +107,15 @@ def saves_in_run(*, total: int | None, start: int, save_freq: int, last_step_sav
 
 
 def prunable(ckpt_dir: Path, *, keep: int | None, resume_step: int | None) -> list[tuple[Path, str]]:
-    """``(global_step_N, why)`` that ``prune`` removes (see the module docstring)."""
+    """``(global_step_N, why)`` that ``prune`` removes.
+
+    verl applies ``trainer.max_actor_ckpt_to_keep`` (SFT: ``trainer.max_ckpt_to_keep``) to the saves of one
+    launch only, and removes a save's model shards but not its folder. This adds the older saves of earlier
+    launches beyond that count, the folders verl emptied, and the partial saves past the one the run
+    resumes from (a save interrupted by a full disk or a kill: it is written again); never the save the run
+    resumes from."""
     found = step_dirs(ckpt_dir) if Path(ckpt_dir).is_dir() else []
-    whole, out = [], []
+    whole, removable = [], []
     for step, folder in found:
         if step == resume_step:
             whole.append((step, folder))
@@ -128,21 +124,23 @@ def prunable(ckpt_dir: Path, *, keep: int | None, resume_step: int | None) -> li
             check_resumable(folder)
         except cli.InputError:
             if resume_step is not None and step > resume_step:
-                out.append((folder, f"a partial save past the resumed step {resume_step} (it is written again)"))
+                removable.append((folder, f"a partial save past the resumed step {resume_step} (it is written again)"))
             elif whole or (resume_step is not None and step < resume_step):
-                out.append((folder, "an emptied or partial save older than the last whole one"))
+                removable.append((folder, "an emptied or partial save older than the last whole one"))
             continue
         if resume_step is None or step <= resume_step:
             whole.append((step, folder))
     if keep is not None and keep > 0:
         kept = [step for step, _ in whole[:keep]]
-        out += [(folder, f"retention keeps the {keep} newest save(s) ({', '.join(f'global_step_{s}' for s in kept)})")
+        removable += [(folder, f"retention keeps the {keep} newest save(s) ({', '.join(f'global_step_{s}' for s in kept)})")
                 for step, folder in whole[keep:] if step != resume_step]
-    return out
+    return removable
 
 
 def plan_disk(recipe: Recipe, cfg, *, ckpt_dir: Path, resume_step: int | None, environ) -> DiskPlan:
-    """The disk line of a launch; raises NoSpaceError when one save cannot fit (see the module docstring)."""
+    """The disk line of a launch (the size one save writes, ``save_bytes``; the free space of the checkpoint
+    directory's file system; how many saves retention keeps); raises NoSpaceError (exit 2) when one save
+    cannot fit, counting what retention removes first (``prunable``)."""
     keep_key = retention_key(recipe)
     keep = composer.select(cfg, keep_key)
     keep = int(keep) if keep not in (None, "null") else None
@@ -193,7 +191,8 @@ def prune(ckpt_dir: Path, plan: DiskPlan, *, log=print) -> int:
 
 
 def failure_line(ckpt_dir: Path, plan: DiskPlan, *, log_text: str = "") -> str | None:
-    """After a failed launch: one line when a save failed on a full disk (None otherwise)."""
+    """After a failed launch: one line when a save failed on a full disk (the partial save, the space one save
+    needs, the last whole save to resume from); None otherwise."""
     free = cli.free_bytes(ckpt_dir)
     need = plan.save.bytes if plan.save else None
     full = any(text in log_text for text in cli.FULL_DISK_TEXTS) or (need is not None and free < need)

@@ -1,16 +1,11 @@
-"""The processes of one launch, found and killed together.
+"""The processes of one launch, found and killed together (Linux ``/proc``).
 
-The launcher starts verl in a new session, but that session does not hold the whole run: Ray's
-daemons and workers, started by the driver, put themselves in process groups of their own, so a
-kill of the launch's group leaves them running (holding memory, and GPUs on a cluster). Every
-process of a launch inherits its environment, so the launcher marks it with ``LAUNCH_ID_ENV`` and
-``kill_launch`` kills every process on this node whose environment carries the mark (Linux
-``/proc``). Workers on other nodes of a ``ray start`` cluster are the job's and end with it.
-
-A launch that joined a cluster the user started (``RAY_ADDRESS``, recipe.launch.cluster) owns no Ray
-daemon: ``kill_launch(..., joined_cluster=True)`` never kills one (``is_ray_daemon``), even if it
-carried the mark; Ray itself ends the job's workers on every node when the driver dies.
-``run_marked`` starts and follows one such command (a launch's driver, a sweep's stage).
+Ray's daemons and workers, started by the driver, leave the launch's session for process groups of their
+own, so killing the group leaves them running (holding memory, and GPUs on a cluster). The launcher marks
+every process of a launch through its environment (``LAUNCH_ID_ENV``); ``kill_launch`` kills every
+process on this node that carries the mark, and never a Ray daemon (``is_ray_daemon``) of a cluster the
+user started (``RAY_ADDRESS``, ``recipe.launch.cluster``): Ray ends the job's workers on every node when
+the driver dies. ``run_marked`` starts and follows one such command (a launch's driver, a sweep's stage).
 """
 
 from __future__ import annotations

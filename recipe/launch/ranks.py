@@ -1,19 +1,9 @@
 """Batch sizes that split evenly over the ranks a launch runs on, checked before Ray starts.
 
-verl splits every step's samples over the data-parallel ranks and each rank's share into
-micro-batches; a size that does not divide fails mid-run (an ``AssertionError`` in a worker after
-Ray, the model and the rollout server have started). ``check_rank_division(recipe, cfg)`` applies
-the same arithmetic to the composed config and raises a ``ValueError`` naming the value to change.
-
-    ranks        = trainer.n_gpus_per_node x trainer.nnodes   (CPU: CPU_NUM_RANKS; GPU: NGPUS / NNODES)
-    samples      = data.train_batch_size x actor_rollout_ref.rollout.n       (RL recipes, per step)
-    per rank     = samples / ranks               each must divide by the log-prob micro-batches
-    mini per rank = actor.ppo_mini_batch_size x rollout.n / ranks   must divide by ppo_micro_batch_size_per_gpu
-    SFT          = data.train_batch_size / ranks  must divide by data.micro_batch_size_per_gpu
-
-Micro-batch sizes are checked only where verl uses them: without dynamic batching (``use_dynamic_bsz``
-false: the CPU platform; with it, token budgets replace them), and for the roles the recipe runs
-(GRPO: the actor's old log-probs and the reference; OPSD: the frozen teacher on the reference role).
+verl splits every step's samples over the data-parallel ranks and each rank's share into micro-batches;
+a size that does not divide fails mid-run (an ``AssertionError`` in a worker after Ray, the model and the
+rollout server have started). ``check_rank_division(recipe, cfg)`` (``recipe.launch.run``) applies the
+same arithmetic to the composed config and raises a ``ValueError`` naming the value to change.
 """
 
 from __future__ import annotations
@@ -35,7 +25,19 @@ def _fix(key: str, value: int, total: int, what: str) -> str:
 
 
 def check_rank_division(recipe: str, cfg) -> None:
-    """ValueError (one line: the value, the arithmetic, the fix) unless ``cfg``'s batch sizes split over its ranks."""
+    """ValueError (one line: the value, the arithmetic, the fix) unless ``cfg``'s batch sizes split over its ranks::
+
+        ranks         = trainer.n_gpus_per_node x trainer.nnodes   (CPU: CPU_NUM_RANKS; GPU: NGPUS / NNODES)
+        samples       = data.train_batch_size x actor_rollout_ref.rollout.n       (RL recipes, per step)
+        per rank      = samples / ranks               each must divide by the log-prob micro-batches
+        mini per rank = actor.ppo_mini_batch_size x rollout.n / ranks   must divide by ppo_micro_batch_size_per_gpu
+        SFT           = data.train_batch_size / ranks  must divide by data.micro_batch_size_per_gpu
+
+    Micro-batch sizes are checked only where verl uses them: without dynamic batching (``use_dynamic_bsz``
+    false: the CPU platform; with it, token budgets replace them), and for the roles the recipe runs
+    (``LOG_PROB_ROLES``: GRPO the actor's old log-probs and, with ``use_kl_loss``, the reference; OPSD the
+    frozen teacher on the reference role).
+    """
     ranks = int(_get(cfg, "trainer.n_gpus_per_node") or 1) * int(_get(cfg, "trainer.nnodes") or 1)
     if recipe == "sft":
         batch, micro = int(_get(cfg, "data.train_batch_size")), _get(cfg, "data.micro_batch_size_per_gpu")

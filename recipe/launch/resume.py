@@ -1,23 +1,10 @@
 """A relaunch on a checkpoint directory: a finished run is not trained again, another config is not resumed.
 
-verl resumes from the newest save of ``trainer.default_local_dir`` (``trainer.resume_mode=auto``) and
-then trains one more step whatever the step count, and it resumes a save with whatever config it is
-given. ``check_resume(...)`` decides before Ray starts:
-
-- the save the run resumes from (``recipe.launch.checks``) is at or past ``trainer.total_training_steps``:
-  the run is finished; the launch says so (the step and the save) and exits 0 without training.
-  Raising the step count (``STEPS``) continues it.
-- the resolved config of the launch that wrote that save (the reference: ``reference_config``) differs
-  from this launch's in a key other than those a relaunch may change (``may_change``): the launch
-  refuses, one line per differing key, with the way to start fresh (another ``CKPT_DIR``) or to resume
-  anyway (``RESUME_WITH_CHANGES=1``).
-
-Which launch wrote a save: every launch writes its resolved config to ``launch_config[.N].yaml`` in
-its checkpoint directory when it starts (``recipe.launch.run.execute``) and holds the directory's
-lock while it runs (``recipe.launch.lock``), so the launches of one directory never overlap; the
-save of step N was written by the last launch that started before it, i.e. the newest
-``launch_config*.yaml`` older than the save's dataloader state (the last file of a save). A save
-without such a config (a run started by verl directly, a copied directory) is not compared.
+verl resumes from the newest save of ``trainer.default_local_dir`` (``trainer.resume_mode=auto``), then
+trains one more step whatever the step count, and resumes a save with whatever config it is given.
+``check_resume(...)`` (``recipe.launch.checks.check_launch``) decides before Ray starts: a finished run
+exits 0; a config that differs from the one of the launch that wrote the save (``reference_config``) in
+a key a relaunch may not change (``may_change``) is refused, one line per key. docs/launch.md.
 """
 
 from __future__ import annotations
@@ -75,14 +62,14 @@ def flatten(tree, prefix: str = "") -> dict[str, object]:
     """``{"a": {"b": 1}, "c": [1, 2]} -> {"a.b": 1, "c": [1, 2]}`` (lists are values)."""
     if not isinstance(tree, dict):
         return {prefix: tree}
-    out: dict[str, object] = {}
+    flat: dict[str, object] = {}
     for key, value in tree.items():
         name = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, dict) and value:
-            out.update(flatten(value, name))
+            flat.update(flatten(value, name))
         else:
-            out[name] = value
-    return out
+            flat[name] = value
+    return flat
 
 
 def step_of(folder: Path) -> int:
@@ -90,7 +77,14 @@ def step_of(folder: Path) -> int:
 
 
 def reference_config(resume_dir: Path) -> Path | None:
-    """The ``launch_config*.yaml`` of the launch that wrote ``resume_dir`` (see the module docstring), or None."""
+    """The ``launch_config*.yaml`` of the launch that wrote ``resume_dir``, or None (a run started by verl
+    directly, a copied directory: not compared).
+
+    Every launch writes its resolved config to ``launch_config[.N].yaml`` in its checkpoint directory when it
+    starts (``recipe.launch.run.execute``) and holds the directory's lock while it runs (``recipe.launch.lock``),
+    so the launches of one directory never overlap: the save of step N was written by the last launch that
+    started before it, i.e. the newest ``launch_config*.yaml`` older than the save's dataloader state (the
+    last file of a save)."""
     run_dir = Path(resume_dir).parent
     state = dataloader_state(resume_dir)
     saved = (state or Path(resume_dir)).stat().st_mtime_ns
@@ -141,7 +135,14 @@ def config_changes(reference: dict, current: dict, *, allowed: set[str] = frozen
 
 def check_resume(recipe: Recipe, cfg, *, resume_dir: Path | None, ckpt_dir: Path, overrides: Sequence[str],
                  anyway: bool = False) -> Resume:
-    """Finished run / another config of the module docstring; raises ConfigChangedError when refusing."""
+    """What a relaunch on ``resume_dir`` (from ``recipe.launch.checks``) does; raises ConfigChangedError when refusing.
+
+    - the save is at or past ``trainer.total_training_steps``: the run is finished; ``finished`` says so (the
+      step and the save) and the launch exits 0 without training (raising ``STEPS`` continues it);
+    - the resolved config of the launch that wrote it (``reference_config``) differs from this launch's in a
+      key a relaunch may not change (``may_change``): refused, one line per differing key, with the way to
+      start fresh (another ``CKPT_DIR``) or to resume anyway (``RESUME_WITH_CHANGES=1``, ``anyway``).
+    """
     if resume_dir is None:
         return Resume()
     from omegaconf import OmegaConf

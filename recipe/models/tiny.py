@@ -1,19 +1,12 @@
 """Tiny Qwen3-architecture causal LM and a local character-level tokenizer (no download).
 
-Used by the tests, the CPU demos (``recipe.toy.demo``) and the toy student (``recipe.toy.student``).
-
-- ``build_char_tokenizer()`` returns a ``PreTrainedTokenizerFast`` whose vocabulary is one
-  token per character (printable ASCII, newline, tab and a few math/LaTeX symbols), so
-  every digit is a single token, plus the Qwen3 chat specials; optional ``phrases`` (fixed
-  prompt texts) become single added tokens, so boilerplate does not cost hundreds of positions. The chat template is the
-  project's Qwen3-style template (``recipe/common/chat_templates/qwen3.jinja``), which
-  supports ``enable_thinking``.
-- ``build_tiny_model(out_dir, ...)`` saves a randomly initialised ``Qwen3ForCausalLM``
-  (untied lm_head: the OPSD teacher keeps a frozen copy of it), the tokenizer and a
-  generation config to ``out_dir`` with ``save_pretrained``. Deterministic given ``seed``.
-
-CLI: ``python -m recipe.toy.demo --out-dir tiny`` (the model, and the tiny CPU
-demo's data).
+``build_char_tokenizer()``: one token per character (every digit a single token) plus the Qwen3 chat
+specials and optional single-token ``phrases``, with the project's Qwen3-style template
+(``recipe/common/chat_templates/qwen3.jinja``, which has the ``enable_thinking`` switch).
+``build_tiny_model(out_dir, ...)``: a random ``Qwen3ForCausalLM`` (untied lm_head: the OPSD teacher keeps
+a frozen copy of it), the tokenizer and a generation config, deterministic given ``seed``. Used by the
+tests, the CPU demos (``recipe.toy.demo``) and the toy student (``recipe.toy.student``); CLI:
+``python -m recipe.toy.demo --out-dir tiny`` (the model, and the tiny CPU demo's data).
 """
 
 from __future__ import annotations
@@ -81,8 +74,9 @@ def build_char_tokenizer(
         chat_template: jinja chat template; ``None`` loads ``chat_templates/qwen3.jinja``.
         model_max_length: stored as the tokenizer's ``model_max_length``.
         phrases: texts that each become one (non-special) added token after ``</think>``, in
-            order; the tokenizer matches them before splitting the rest into characters
-            (leftmost-longest). Each must be at least 2 characters and unique.
+            order (fixed prompt texts: boilerplate then costs no hundreds of positions); the tokenizer
+            matches them before splitting the rest into characters (leftmost-longest). Each must be at
+            least 2 characters and unique.
     """
     from transformers import PreTrainedTokenizerFast
 

@@ -35,7 +35,21 @@ from recipe.opsd.startup import PREFLIGHT_FAILED, StartupError, prepare_config, 
 
 
 class OPSDTaskRunner(BaseTaskRunner):
-    """Maps the actor/rollout/teacher role to the OPSD worker and runs ``RayOPSDTrainer``."""
+    """Maps the actor/rollout/teacher role to the OPSD worker and runs ``RayOPSDTrainer``; a subclass may run
+    a subclass of either (``trainer_class``, ``worker_base``)."""
+
+    def trainer_class(self) -> type:
+        """The synchronous trainer ``run`` builds: ``RayOPSDTrainer`` or a subclass of it."""
+        from recipe.opsd.opsd_ray_trainer import RayOPSDTrainer
+
+        return RayOPSDTrainer
+
+    def worker_base(self, config) -> type:
+        """The worker class the role's worker subclasses (``worker_class_for``): ``OPSDActorRolloutRefWorker``
+        or a subclass of it."""
+        from recipe.opsd.worker import OPSDActorRolloutRefWorker
+
+        return OPSDActorRolloutRefWorker
 
     def run(self, config):
         from verl.single_controller.ray import RayWorkerGroup
@@ -45,7 +59,6 @@ class OPSDTaskRunner(BaseTaskRunner):
         from verl.utils.dataset.rl_dataset import collate_fn
         from verl.workers.config import HFModelConfig
 
-        from recipe.opsd.opsd_ray_trainer import RayOPSDTrainer
         from recipe.opsd.worker import worker_class_for
 
         print(f"OPSD TaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
@@ -61,7 +74,7 @@ class OPSDTaskRunner(BaseTaskRunner):
         ).get("rank", 0))
         # no second copy for live (the actor module) and LoRA frozen_initial (adapters disabled)
         role = Role.ActorRolloutRef if uses_reference_slot(opsd, lora=lora) else Role.ActorRollout
-        worker_cls = worker_class_for(OmegaConf.to_container(config.opsd, resolve=True))
+        worker_cls = worker_class_for(OmegaConf.to_container(config.opsd, resolve=True), base=self.worker_base(config))
         self.role_worker_mapping[role] = ray.remote(worker_cls)
         self.mapping[role] = "global_pool"
 
@@ -75,7 +88,7 @@ class OPSDTaskRunner(BaseTaskRunner):
             config.data.val_files, config.data, tokenizer, processor, is_train=False,
             max_samples=config.data.get("val_max_samples", -1),
         )
-        trainer = RayOPSDTrainer(
+        trainer = self.trainer_class()(
             config=config,
             tokenizer=tokenizer,
             processor=processor,
@@ -94,8 +107,14 @@ class OPSDTaskRunner(BaseTaskRunner):
 
 @hydra.main(config_path="config", config_name="opsd_trainer", version_base=None)
 def main(config):
+    run(config)
+
+
+def run(config, *, runner: type = OPSDTaskRunner, checks=startup_checks) -> None:
+    """The launch of ``config`` with ``runner`` (``OPSDTaskRunner`` or a subclass) after ``checks`` (``startup_checks``
+    or a superset of them, raising ``StartupError``); a run with an ``async_training`` block gets its own runner."""
     try:  # every check before Ray starts (recipe.opsd.startup); the launcher ran them too
-        startup = startup_checks(config)
+        startup = checks(config)
     except StartupError as err:
         print(err.line, file=sys.stderr)
         sys.exit(2)
@@ -113,7 +132,6 @@ def main(config):
             config.trainer.resume_from_path = str(startup.resume_dir)
     if startup.preflight_line:
         print(startup.preflight_line)
-    runner = OPSDTaskRunner
     try:  # rollouts that overlap training: the verl values the mode derives, before Ray
         settings = async_settings(config, opsd=True)
         if settings is not None:

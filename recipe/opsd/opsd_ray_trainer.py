@@ -9,13 +9,10 @@ runs on verl's one-step-off and fully-async trainers (``recipe.opsd.opsd_async_t
 
 from __future__ import annotations
 
-import os
-import shutil
 import uuid
 from pprint import pprint
 
 import numpy as np
-import ray
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -43,37 +40,23 @@ class RayOPSDTrainer(OPSDStepMixin, RayPPOTrainer):
         self.use_critic = False
         self.use_rm = False
         self._init_opsd(opsd_config)
-        self.cells = None  # opsd.cells: the Cells schedule, set up by fit
 
     def _training_batches(self, current_epoch: int):
-        """``(epoch, batch_dict)`` of every step: verl's epochs over the dataloader; with ``opsd.cells``, the
-        first cell's batches (drawn from the dataloader) and the same batches again for every later cell,
-        each cell started from the initial student (``Cells``)."""
-        if not self.opsd.cells:
-            for epoch in range(current_epoch, self.config.trainer.total_epochs):
-                for batch_dict in self.train_dataloader:
-                    yield epoch, batch_dict
-            return
-        dataloader = ((epoch, b) for epoch in range(current_epoch, self.config.trainer.total_epochs)
-                      for b in self.train_dataloader)
-        self.cells = Cells(self, directory=os.path.join(self.config.trainer.default_local_dir, "cell_start"))
-        first = []
-        for index in range(len(self.cells.configs)):
-            self.cells.start(index)
-            for step in range(self.cells.steps):
-                if index == 0:
-                    first.append(next(dataloader, None))
-                    if first[-1] is None:
-                        raise RuntimeError(f"opsd.cells: each cell trains {self.cells.steps} steps, but the data has "
-                                           f"{step} batches (trainer.total_epochs x batches per epoch)")
-                if not self.cells.stopped:  # a cell the monitor stopped skips its other steps
-                    self.global_steps = self.cells.first_step + step
-                    yield first[step]
+        """``(epoch, batch_dict)`` of every step: verl's epochs over the dataloader."""
+        for epoch in range(current_epoch, self.config.trainer.total_epochs):
+            for batch_dict in self.train_dataloader:
+                yield epoch, batch_dict
+
+    def _after_step(self, stop: bool, metrics: dict) -> bool:
+        """Whether the run stops after this step's OPSD step (before its checkpoint and logging): ``stop`` as the
+        step said. A subclass may add to ``metrics`` or end a segment of the run instead of the run."""
+        return stop
 
     def fit(self):
         """verl 0.9.1's ``RayPPOTrainer.fit`` with the PPO step replaced by the OPSD step. Also differs: the
         pre-flight divergence before the first rollout, a run that the collapse monitor stopped or that finished
-        is not trained again, a stop ends the run, and ``opsd.cells`` (``_training_batches``, ``Cells``)."""
+        is not trained again, a stop ends the run; the batches come from ``_training_batches`` and each step's
+        stop goes through ``_after_step``."""
         if self._dump_executor._shutdown:
             self._init_dump_executor()
         logger = Tracking(
@@ -150,9 +133,7 @@ class RayOPSDTrainer(OPSDStepMixin, RayPPOTrainer):
 
                 metrics.update({"training/epoch": epoch, "training/resumed_from_step": resumed_from_step})
                 stop = self._opsd_step(batch, metrics=metrics, timing_raw=timing_raw)
-                if self.cells is not None:
-                    metrics["opsd/cell"] = self.cells.index
-                    stop = self.cells.end_early(stop)  # a stop ends the cell; the launch goes on to the next
+                stop = self._after_step(stop, metrics)
                 esi_close_to_expiration = should_save_ckpt_esi(
                     max_steps_duration=self.max_steps_duration,
                     redundant_time=self.config.trainer.esi_redundant_time,
@@ -213,76 +194,9 @@ class RayOPSDTrainer(OPSDStepMixin, RayPPOTrainer):
                     self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=True)
                 self._shutdown_dump_executor()
                 progress_bar.close()
-                if self.cells is not None:
-                    self.cells.close()
                 self._finish_run(stop=stop)
                 return
             if hasattr(self.train_dataset, "on_batch_end"):
                 self.train_dataset.on_batch_end(batch=batch)
         self._shutdown_dump_executor()
 
-
-class Cells:
-    """``opsd.cells`` on a ``RayOPSDTrainer``: several short runs in one launch (the compatibility probe's cells).
-
-    Before the first cell the actor's state (weights, optimizer, learning-rate schedule, RNG) is saved with verl's
-    worker checkpoint call under ``directory``; every later cell loads it back, pushes those weights to the rollout
-    and switches the trainer's and the workers' ``opsd`` block to its own (``OPSDConfig.cell_configs``,
-    ``set_opsd_cell``), with a new collapse monitor whose windows count the cell's steps. A cell with its own
-    ``temperature`` sets verl's agent-loop workers' sampling temperature (``set_sampling_temperature``). The trainer
-    replays the first cell's batches (``_training_batches``).
-    """
-
-    def __init__(self, trainer: RayOPSDTrainer, *, directory: str):
-        self.trainer, self.directory = trainer, directory
-        self.base = trainer.opsd
-        self.configs = self.base.cell_configs()
-        launch_temperature = float(trainer.config.actor_rollout_ref.rollout.temperature)
-        self.temperatures = self.base.cell_temperatures(launch=launch_temperature)
-        self.sampling_temperature = launch_temperature
-        self.steps = trainer.total_training_steps // len(self.configs)
-        self.index, self.first_step, self.stopped = -1, 1, False
-        trainer.actor_rollout_wg.save_checkpoint(directory, None, 0, max_ckpt_to_keep=None)
-
-    def start(self, index: int) -> None:
-        trainer = self.trainer
-        if index > 0:
-            trainer.checkpoint_manager.sleep_replicas()
-            trainer.actor_rollout_wg.load_checkpoint(self.directory, None, del_local_after_load=False)
-            trainer.checkpoint_manager.update_weights(trainer.global_steps)
-        trainer.actor_rollout_wg.set_opsd_cell(index)
-        trainer._init_opsd(self.configs[index])
-        if self.temperatures[index] != self.sampling_temperature:
-            self.sampling_temperature = self.temperatures[index]
-            trainer.config.actor_rollout_ref.rollout.temperature = self.sampling_temperature
-            set_sampling_temperature(trainer.async_rollout_manager.agent_loop_workers, self.sampling_temperature)
-        trainer.step_offset, trainer.cell_steps = index * self.steps, self.steps
-        self.index, self.first_step, self.stopped = index, index * self.steps + 1, False
-        print(f"[opsd] cell {index + 1}/{len(self.configs)}: steps {self.first_step}-{self.first_step + self.steps - 1}, "
-              f"{self.base.cells[index]}", flush=True)
-
-    def end_early(self, stop: bool) -> bool:
-        """A stop (collapse monitor, non-finite guard) ends this cell when another follows: False then."""
-        if not stop or self.index == len(self.configs) - 1:
-            return stop
-        self.stopped = True
-        print(f"[opsd] cell {self.index + 1} stopped at step {self.trainer.global_steps}; the next cell starts", flush=True)
-        return False
-
-    def close(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def set_sampling_temperature(agent_loop_workers, temperature: float) -> None:
-    """The sampling temperature of verl's agent-loop workers (read from their ``rollout_config`` on every
-    ``generate_sequences``; verl fixes it when the worker starts): set on each worker through Ray's ``__ray_call__``."""
-
-    def apply(worker, value):
-        import dataclasses
-
-        worker.rollout_config = dataclasses.replace(worker.rollout_config, temperature=value)
-        return worker.rollout_config.temperature
-
-    served = ray.get([worker.__ray_call__.remote(apply, float(temperature)) for worker in agent_loop_workers])
-    if served != [float(temperature)] * len(agent_loop_workers):
-        raise RuntimeError(f"agent-loop workers sample at {served}, not {temperature}")

@@ -80,9 +80,10 @@ MONITOR_STATE_FILE = "opsd_monitor.json"
 class OPSDStepMixin:
     """The OPSD step (see the module docstring); mixed in before a verl trainer class."""
 
-    # opsd.cells: the global steps before the current cell and its steps (a run: 0 and None = all of them); the
-    # collapse monitor, the objective's schedule and the loss positions' seed count the cell's own steps
-    step_offset, cell_steps = 0, None
+    # a segment of the run that counts its own steps (set by a subclass that trains several short runs in one launch):
+    # the global steps before it and its steps (a plain run: 0 and None = all of them); the collapse monitor, the
+    # objective's schedule and the loss positions' seed count the segment's own steps
+    step_offset, segment_steps = 0, None
     # the trained samples come from an older policy than the trainer's (verl's async trainers)
     stale_samples = False
 
@@ -229,10 +230,10 @@ class OPSDStepMixin:
         )
 
     def _step_values(self, *, updates_per_step: int) -> dict[str, float]:
-        """The objective's values for this step (0-based: global_steps - step_offset - 1 of the run's or the cell's
+        """The objective's values for this step (0-based: global_steps - step_offset - 1 of the run's or the segment's
         steps), e.g. beta-OPSD's teacher weight, RLSD's lambda."""
         return self.objective.step_values(step=self.global_steps - self.step_offset - 1,
-                                          total_steps=int(self.cell_steps or self.total_training_steps),
+                                          total_steps=int(self.segment_steps or self.total_training_steps),
                                           updates_per_step=updates_per_step)
 
     def _updates_per_step(self, rows: int) -> int:

@@ -166,8 +166,7 @@ def prepare_config(config) -> OPSDConfig:
             f"opsd.loss.student_temperature {opsd.loss.student_temperature}"
         )
     actor = config.actor_rollout_ref.actor
-    _check_objective(config, opsd)
-    _check_cells(config, opsd)
+    check_objective(config, opsd)
     if opsd.loss.position_kind in ("he", "le") and (
         actor.ppo_mini_batch_size != config.data.train_batch_size or actor.get("ppo_epochs", 1) != 1
     ):
@@ -179,29 +178,10 @@ def prepare_config(config) -> OPSDConfig:
     return opsd
 
 
-def _check_cells(config, opsd: OPSDConfig) -> None:
-    """opsd.cells: equal whole cells, on the synchronous trainer, no checkpoint (a resume would not know the cell)."""
-    if not opsd.cells:
-        return
-    from recipe.async_rl.config import async_settings
-
-    for cell in opsd.cell_configs():
-        _check_objective(config, cell)
-    steps, n = config.trainer.get("total_training_steps"), len(opsd.cells)
-    if not isinstance(steps, int) or steps % n:
-        raise ValueError(f"opsd.cells: trainer.total_training_steps ({steps}) must be a multiple of the {n} cells "
-                         "(each cell trains total_training_steps / len(opsd.cells) steps)")
-    if async_settings(config, opsd=True) is not None:
-        raise ValueError("opsd.cells runs on the synchronous trainer: remove the async_training block")
-    trainer = config.trainer
-    if trainer.save_freq > 0 or trainer.resume_mode != "disable":
-        raise ValueError(f"opsd.cells: set trainer.save_freq=-1 and trainer.resume_mode=disable (got {trainer.save_freq}, "
-                         f"{trainer.resume_mode}): a launch of cells saves no checkpoint and starts from the initial student")
-
-
-def _check_objective(config, opsd: OPSDConfig) -> None:
-    """The task reward needs groups of rollouts; the surrogate's pS_old of stale samples is the rollout's
-    log-probs (``needs_behaviour_log_probs``; fresh samples: the actor's own, always available)."""
+def check_objective(config, opsd: OPSDConfig) -> None:
+    """The objective of ``opsd`` against the launch's ``config``: the task reward needs groups of rollouts; the
+    surrogate's pS_old of stale samples is the rollout's log-probs (``needs_behaviour_log_probs``; fresh samples:
+    the actor's own, always available)."""
     loss = opsd.loss
     n = int(config.actor_rollout_ref.rollout.n)
     objective = loss.build_objective()

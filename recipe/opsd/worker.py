@@ -145,20 +145,6 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
             self._teacher_head_VH = loss_fn.keywords["teacher_weight_VH"]
             self.actor.engine.opsd_after_optimizer_step = self._ema_teacher_step
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def set_opsd_cell(self, index: int) -> None:
-        """``opsd.cells[index]`` (``OPSDConfig.cell_configs``) is this worker's block from the next update on:
-        its loss settings and objective; the teacher's weights and head stay."""
-        if self.actor is None:
-            return
-        from recipe.opsd.core.config import OPSDConfig
-
-        self.opsd = OPSDConfig.from_hydra(self.opsd_config).cell_configs()[index]
-        current = self.actor.loss_fn
-        self.objective = self.opsd.loss.build_objective()
-        self.actor.set_loss_fn(partial(current.func, **{**current.keywords, "loss_config": self.opsd.loss,
-                                                        "objective": self.objective}))
-
     def _check_teacher_tokenizer(self, teacher_config) -> None:
         """A kind that loads_path: the teacher's tokenizer and vocabulary size are the student's (also
         checked before Ray for local models; here for Hub ids, after the download)."""
@@ -349,9 +335,9 @@ def _preflight_loss(model_output, data, dp_group=None, *, loss_config, teacher_w
     return hidden_bRH.new_zeros(()), {}
 
 
-def worker_class_for(opsd_config: dict) -> type:
-    """An ``OPSDActorRolloutRefWorker`` subclass carrying the ``opsd:`` block (pickled to Ray by value);
-    a teacher kind that loads_path: its reference slot loads ``opsd.teacher.path``."""
+def worker_class_for(opsd_config: dict, *, base: type = OPSDActorRolloutRefWorker) -> type:
+    """A subclass of ``base`` (``OPSDActorRolloutRefWorker`` or a subclass of it) carrying the ``opsd:`` block
+    (pickled to Ray by value); a teacher kind that loads_path: its reference slot loads ``opsd.teacher.path``."""
     from recipe.opsd.core.teacher_kinds import DEFAULT_TEACHER_KIND, teacher_kind
 
     attrs = {"opsd_config": dict(opsd_config)}
@@ -360,4 +346,4 @@ def worker_class_for(opsd_config: dict) -> type:
         attrs["ref_worker_cls"] = type(
             "OPSDTeacherCheckpointWorker", (OPSDTrainingWorker,), {"model_path_override": str(teacher["path"])}
         )
-    return type("OPSDWorker", (OPSDActorRolloutRefWorker,), attrs)
+    return type("OPSDWorker", (base,), attrs)

@@ -1,5 +1,5 @@
 """The probe's cells: one setting of the axes the probe varies (teacher context, reasoning modes, clip, temperature,
-beta, learning rate), their grid, and which cells share a launch (``opsd.cells``)."""
+beta, learning rate), their grid, and which cells share a launch (``probe.cells``: ``recipe.probe.cell_configs``)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def grid(*, contexts, modes, clip_taus, temperatures) -> list[Cell]:
 
 
 def launch_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
-    """The cells that share a launch (``opsd.cells``): the same student prompts (student mode; a context that
+    """The cells that share a launch (``probe.cells``): the same student prompts (student mode; a context that
     changes the student prompt: that context) and learning rate (the optimizer's, restored for every cell). In the
     order of ``cells``."""
     from recipe.common.prompts import student_style
@@ -73,7 +73,7 @@ def launch_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
 
 
 def cells_override(cells: Sequence[Cell]) -> str:
-    """``opsd.cells=[...]``: each cell's teacher context, teacher mode, clip tau, beta and temperature (sampling and
+    """``+probe.cells=[...]``: each cell's teacher context, teacher mode, clip tau, beta and temperature (sampling and
     loss); the learning rate is the launch's (``launch_groups``)."""
     items = []
     for cell in cells:
@@ -81,4 +81,4 @@ def cells_override(cells: Sequence[Cell]) -> str:
         beta = "" if cell.beta is None else f",beta:{cell.beta:g}"
         items.append(f"{{teacher_context:{cell.context},teacher_mode:{cell.teacher_mode},loss:{{clip_tau:{tau}{beta}}},"
                      f"temperature:{cell.temperature:g}}}")
-    return f"opsd.cells=[{','.join(items)}]"
+    return f"+probe.cells=[{','.join(items)}]"

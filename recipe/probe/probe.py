@@ -19,8 +19,9 @@ grid of cells -- teacher context x reasoning modes (student:teacher) x clip tau 
 2. runs each cell for K monitored OPSD steps through the launcher (``recipe.launch.run.plan`` /
    ``execute``): the cell's own config, batch and data order at the full run's peak learning rate from the
    first step (``probe_overrides``), no checkpoint; the cells that share student prompts
-   share one launch (``launch_groups``; ``opsd.cells``: each cell from the initial student on the same batches);
-3. classifies each cell (``recipe.analysis.compatibility``: gain / ineffective length growth / stable
+   share one launch (``launch_groups``; ``probe.cells`` on ``recipe.probe.main_cells``: each cell from the initial
+   student on the same batches);
+3. classifies each cell (``recipe.probe.verdicts``: gain / ineffective length growth / stable
    degradation / collapse / no measurable effect, every indicator with its threshold and its source) and
    recommends a cell or says that none is compatible.
 
@@ -167,17 +168,22 @@ def probe_overrides(config, *, steps: int, batch: int | None, cells: int = 1) ->
         out.append(f"data.train_batch_size={batch}")
     return out
 
+def cells_recipe(recipe):
+    """``recipe`` (the launcher's OPSD recipe) started by the cells' entry point, which checks ``probe.cells`` too."""
+    return dataclasses.replace(recipe, module="recipe.probe.main_cells",
+                               startup_checks="recipe.probe.main_cells:startup_checks")
+
 def run_cells_steps(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Sequence[str], steps: int,
                     batch: int | None, run_dir: Path, timeout_s: float | None = None) -> list[dict[str, Any]]:
     """Plan the first cell's full run (for its schedule), then launch K steps of every cell in one launch
-    (``opsd.cells``: each from the initial student on the same batches); per cell its rows (steps 1..K) and
-    its share of the launch."""
+    (``probe.cells`` on the cells' entry point, ``cells_recipe``: each from the initial student on the same batches);
+    per cell its rows (steps 1..K) and its share of the launch."""
     from recipe.analysis.run_logs import read_jsonl_metrics
     from recipe.launch.run import execute, plan
 
     argv = [*extra, *cells[0].overrides()]
     cfg = plan(recipe, settings, argv, demo=demo_inputs).config
-    launch = plan(recipe, dataclasses.replace(settings, ckpt_dir=str(run_dir), steps=None),
+    launch = plan(cells_recipe(recipe), dataclasses.replace(settings, ckpt_dir=str(run_dir), steps=None),
                   [*argv, *probe_overrides(cfg, steps=steps, batch=batch, cells=len(cells)), cells_override(cells)],
                   demo=demo_inputs)
     record = execute(launch, log=run_dir / "train.log", timeout_s=timeout_s)

@@ -1,21 +1,11 @@
 """Does the rollout server serve the trainer's weights? A log-prob probe after every weight push.
 
-Turned on for a launch by the verl external module ``recipe.rollout.sync_check`` with
-``OPSD_SYNC_CHECK_LOG=<path.jsonl>`` (``scripts/gpu_check.py`` does both; the tests' rollout hook uses
-the same functions). After each push the trainer-side adapter asks the rollout server to sample ``PROBE_NEW_TOKENS``
-tokens after a fixed prompt at temperature 1 with top-k / top-p off, so the returned
-(``processed_logprobs``) log-probs are the plain full-vocabulary ones, and compares them with a
-float32 Hugging Face forward of exactly the tensors the trainer pushed. One JSON line per push:
-``{"global_steps", "replica_rank", "max_abs_logprob_diff", "mean_abs_logprob_diff", "response_ids",
-"rollout_log_probs", "trainer_log_probs", "update_max_abs_logprob_diff"}``. A rollout that kept
-stale weights differs by the size of the update; one in sync differs by the engine's numerics only
-(vLLM float32: <= 5e-7 on the tiny Qwen3, <= 3e-5 on SmolLM2-135M; vLLM bfloat16 on SmolLM2: up to
-0.16, as large as one update, so a tight check needs ``rollout.dtype=float32``: docs/vllm_cpu.md).
-``update_max_abs_logprob_diff`` is the same comparison between the previous push's weights and
-this push's (null at the first push): how far a rollout that missed this push would be off, so a
-test can check that its tolerance could have failed.
-The probe keeps a float32 CPU copy of every pushed tensor and runs the reference forward on the
-CPU: a check for small models (the first-hour GPU check runs it on Qwen3-0.6B).
+After each push ``recipe.rollout.vllm_adapter.SyncCheckedvLLMServerAdapter`` calls ``probe_and_log``:
+the server samples ``PROBE_NEW_TOKENS`` tokens after a fixed prompt, their log-probs are compared with a
+float32 CPU forward of exactly the pushed tensors, and one JSON line per push goes to
+``OPSD_SYNC_CHECK_LOG``. Turned on by the external module ``recipe.rollout.sync_check``
+(``scripts/gpu_check.py``; the tests' rollout hook uses the same functions). Tolerances and the rollout
+dtype a check needs: docs/vllm_cpu.md#is-the-rollout-in-sync; measured: docs/results/cpu_path.md.
 """
 
 from __future__ import annotations
@@ -83,7 +73,17 @@ def _reference_model(hf_config, state_dict: dict[str, torch.Tensor]) -> torch.nn
 
 
 async def probe_and_log(*, server, hf_config, pushed: dict[str, torch.Tensor], global_steps, replica_rank: int, log_path: str) -> dict:
-    """Sample the probe from ``server``, compare with the float32 reference of ``pushed``, append a line."""
+    """Sample the probe from ``server``, compare with the float32 reference of ``pushed``, append a line.
+
+    The probe samples at temperature 1 with top-k / top-p off, so the returned (``processed_logprobs``)
+    log-probs are the plain full-vocabulary ones. The line: ``global_steps``, ``replica_rank``,
+    ``max_abs_logprob_diff`` / ``mean_abs_logprob_diff`` (rollout against the pushed weights),
+    ``response_ids``, ``rollout_log_probs``, ``trainer_log_probs`` and ``update_max_abs_logprob_diff``: the
+    same comparison between the previous push's weights and this push's (null at the first push), i.e.
+    how far a rollout that missed this push would be off, so a test can check that its tolerance could
+    have failed. A rollout that kept stale weights differs by the size of an update, one in sync by the
+    engine's numerics only.
+    """
     prompt_ids = probe_prompt_ids(vocab_size=int(hf_config.vocab_size))
     sampling_params = {
         "temperature": 1.0,
@@ -106,20 +106,20 @@ async def probe_and_log(*, server, hf_config, pushed: dict[str, torch.Tensor], g
             logits_TV = model(input_ids=token_ids_T[None]).logits[0]
         return response_log_probs(logits_TV=logits_TV, token_ids_T=token_ids_T, prompt_length=len(prompt_ids))
 
-    trainer_lp = reference_log_probs(pushed)
-    rollout_lp = torch.tensor(output.log_probs, dtype=torch.float64)
-    diff = (rollout_lp - trainer_lp).abs()
+    trainer_log_probs_R = reference_log_probs(pushed)
+    rollout_log_probs_R = torch.tensor(output.log_probs, dtype=torch.float64)
+    abs_diff_R = (rollout_log_probs_R - trainer_log_probs_R).abs()
     previous = _PREVIOUS_PUSH.get(replica_rank)
-    update_diff = None if previous is None else (reference_log_probs(previous) - trainer_lp).abs().max().item()
+    update_diff = None if previous is None else (reference_log_probs(previous) - trainer_log_probs_R).abs().max().item()
     _PREVIOUS_PUSH[replica_rank] = pushed
     record = {
         "global_steps": global_steps,
         "replica_rank": replica_rank,
-        "max_abs_logprob_diff": diff.max().item(),
-        "mean_abs_logprob_diff": diff.mean().item(),
+        "max_abs_logprob_diff": abs_diff_R.max().item(),
+        "mean_abs_logprob_diff": abs_diff_R.mean().item(),
         "response_ids": [int(t) for t in output.token_ids],
-        "rollout_log_probs": rollout_lp.tolist(),
-        "trainer_log_probs": trainer_lp.tolist(),
+        "rollout_log_probs": rollout_log_probs_R.tolist(),
+        "trainer_log_probs": trainer_log_probs_R.tolist(),
         "update_max_abs_logprob_diff": update_diff,
     }
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)

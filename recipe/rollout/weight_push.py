@@ -1,21 +1,12 @@
 """A weight push to the rollout server that cannot hang: bounded, liveness-checked ZMQ waits.
 
-verl 0.9.1's ``BucketedWeightSender`` (``verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py:103-190``),
-used by the vLLM ``ServerAdapter.update_weights`` on every weight sync, waits for the receiver's
-acknowledgement of each bucket with a blocking ZMQ ``recv()`` and no timeout (its first
-``send_pyobj`` on the REQ socket blocks until a receiver connects). When the receiving vLLM worker
-raises in ``update_weights_from_ipc`` (a weight name the model does not know, a shape mismatch, an
-out-of-memory while loading, vLLM-CPU's empty linear weights) or the server is dead, nothing
-acknowledges: the trainer waits forever and the error only lives in the server's log. GPU and CPU
-alike.
-
-``GuardedSocket`` makes every wait poll in ``POLL_SLICE_MS`` slices; between slices it checks the
-receiver's ``collective_rpc`` future (registered by ``track_receiver``, checked by
-``check_receiver``): a finished future raises the receiver's own error at once
-(``WeightReceiverFailed``); after ``OPSD_WEIGHT_SYNC_TIMEOUT_S`` seconds (default 900) without
-the awaited event it raises ``TimeoutError``. The run then exits non-zero instead of hanging.
-Used by ``recipe.rollout.vllm_adapter``. No verl / vLLM import here (zmq and ray are imported
-where used).
+verl 0.9.1's ``BucketedWeightSender`` (``verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py:103-190``)
+waits for each bucket's acknowledgement with a blocking ZMQ ``recv()`` (its first ``send_pyobj`` on the
+REQ socket until a receiver connects), so a receiver that raised or died hangs the trainer
+(docs/vllm_cpu.md#the-guarded-weight-push). ``GuardedSocket`` waits in ``POLL_SLICE_MS`` slices and
+raises the receiver's own error (``WeightReceiverFailed``: ``track_receiver`` / ``check_receiver``) or,
+after ``OPSD_WEIGHT_SYNC_TIMEOUT_S`` (default 900 s) without the awaited event, a ``TimeoutError``.
+Used by ``recipe.rollout.vllm_adapter``; no verl / vLLM import (zmq and ray are imported where used).
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Toy-world files: RL parquet (verl schema), SFT parquet (the SFT mix) and the held-out JSONL.
 
-- ``rl_rows(records)``: verl parquet rows (``data_prep.common.make_row``); the student prompt is
-  ``recipe.common.prompts.student_messages`` and the teacher prompt is built at run time by the
-  OPSD trainer from ``extra_info``.
-- ``sft_rows(records, mix=..., seed=...)``: one SFT conversation per training problem. The user
-  turn is drawn from the SFT mix: the student prompt alone (``problem``), the evaluation prompt
-  alone (``eval``: ``eval_messages``, the prompt the held-out evaluation uses), or a teacher
-  prompt of ``build_prompt_pair`` (``full_solution`` / ``answer_only``), so the student learns
-  to read the privileged context it will later be distilled from. The assistant turn is
-  ``data_prep.sft.sft_messages``'s (the reference solution), rendered without reasoning: in the
-  Qwen3 template an assistant turn with no reasoning carries the empty ``<think>`` block, the
-  same tokens as the no-think generation prompt, so the SFT model answers in no-think mode.
-- ``conversation_length(messages, tokenizer, ...)``: tokens of one SFT conversation (the caps check
-  of the demos, ``recipe.toy.demo.check_demo_rows``).
-- ``heldout_jsonl_rows(records)``: ``{id, problem, answer}`` rows for ``recipe.evaluation.harness``.
-- ``prompt_phrases()``: the fixed texts of every toy prompt (the paper's wording between the
-  record fields), which the toy tokenizer holds as single tokens.
-
-Pure stdlib + the project's prompt builders (no verl import).
+Built by ``recipe.toy.student`` and the demos (``recipe.toy.demo``): ``rl_rows`` (verl rows; the OPSD
+trainer builds the teacher prompt from ``extra_info`` at run time), ``sft_rows`` (one SFT conversation per
+training problem, its user turn drawn from the SFT mix), ``conversation_length`` (the demos' caps check),
+``heldout_jsonl_rows`` (rows for ``recipe.evaluation.harness``) and ``prompt_phrases`` (the fixed prompt
+texts the toy tokenizer holds as single tokens). Pure stdlib + the project's prompt builders (no verl).
 """
 
 from __future__ import annotations
@@ -38,7 +25,8 @@ DEFAULT_SFT_MIX = {"problem": 0.25, "eval": 0.25, "full_solution": 0.35, "answer
 
 
 def rl_rows(records: Sequence[Mapping]) -> list[dict]:
-    """verl parquet rows (student prompt + extra_info) of toy records."""
+    """verl parquet rows (``data_prep.common.make_row``) of toy records: the student prompt
+    (``student_messages``) + ``extra_info``, from which the OPSD trainer builds the teacher prompt at run time."""
     return [
         make_row(record, data_source=DATA_SOURCE, split=record["split"], prompt=student_messages(record["problem"]))
         for record in records
@@ -67,7 +55,15 @@ def sft_user_turn(kind: str, record: Mapping) -> list[dict[str, str]]:
 
 
 def sft_rows(records: Sequence[Mapping], *, mix: Mapping[str, float] = DEFAULT_SFT_MIX, seed: int = 0) -> list[dict]:
-    """One SFT row (``messages`` + ``extra_info`` + ``sft_kind``) per record; kinds drawn with ``seed``."""
+    """One SFT row (``messages`` + ``extra_info`` + ``sft_kind``) per record; kinds drawn with ``seed``.
+
+    The user turn is the student prompt alone (``problem``), the evaluation prompt alone (``eval``: the
+    prompt the held-out evaluation uses) or a teacher prompt of ``build_prompt_pair`` (``full_solution`` /
+    ``answer_only``), so the student learns to read the privileged context it will later be distilled from.
+    The assistant turn is ``data_prep.sft.sft_messages``'s (the reference solution) without reasoning: in
+    the Qwen3 template such a turn carries the empty ``<think>`` block, the same tokens as the no-think
+    generation prompt, so the SFT model answers in no-think mode.
+    """
     shares = check_mix(mix)
     rng = random.Random(seed)
     kinds, weights = list(shares), list(shares.values())

@@ -1,25 +1,13 @@
 """The two CPU demos of the launcher (``recipe.toy.cpu_demos``): their builders and the toy evaluation.
 
-- ``toy``: the SFT-trained toy student (``recipe.toy.student``, built once, ~3 min on 2 cores)
-  on two-digit addition; evaluated on the 256 held-out problems before and after training
-  (greedy accuracy, Avg@n, Pass@n, mean length). Each launch trains in a fresh
-  ``<student>/runs/<UTC time>-<recipe>`` directory. The recipe preset: ``config/demo/toy.yaml``.
-- ``tiny``: a random tiny Qwen3 (``recipe.models.tiny``) and 64 / 16 toy problems of the same
-  generator, cached in ``$OPSD_CACHE/tiny_qwen3`` and ``$OPSD_CACHE/tiny_data``; a few steps,
-  no evaluation (the machinery, not learning). Preset: ``config/demo/tiny.yaml``.
-
-What MODEL_PATH / TRAIN_FILES give is used instead and not built.
-
-CLI, the tiny demo's files for any command that needs a model or data (a dry run's TRAIN_FILES, the
-evaluation, the signal analysis, the data_prep filters)::
+``toy``: the SFT-trained toy student (``recipe.toy.student``) on two-digit addition, evaluated on the 256
+held-out problems before and after training. ``tiny``: a random tiny Qwen3 and 64 / 16 toy problems, a few
+steps, no evaluation (the machinery, not learning). Presets: ``config/demo/{toy,tiny}.yaml``; every launch
+of a demo first checks each row against the caps of every recipe that reads it (``check_demo_rows``);
+docs/launch.md#cpu-demos. The tiny demo's files for any command that needs a model or data (a dry run's
+TRAIN_FILES, the evaluation, the signal analysis, the data_prep filters)::
 
     python -m recipe.toy.demo --out-dir tiny    # tiny/model (random tiny Qwen3), tiny/{train,val,sft}.parquet
-
-Every launch of a demo first checks that each row of the demo's data fits the caps of every recipe
-that reads it, composed with that recipe's demo preset (``check_demo_rows``): an SFT conversation
-within ``data.max_length``, a student prompt within ``data.max_prompt_length``, an OPSD teacher
-prompt within ``opsd.teacher_max_prompt_length``. A preset whose cap no longer fits the data stops
-the launch before Ray with the row, its length and the preset to change.
 """
 
 from __future__ import annotations
@@ -72,7 +60,7 @@ def row_lengths(recipe: str, cfg, files: dict[str, Path], tokenizer) -> list[tup
     from recipe.common.chat import render_ids
     from recipe.common.prompts import build_prompt_pair
 
-    out = []
+    caps = []
     if recipe == "sft":
         frame = pd.read_parquet(files["sft"])
         thinking = cfg.data.get("enable_thinking_default")
@@ -86,17 +74,21 @@ def row_lengths(recipe: str, cfg, files: dict[str, Path], tokenizer) -> list[tup
         else:
             student_mode = _mode((cfg.data.get("apply_chat_template_kwargs") or {}).get("enable_thinking"))
         longest = max(len(render_ids(list(prompt), tokenizer, student_mode)) for prompt in frame["prompt"])
-        out.append((str(files[kind]), "data.max_prompt_length", int(cfg.data.max_prompt_length), longest))
+        caps.append((str(files[kind]), "data.max_prompt_length", int(cfg.data.max_prompt_length), longest))
         if opsd is not None:
             longest = max(len(render_ids(build_prompt_pair(opsd.teacher_context, dict(info))[1], tokenizer, teacher_mode))
                           for info in frame["extra_info"])
-            out.append((str(files[kind]), "opsd.teacher_max_prompt_length", int(opsd.teacher_max_prompt_length), longest))
-    return out
+            caps.append((str(files[kind]), "opsd.teacher_max_prompt_length", int(opsd.teacher_max_prompt_length), longest))
+    return caps
 
 
 def check_demo_rows(demo: str, files: dict[str, Path], tokenizer, *, overrides: dict[str, list[str]] | None = None) -> None:
     """Every row of the demo's ``files`` fits the caps of every recipe with a ``config/demo/<demo>.yaml`` preset,
-    each composed as its CPU launch would be (plus ``overrides[recipe]``); ValueError naming the file, cap and preset."""
+    each composed as its CPU launch would be (plus ``overrides[recipe]``); ValueError naming the file, cap and preset.
+
+    The caps (``row_lengths``): an SFT conversation within ``data.max_length``, a student prompt within
+    ``data.max_prompt_length``, an OPSD teacher prompt within ``opsd.teacher_max_prompt_length``. A preset
+    whose cap no longer fits the data stops the launch before Ray with the row, its length and the preset."""
     from recipe.launch.config import RECIPES, compose
 
     for name, recipe in RECIPES.items():
@@ -110,7 +102,8 @@ def check_demo_rows(demo: str, files: dict[str, Path], tokenizer, *, overrides: 
 
 
 def tiny(recipe: str, settings: Settings, *, build: bool = True) -> DemoBuild:
-    """The tiny demo's model and data (built into OPSD_CACHE unless MODEL_PATH / TRAIN_FILES are set)."""
+    """The tiny demo's model and data (built into ``$OPSD_CACHE/tiny_qwen3`` and ``$OPSD_CACHE/tiny_data`` unless
+    MODEL_PATH / TRAIN_FILES are set)."""
     from recipe.models.tiny import build_tiny_model
 
     cache = Path(settings.cache_dir)
@@ -172,7 +165,9 @@ def display_toy(metrics: dict, *, eval_n: int) -> dict[str, str]:
 
 def toy(recipe: str, settings: Settings, *, build: bool = True, config: StudentConfig = StudentConfig(),
         eval_n: int = 4, eval_limit: int | None = None) -> DemoBuild:
-    """The toy demo: the cached toy student and its data, a fresh run directory, the held-out evaluation."""
+    """The toy demo: the cached toy student (not built with MODEL_PATH set) and its data, a fresh
+    ``<student>/runs/<UTC time>-<recipe>`` run directory, the held-out evaluation (greedy accuracy, Avg@n,
+    Pass@n, mean length)."""
     root = student_dir(config, cache=settings.cache_dir)
     if build and settings.model_path is None:
         build_student(config, cache=settings.cache_dir)

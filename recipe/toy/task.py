@@ -1,21 +1,13 @@
 """The toy task: seeded multi-step addition problems in the record schema of the real datasets.
 
-A problem adds ``num_operands`` integers of ``digits`` digits each (the difficulty knob).
-Its reference solution is the chain of partial sums, one line per step, ending in
-``\\boxed{}``; the CoT field is the same chain without the boxed line, the answer is the
-integer. Example (3 operands, 2 digits)::
+A problem adds ``num_operands`` integers of ``digits`` digits each (the difficulty knob); the solution is
+the chain of partial sums ending in ``\\boxed{}``, the CoT the same chain without the boxed line, the
+answer the integer. Each record also carries an unrelated training problem-solution pair (the
+``unrelated`` teacher context). Pure stdlib: ``make_records`` is deterministic given ``seed``, its splits
+disjoint. Example (3 operands, 2 digits)::
 
     problem  = "Compute 12+34+57."
-    cot      = "12+34=46\\n46+57=103"
-    solution = "12+34=46\\n46+57=103\\n\\boxed{103}"
-    answer   = "103"
-
-Each record also carries an unrelated problem-solution pair (another training problem,
-never the same one) for the ``unrelated`` teacher context, so one record holds every field
-``recipe.common.prompts.build_prompt_pair`` needs. Splits are disjoint by construction: the
-generator draws distinct operand tuples and assigns the first ``n_heldout`` to ``heldout``.
-
-Pure stdlib: ``make_records`` is deterministic given ``seed`` (a private ``random.Random``).
+    solution = "12+34=46\\n46+57=103\\n\\boxed{103}"      # cot: without the boxed line; answer: "103"
 """
 
 from __future__ import annotations
@@ -132,7 +124,10 @@ def make_records(config: TaskConfig) -> dict[str, list[dict[str, str]]]:
     """``{"train": [...], "heldout": [...]}``: records with the ``extra_info`` fields of the data schema.
 
     Keys of every record: id, index, split, problem, solution, answer, cot,
-    unrelated_problem, unrelated_solution (all strings except ``index``).
+    unrelated_problem, unrelated_solution (all strings except ``index``): every field
+    ``recipe.common.prompts.build_prompt_pair`` needs. The splits are disjoint by construction: distinct
+    operand tuples are drawn, the first ``n_heldout`` go to ``heldout``; a record's unrelated pair is
+    another training problem, never its own.
     """
     rng = random.Random(config.seed)
     low, high = config.operand_range

@@ -239,7 +239,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "python -m recipe.experiments.async_compare smollm2 --steps 6": HELP,  # the SmolLM2 SFT + 3 launches (~35 min)
     # docs/toy_world.md
     "python scripts/toy_studies.py compare --steps 100": HELP,  # the toy student's build + 2 launches of 100 steps (~21 min)
-    "python scripts/toy_studies.py compare --methods rlsd --steps 100": HELP,  # 100 RLSD steps of ~20 s (~37 min)
+    "python scripts/toy_studies.py compare --methods opsd grpo rlsd --steps 100": HELP,  # 3 launches, ~75 min
     "python scripts/toy_studies.py seeds --seeds 1 2 3": HELP,  # 6 toy launches of 150 steps (~71 min)
     "python scripts/toy_studies.py signals": HELP,  # the toy student's build (~3 min); tests/toy cover the analysis
     # docs/vllm_cpu.md

@@ -1,6 +1,7 @@
 """The compatibility probe end to end on the CPU (``scripts/probe.py`` on the tiny demo): the frozen signals and four
-cells' K monitored OPSD steps in one launch (``opsd.cells``), the verdicts with their indicators and thresholds, the
-outputs. The validation against full runs needs a demo with a held-out evaluation (toy, real): docs/results/probe.md.
+cells' K monitored OPSD steps in one launch (``probe.cells`` on ``recipe.probe.main_cells``), the verdicts with their
+indicators and thresholds, the outputs. The validation against full runs needs a demo with a held-out evaluation
+(toy, real): docs/results/probe.md.
 
 The cells (greedy rollouts: top-k 1): the full-solution context at temperature 1 and the ``none`` context at 0.5, each
 without a clip and with a clip tau of 1e-6 that caps every entry. Each cell starts from the initial student on the same

@@ -218,32 +218,3 @@ def test_the_sft_weight_reaches_the_actor_objective():
     assert opsd.loss.sft_max_length is None  # = data.max_response_length (the trainer)
     assert prepare_config(_compose([])).loss.sft_weight == 0  # the paper: no SFT term
 
-
-CELLS_RUN = ["trainer.total_training_steps=4", "trainer.save_freq=-1", "trainer.resume_mode=disable"]
-
-
-def test_cells_are_the_block_with_each_cells_fields_and_their_launch_is_checked_before_ray():
-    opsd = prepare_config(_compose([*CELLS_RUN, "opsd.loss.beta=0.5",
-                                    "opsd.cells=[{loss:{clip_tau:null}},{teacher_context:unrelated,teacher_mode:no_think}]"]))
-    first, second = opsd.cell_configs()
-    assert (first.teacher_context, first.loss.clip_tau, first.loss.beta) == ("full_solution", None, 0.5)
-    assert (second.teacher_context, second.teacher_mode, second.loss.clip_tau, second.loss.beta) == (
-        "unrelated", "no_think", 0.05, 0.5)
-    assert first.cells == second.cells == [] and opsd.loss.clip_tau == 0.05  # the block itself is unchanged
-    warm = prepare_config(_compose([*CELLS_RUN, "opsd.cells=[{temperature:0.7},{}]"]))
-    assert [c.loss.student_temperature for c in warm.cell_configs()] == [0.7, 1.1]
-    assert warm.cell_temperatures(launch=0.9) == [0.7, 0.9]  # a cell without one samples at the launch's
-    one_cell = "opsd.cells=[{loss:{clip_tau:null}},{}]"
-    for overrides, message in (
-        (["trainer.total_training_steps=5", one_cell], r"total_training_steps \(5\) must be a multiple of the 2 cells"),
-        ([*CELLS_RUN, "trainer.save_freq=2", one_cell], "save_freq=-1 and trainer.resume_mode=disable"),
-        ([*CELLS_RUN, "opsd.cells=[{student_mode:no_think}]"], r"cells\[0\] sets \['student_mode'\]; a cell sets only"),
-        ([*CELLS_RUN, "opsd.cells=[{},{loss:{clip_tau:-1}}]"], r"opsd.cells\[1\]: opsd.loss.clip_tau"),
-        ([*CELLS_RUN, "opsd.cells=[{},{loss:{tau:1}}]"], r"opsd.cells\[1\]: unknown field\(s\) \['opsd.loss.tau'\]"),
-        ([*CELLS_RUN, "opsd.cells=[{},{temperature:0}]"], r"opsd.cells\[1\].temperature must be a number > 0"),
-        ([*CELLS_RUN, "opsd.cells=[{temperature:0.7,loss:{student_temperature:0.5}},{}]"], "temperature sets both"),
-        ([*CELLS_RUN, "opsd.teacher.kind=ema", "opsd.teacher.ema_decay=0.5", one_cell], "EMA teacher"),
-        ([*CELLS_RUN, "opsd.diagnostics.monitor.rollback_on=[length]", one_cell], "rollback_on=\\[\\]"),
-    ):
-        with pytest.raises(ValueError, match=message):
-            prepare_config(_compose(overrides))

@@ -66,17 +66,19 @@ def test_the_cells_override_composes_into_the_opsd_block_of_each_cell():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from recipe.opsd.core.config import OPSDConfig
+    from recipe.probe.cell_configs import cell_configs, cell_temperatures
 
     cells = probe_cells.grid(contexts=["full_solution", "unrelated"], modes=["think:no_think"], clip_taus=["none", "0.05"],
                        temperatures=[1.1, 0.7])[:4]
     (override,) = OverridesParser.create().parse_overrides([probe_cells.cells_override(cells)])
-    assert override.key_or_group == "opsd.cells"
-    opsd = OPSDConfig.from_hydra({"cells": override.value(), "student_mode": "think", "teacher_mode": "no_think"})
-    got = [(c.teacher_context, c.teacher_mode, c.loss.clip_tau, c.loss.student_temperature, c.cells)
-           for c in opsd.cell_configs()]
-    assert got == [("full_solution", "no_think", None, 1.1, []), ("full_solution", "no_think", None, 0.7, []),
-                   ("full_solution", "no_think", 0.05, 1.1, []), ("full_solution", "no_think", 0.05, 0.7, [])]
-    assert opsd.cell_temperatures(launch=1.0) == [1.1, 0.7, 1.1, 0.7]  # each cell's rollout samples at its temperature
+    assert override.key_or_group == "probe.cells" and override.is_add()  # a block of the probe's own, added
+    opsd = OPSDConfig.from_hydra({"student_mode": "think", "teacher_mode": "no_think"})
+    got = [(c.teacher_context, c.teacher_mode, c.loss.clip_tau, c.loss.student_temperature)
+           for c in cell_configs(opsd, override.value())]
+    assert got == [("full_solution", "no_think", None, 1.1), ("full_solution", "no_think", None, 0.7),
+                   ("full_solution", "no_think", 0.05, 1.1), ("full_solution", "no_think", 0.05, 0.7)]
+    # each cell's rollout samples at its temperature
+    assert cell_temperatures(override.value(), launch=1.0) == [1.1, 0.7, 1.1, 0.7]
     out = probe.probe_overrides(OmegaConf.create({"trainer": {"total_training_steps": 150}}), steps=4, batch=None, cells=4)
     assert {"trainer.total_training_steps=16", "opsd.diagnostics.monitor.early_end=2",
             "opsd.diagnostics.monitor.recent_window=2"} <= set(out)  # the monitor's windows are a cell's

@@ -211,7 +211,6 @@ class OPSDConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
-    cells: list = field(default_factory=list)
 
     def __post_init__(self):
         for name, cls in (("loss", LossConfig), ("teacher", TeacherConfig), ("diagnostics", DiagnosticsConfig)):
@@ -230,53 +229,6 @@ class OPSDConfig:
         from recipe.opsd.core.objectives import get_objective
 
         get_objective(self.loss.objective).check(self.loss, teacher_context=self.teacher_context)
-        self.cells = [dict(cell) for cell in (self.cells or [])]
-        if self.cells:
-            self.cell_configs()  # each cell's block is validated like the block itself
-            if self.teacher.kind_flags.follows_student:
-                raise ValueError("opsd.cells: every cell starts from the initial student, but an EMA teacher "
-                                 "(opsd.teacher.kind=ema) is not reset between cells; use frozen_initial")
-            if self.diagnostics.monitor.rollback_on:
-                raise ValueError("opsd.cells: a rollback relaunches the whole launch; with cells set "
-                                 "opsd.diagnostics.monitor.rollback_on=[] (a stop ends the cell, the next one starts)")
-
-    def cell_configs(self) -> list["OPSDConfig"]:
-        """The block of each of ``cells``: this block with the cell's ``teacher_context`` / ``teacher_mode`` /
-        ``loss`` fields in place (``cells`` empty); a cell's ``temperature`` is its ``loss.student_temperature``
-        (and its rollout's, ``cell_temperatures``). A cell that sets another field is refused, naming it: the
-        student's prompts and the teacher's weights are the launch's, shared by its cells."""
-        out = []
-        for index, cell in enumerate(self.cells):
-            if not isinstance(cell, Mapping):
-                raise ValueError(f"opsd.cells[{index}] must be a mapping, e.g. {{teacher_context: unrelated}}, got {cell!r}")
-            other = sorted(set(cell) - set(CELL_FIELDS))
-            if other:
-                raise ValueError(f"opsd.cells[{index}] sets {other}; a cell sets only {list(CELL_FIELDS)}")
-            loss = cell.get("loss") or {}
-            if not isinstance(loss, Mapping):
-                raise ValueError(f"opsd.cells[{index}].loss must be a mapping of opsd.loss fields, got {loss!r}")
-            temperature = cell.get("temperature")
-            if temperature is not None:
-                if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-                    raise ValueError(f"opsd.cells[{index}].temperature must be a number > 0 (the cell's sampling and "
-                                     f"loss temperature), got {temperature!r}")
-                if loss.get("student_temperature", temperature) != temperature:
-                    raise ValueError(f"opsd.cells[{index}] sets temperature {temperature} and loss.student_temperature "
-                                     f"{loss['student_temperature']}: temperature sets both; drop one")
-                loss = {**loss, "student_temperature": float(temperature)}
-            try:
-                out.append(dataclasses.replace(
-                    self, cells=[], teacher_context=cell.get("teacher_context", self.teacher_context),
-                    teacher_mode=cell.get("teacher_mode", self.teacher_mode),
-                    loss=_build(LossConfig, {**dataclasses.asdict(self.loss), **loss}, prefix="opsd.loss")))
-            except ValueError as err:
-                raise ValueError(f"opsd.cells[{index}]: {err}") from None
-        return out
-
-    def cell_temperatures(self, *, launch: float) -> list[float]:
-        """Each cell's rollout sampling temperature: its ``temperature``, else ``launch`` (the launch's
-        ``actor_rollout_ref.rollout.temperature``)."""
-        return [float(launch if cell.get("temperature") is None else cell["temperature"]) for cell in self.cells]
 
     @property
     def student_enable_thinking(self) -> bool | None:
@@ -297,9 +249,6 @@ class OPSDConfig:
             pass
         return _build(cls, dict(opsd_cfg), prefix="opsd")
 
-
-# what one of opsd.cells may set (OPSDConfig.cell_configs)
-CELL_FIELDS = ("teacher_context", "teacher_mode", "loss", "temperature")
 
 # settings that moved: the old name -> the new one (a config that still uses an old name is told where it went)
 RENAMED = {
