@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from recipe.common.cache import cache_root
+from recipe.common.cli import error_line
 from recipe.launch.run import config_errors
 from recipe.tools.gpu_check import DEFAULT_MODEL, DEFAULT_STEPS, run_check
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_check(model=args.model, steps=args.steps, cache_dir=args.cache_dir, overrides=overrides,
                          dry_run=args.dry_run)
     except config_errors() as err:
-        print(getattr(err, "line", None) or f"[gpu_check] error: {err}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         return 2
 
 

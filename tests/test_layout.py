@@ -21,7 +21,7 @@ ALLOWED = {
     "recipe.cpu": set(),
     "recipe.rollout": set(),
     "recipe.models": {"recipe.common"},
-    "recipe.async_rl": {"recipe.cpu"},  # names the CPU checkpoint engine by string
+    "recipe.async_rl": {"recipe.common", "recipe.cpu"},  # names the CPU checkpoint engine by string
     "recipe.opsd": {"recipe.common", "recipe.async_rl"},
     "recipe.evaluation": {"recipe.common", "recipe.cpu"},
     "data_prep": {"recipe.common"},
@@ -31,7 +31,7 @@ ALLOWED = {
     "recipe.toy": {"recipe.common", "recipe.cpu", "recipe.evaluation", "recipe.analysis", "recipe.launch", "recipe.models",
                    "recipe.opsd", "data_prep"},
     # `python -m recipe.launch`: on a CPU it runs the toy world's demos (recipe.toy.cpu_demos); nothing imports it
-    "recipe.launch.__main__": {"recipe.launch", "recipe.toy"},
+    "recipe.launch.__main__": {"recipe.common", "recipe.launch", "recipe.toy"},
     "recipe.tools": {"recipe.common", "recipe.analysis", "recipe.launch", "recipe.rollout", "recipe.toy"},
     # the compatibility probe: nothing imports it (scripts/probe.py); its cells' entry point subclasses the OPSD glue
     # and refuses an async_training block

@@ -13,18 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from recipe.common.cli import InputError
+
 MODES = ("one_step_off", "fully_async")
 # the CPU path's trainer-to-rollout weight push across pools (recipe.cpu.checkpoint_engine)
 CPU_CHECKPOINT_BACKEND = "object_store"
 CPU_CHECKPOINT_MODULE = "recipe.cpu.checkpoint_engine"
 
 
-class AsyncConfigError(ValueError):
-    """A wrong ``async_training`` value; ``line`` is the one line to print (exit 2, before Ray)."""
-
-    @property
-    def line(self) -> str:
-        return str(self)
+class AsyncConfigError(InputError):
+    """An ``async_training`` block that cannot work (its message begins with the setting)."""
 
 
 @dataclass(frozen=True)

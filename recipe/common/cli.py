@@ -36,23 +36,25 @@ class InputError(ValueError):
     Args:
         what: what is wrong, e.g. ``"not valid JSON: Expecting ',' delimiter (column 12)"``.
         file: the file (or directory, or command-line option) it is about.
-        line: 1-based line number in ``file``.
+        line: 1-based line number in ``file`` (kept as ``line_number``).
         row: row id in ``file`` (used when there is no line number).
         hint: how to fix it, e.g. ``"pass --overwrite to replace it"``.
+        detail: more lines printed after the error line (a diff), or None.
 
     A ``ValueError`` so that library callers catching ``ValueError`` keep working.
     """
 
     def __init__(self, what: str, *, file: str | os.PathLike | None = None, line: int | None = None,
-                 row: str | None = None, hint: str | None = None):
-        self.what, self.file, self.line, self.row, self.hint = what, file, line, row, hint
+                 row: str | None = None, hint: str | None = None, detail: str | None = None):
+        self.what, self.file, self.line_number, self.row, self.hint = what, file, line, row, hint
+        self.detail = detail
         super().__init__(self.message)
 
     @property
     def location(self) -> str:
         where = str(self.file) if self.file is not None else ""
-        if self.line is not None:
-            where += f":{self.line}"
+        if self.line_number is not None:
+            where += f":{self.line_number}"
         elif self.row is not None:
             where += f":row {self.row!r}" if where else f"row {self.row!r}"
         return where
@@ -67,15 +69,27 @@ class InputError(ValueError):
     def __str__(self) -> str:
         return self.message
 
+    @property
+    def line(self) -> str:
+        """What every entry point prints for it (exit code 2): the line ``error: <where>: <what> (<fix>)``, then
+        ``detail`` if any."""
+        return f"error: {self.message}" + (f"\n{self.detail}" if self.detail else "")
+
     def located(self, *, file: str | os.PathLike | None = None, line: int | None = None,
                 row: str | None = None) -> InputError:
         """A copy of this error with the location parts it lacks filled in (same class)."""
         new = copy.copy(self)
         new.file = self.file if self.file is not None else file
-        new.line = self.line if self.line is not None else line
+        new.line_number = self.line_number if self.line_number is not None else line
         new.row = self.row if self.row is not None else row
         new.args = (new.message,)
         return new
+
+
+def error_line(err: BaseException) -> str:
+    """What an entry point prints for a user error: an ``InputError``'s line, else ``error: <its message>`` on one
+    line (a ValueError of a config check, whose message begins with the setting)."""
+    return err.line if isinstance(err, InputError) else "error: " + " ".join(str(err).split())
 
 
 class MissingInputError(InputError, FileNotFoundError):
@@ -117,7 +131,7 @@ def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = No
     except InputError as err:
         if debug:
             traceback.print_exc()
-        print(f"error: {err.message}", file=sys.stderr, flush=True)
+        print(err.line, file=sys.stderr, flush=True)
         return EXIT_INPUT_ERROR
 
 

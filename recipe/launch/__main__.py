@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
+from recipe.common.cli import error_line
 from recipe.launch.config import RECIPES, Settings, get_recipe
 from recipe.launch.monitor_actions import execute_with_actions, relaunch_planner
 from recipe.launch.run import config_errors, plan
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(recipe, settings, args, dry_run=dry_run)
         launch = plan(recipe, settings, args, dry_run=dry_run)
     except config_errors() as err:  # a start-up check's error carries its own line
-        print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         return 2
     except RuntimeError as err:  # a demo stage failed: the message carries the end of its log
         print(f"[launch] {err}", file=sys.stderr)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # a relaunch the collapse monitor asks for prints its header too
         record = execute_with_actions(launch, replan=relaunch_planner(recipe, settings, args, show=True))
     except config_errors() as err:  # the directory is locked (recipe.launch.lock), a GPU / cluster pre-flight refusal
-        print(getattr(err, "line", None) or f"[launch] error: {err}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         return 2
     if record.get("disk_full"):  # the trainer stopped on a full disk: one line (recipe.launch.disk)
         print(record["disk_full"], file=sys.stderr)

@@ -50,21 +50,13 @@ def teacher_kind_flag(kind_name, *, flag: str) -> bool:
     return kind is not None and bool(getattr(kind, flag))
 
 
-class LaunchInputError(ValueError):
-    """A launch input that cannot work; ``line`` is what the launcher prints (exit code 2)."""
+class LaunchInputError(cli.InputError):
+    """A launch input that cannot work, located at its setting ``KEY=VALUE (where it came from)``."""
 
     def __init__(self, *, key: str, value, source: str | None, what: str, fix: str):
-        self.key, self.value, self.source, self.what, self.fix = key, value, source, what, fix
-        super().__init__(self.message)
-
-    @property
-    def message(self) -> str:
-        by = f" ({self.source})" if self.source else ""
-        return " ".join(f"{self.key}={self.value}{by}: {self.what} ({self.fix})".split())
-
-    @property
-    def line(self) -> str:
-        return f"[launch] error: {self.message}"
+        self.key, self.value, self.source, self.fix = key, value, source, fix
+        by = f" ({source})" if source else ""
+        super().__init__(what, file=f"{key}={value}{by}", hint=fix)
 
     def renamed(self, names: Mapping[str, str]) -> LaunchInputError:
         """The same error with the setting's variable renamed (the pipeline's per-stage variables)."""
@@ -97,7 +89,7 @@ def _fix(source: str | None, key: str, wanted: str) -> str:
 
 def _error(err: cli.InputError, *, key: str, value, source: str | None, fix: str) -> LaunchInputError:
     same = err.file is None or Path(str(err.file)).expanduser() == Path(str(value)).expanduser()
-    where = "" if same and err.line is None and err.row is None else f"{err.location}: "
+    where = "" if same and err.line_number is None and err.row is None else f"{err.location}: "
     hint = err.hint if err.hint and err.hint != "check the path" else fix
     return LaunchInputError(key=key, value=value, source=source, what=where + err.what, fix=hint)
 

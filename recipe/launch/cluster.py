@@ -18,6 +18,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from recipe.common.cli import InputError
+
 ENGINE_EXTRAS = {"vllm": ".[vllm]", "sglang": ".[sglang]"}
 # What reaches every worker of a joined cluster besides what the launcher set: the project's own
 # variables (weight-push timeout, test hooks, ...). Anything else (HF_TOKEN, NCCL_*, ...): export it
@@ -30,12 +32,8 @@ PROBE_TIMEOUT_S = 90.0
 CONNECT_TIMEOUT_S = 5.0
 
 
-class PreflightError(ValueError):
-    """A launch that cannot start; ``line`` is what the launcher prints (exit 2)."""
-
-    def __init__(self, line: str):
-        super().__init__(line)
-        self.line = f"[launch] error: {line}"
+class PreflightError(InputError):
+    """A launch that cannot start on this machine or cluster (its message begins with the setting)."""
 
 
 def host_port(address: str) -> tuple[str, int]:

@@ -206,8 +206,8 @@ def failure_line(ckpt_dir: Path, plan: DiskPlan, *, log_text: str = "") -> str |
     needs = f"one save needs ~{cli.human_bytes(need)}, " if need is not None else ""
     resume = (f"the last whole save global_step_{last} is intact: free space and run the same command to resume from it"
               if last else "no whole save yet: free space and run the same command")
-    return (f"[launch] error: no space left in {ckpt_dir}: {stopped} ({needs}{cli.human_bytes(free)} free); {resume} "
-            f"(or keep fewer saves: {plan.keep_key}=1)")
+    return cli.NoSpaceError(f"no space left: {stopped} ({needs}{cli.human_bytes(free)} free)", file=ckpt_dir,
+                            hint=f"{resume}, or keep fewer saves: {plan.keep_key}=1").line
 
 
 def prune_demo_runs(run_dir: Path, *, recipe: str, keep: int = DEMO_RUNS_KEPT, log=print) -> None:

@@ -20,16 +20,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from recipe.common.cli import InputError
+
 LOCK_FILE = "launch.lock"
 _held: dict[str, int] = {}  # lock path -> descriptor, in this process
 
 
-class LockedError(ValueError):
-    """The checkpoint directory is in use by another launch; ``line`` is the one line to print (exit 2)."""
-
-    def __init__(self, line: str):
-        self.line = line
-        super().__init__(line)
+class LockedError(InputError):
+    """The checkpoint directory is in use by another launch."""
 
 
 def holder(ckpt_dir: str | os.PathLike) -> dict | None:
@@ -61,8 +59,8 @@ def hold(ckpt_dir: str | os.PathLike, *, command: str):
         other = holder(ckpt_dir) or {}
         who = (f"pid {other.get('pid')} on {other.get('host')}, started {other.get('started_utc')}: "
                f"{other.get('command')}") if other else "another process"
-        raise LockedError(f"[launch] error: CKPT_DIR={Path(ckpt_dir)} is in use by another launch ({who}); wait for "
-                          "it to end (or stop it), or set CKPT_DIR to another directory") from None
+        raise LockedError(f"in use by another launch ({who})", file=f"CKPT_DIR={Path(ckpt_dir)}",
+                          hint="wait for it to end (or stop it), or set CKPT_DIR to another directory") from None
     record = {"pid": os.getpid(), "host": socket.gethostname(),
               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command}
     try:

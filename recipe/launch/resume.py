@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipe.common.checkpoints import dataloader_state
+from recipe.common.cli import InputError
 from recipe.launch.config import Override, Recipe
 
 CONFIG_GLOB = "launch_config*.yaml"
@@ -50,12 +51,8 @@ class Resume:
     notes: list[str] = field(default_factory=list)
 
 
-class ConfigChangedError(ValueError):
-    """The launch would resume a save written with another config; ``line`` holds the lines to print."""
-
-    def __init__(self, line: str):
-        self.line = line
-        super().__init__(line)
+class ConfigChangedError(InputError):
+    """The launch would resume a save written with another config (``detail``: the changed settings)."""
 
 
 def flatten(tree, prefix: str = "") -> dict[str, object]:
@@ -160,14 +157,14 @@ def check_resume(recipe: Recipe, cfg, *, resume_dir: Path | None, ckpt_dir: Path
             resume.notes.append(f"resuming {resume_dir} with {len(changes)} setting(s) changed from "
                                 f"{resume.reference.name} ({ANYWAY_VARIABLE}=1): {', '.join(k for k, _, _ in changes)}")
         elif changes:
-            lines = [f"[launch] error: {resume_dir} was saved by a launch with another config ({resume.reference}); "
-                     f"this launch differs in {len(changes)} setting(s) (saved -> now):"]
-            lines += [f"[launch]   {key}: {before} -> {after}" for key, before, after in changes[:SHOWN]]
+            lines = [f"  {key}: {before} -> {after} (saved -> now)" for key, before, after in changes[:SHOWN]]
             if len(changes) > SHOWN:
-                lines.append(f"[launch]   ... and {len(changes) - SHOWN} more")
-            lines.append(f"[launch] to start a new run set CKPT_DIR to another directory (or remove {ckpt_dir}); "
-                         f"to resume this save with the new values anyway set {ANYWAY_VARIABLE}=1")
-            raise ConfigChangedError("\n".join(lines))
+                lines.append(f"  ... and {len(changes) - SHOWN} more")
+            raise ConfigChangedError(
+                f"saved by a launch with another config ({resume.reference}); this launch differs in "
+                f"{len(changes)} setting(s)", file=resume_dir,
+                hint=f"to start a new run set CKPT_DIR to another directory (or remove {ckpt_dir}); to resume this "
+                     f"save with the new values anyway set {ANYWAY_VARIABLE}=1", detail="\n".join(lines))
     total = cfg.trainer.get("total_training_steps")
     if total is not None and step >= int(total):
         resume.finished = (f"[launch] {ckpt_dir} holds a finished run: its save {resume_dir.name} is step {step} of "

@@ -101,7 +101,7 @@ def config_errors() -> tuple[type[Exception], ...]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    return (ValueError, FileNotFoundError, FileExistsError, HydraException, OmegaConfBaseException)  # LaunchInputError, LockedError: ValueError
+    return (ValueError, FileNotFoundError, FileExistsError, HydraException, OmegaConfBaseException)  # InputError: ValueError
 
 
 def next_free_path(base: Path, suffix: str) -> Path:

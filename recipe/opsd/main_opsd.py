@@ -31,7 +31,7 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from recipe.async_rl.config import AsyncConfigError, apply_derived, async_settings
 from recipe.opsd.core.nonfinite import NonFiniteTrainingError
 from recipe.opsd.core.preflight import PreflightError
-from recipe.opsd.startup import PREFLIGHT_FAILED, StartupError, prepare_config, startup_checks, uses_reference_slot
+from recipe.opsd.startup import StartupError, preflight_error, prepare_config, startup_checks, uses_reference_slot
 
 
 class OPSDTaskRunner(BaseTaskRunner):
@@ -152,7 +152,7 @@ def run(config, *, runner: type = OPSDTaskRunner, checks=startup_checks) -> None
         print(f"[opsd] stopped: {getattr(err, 'cause', err)}", file=sys.stderr)
         sys.exit(3)
     except PreflightError as err:  # the workers' part of the gate (the none control), before the first rollout
-        print(f"{PREFLIGHT_FAILED}: {getattr(err, 'cause', err)}", file=sys.stderr)
+        print(preflight_error(getattr(err, "cause", err)).line, file=sys.stderr)
         sys.exit(2)
 
 

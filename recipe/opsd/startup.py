@@ -44,15 +44,20 @@ class Startup:
     preflight_line: str | None
 
 
-class StartupError(ValueError):
-    """A start-up check failed; ``line`` is the one line a user sees (exit code 2, no traceback)."""
-
-    def __init__(self, line: str):
-        self.line = line
-        super().__init__(line)
+class StartupError(InputError):
+    """A start-up check failed; its ``line`` is what a user sees (exit code 2, no traceback)."""
 
 
-PREFLIGHT_FAILED = "[opsd] preflight failed (opsd.diagnostics.preflight=false skips this gate)"
+# where a configuration mistake is (its message names the field), and how to skip the pre-flight gate
+CONFIG = "config"
+PREFLIGHT = "preflight"
+PREFLIGHT_SKIP = "opsd.diagnostics.preflight=false skips this gate"
+
+
+def preflight_error(err: Exception) -> StartupError:
+    """The pre-flight gate's failure (a first line, then the diff of the renderings) as a start-up error."""
+    first, _, rest = str(err).partition("\n")
+    return StartupError(first, file=PREFLIGHT, hint=PREFLIGHT_SKIP, detail=rest or None)
 
 
 def startup_checks(config) -> Startup:
@@ -61,11 +66,11 @@ def startup_checks(config) -> Startup:
     try:
         check_verl_version()
     except ValueError as err:
-        raise StartupError(f"[opsd] wrong verl version: {err}") from None
+        raise StartupError(str(err), file="verl") from None
     try:
         opsd = prepare_config(config)
     except ValueError as err:  # a config mistake: the message names the field
-        raise StartupError(f"[opsd] invalid config: {err}") from None
+        raise StartupError(str(err), file=CONFIG) from None
     try:  # the model directory and the checkpoint a run would resume from
         trainer = config.trainer
         resume_dir, note = choose_resume_dir(
@@ -78,13 +83,13 @@ def startup_checks(config) -> Startup:
         check_ema_resume(opsd, resume_dir=resume_dir)
         check_sft_solutions(opsd, train_files=config.data.train_files)  # SFT term only
     except InputError as err:  # names the file and what is wrong with it
-        raise StartupError(f"[opsd] {err}") from None
+        raise StartupError(err.what, file=err.file, line=err.line_number, row=err.row, hint=err.hint) from None
     line = None
     if opsd.diagnostics.preflight:  # template / reasoning-mode / EOS mismatches
         try:
             line = preflight_gate(config, opsd)
         except ValueError as err:  # PreflightError, or a row without a field its context needs
-            raise StartupError(f"{PREFLIGHT_FAILED}: {err}") from None
+            raise preflight_error(err) from None
     return Startup(opsd=opsd, resume_dir=resume_dir, resume_note=note, preflight_line=line)
 
 

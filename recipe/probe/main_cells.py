@@ -51,7 +51,7 @@ def startup_checks(config) -> opsd_startup.Startup:
     try:
         prepare_cells(config, startup.opsd)
     except ValueError as err:  # a config mistake: the message names the field
-        raise opsd_startup.StartupError(f"[opsd] invalid config: {err}") from None
+        raise opsd_startup.StartupError(str(err), file=opsd_startup.CONFIG) from None
     return startup
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from recipe.analysis.memory_model import GiB, ModelShape, UpdateSetting, memory_terms
+from recipe.common import cli
 from recipe.launch import config as composer
 from recipe.launch.config import Settings, get_recipe, gpus_on_this_node
 from recipe.launch.run import Launch, execute, plan
@@ -157,12 +158,10 @@ def run_check(*, model: str = DEFAULT_MODEL, steps: int = DEFAULT_STEPS, cache_d
               dry_run: bool = False, detect_gpus: Callable[[], int] = gpus_on_this_node) -> int:
     """Plan (and unless ``dry_run`` run and judge) the check; returns the exit code (0 OK, 1 FAILED, 2 refused)."""
     if not dry_run and detect_gpus() < 1:
-        print("[gpu_check] error: nvidia-smi lists no GPU on this machine (--dry-run shows the launch without one)")
-        return 2
+        raise cli.InputError("lists no GPU on this machine", file="nvidia-smi", hint="--dry-run shows the launch without one")
     missing = [] if dry_run else missing_gpu_packages()
     if missing:
-        print(f"[gpu_check] error: not installed: {'; '.join(missing)}")
-        return 2
+        raise cli.InputError(f"not installed: {'; '.join(missing)}", file="gpu_check")
     launch = plan_check(model=model, steps=steps, cache_dir=cache_dir, overrides=overrides, build_data=not dry_run,
                         detect_gpus=detect_gpus)
     predicted = predicted_peak_gib(launch.config, model_config(model, offline=dry_run), name=model)

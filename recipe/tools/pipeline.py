@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from recipe.common.cli import error_line
 from recipe.common.merge import merge_checkpoint
 from recipe.launch.checks import LaunchInputError
 from recipe.launch.config import Settings, get_recipe
@@ -128,9 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     dry_run = "--dry-run" in args
     try:
         return run_pipeline([a for a in args if a != "--dry-run"], os.environ, dry_run=dry_run)
-    except config_errors() as err:  # an error with its own line(s) (recipe.launch.checks / resume / lock) keeps them
-        line = getattr(err, "line", None)
-        print(line.replace("[launch]", "[pipeline]") if line else f"[pipeline] error: {err}", file=sys.stderr)
+    except config_errors() as err:  # one error line (recipe.launch.checks / resume / lock)
+        print(error_line(err), file=sys.stderr)
         return 2
 
 

@@ -61,24 +61,24 @@ def test_wrong_inputs_stop_before_ray_with_one_line(tiny_run_env, tiny_data, tmp
     model = _run(SCRIPT, [], {**env, "MODEL_PATH": "/nonexistent/model"})
     assert model.returncode == 2, model.stderr[-3000:]
     assert _last_line(model) == (
-        "[launch] error: actor_rollout_ref.model.path=/nonexistent/model (MODEL_PATH): no such model directory "
+        "error: actor_rollout_ref.model.path=/nonexistent/model (MODEL_PATH): no such model directory "
         "(set MODEL_PATH to a Hugging Face model directory or a Hub id such as Qwen/Qwen3-1.7B)")
     assert "Ray" not in model.stdout + model.stderr and time.monotonic() - start < 60
     train = _run(SCRIPT, [], {**env, "TRAIN_FILES": str(tmp_path / "missing.parquet")})
     assert train.returncode == 2 and _last_line(train) == (
-        f"[launch] error: data.train_files={tmp_path / 'missing.parquet'} (TRAIN_FILES): no such data file "
+        f"error: data.train_files={tmp_path / 'missing.parquet'} (TRAIN_FILES): no such data file "
         "(set TRAIN_FILES to an existing parquet file)")
     teacher = _run(SCRIPT, ["opsd.teacher.kind=checkpoint", "opsd.teacher.path=/nonexistent/teacher"], env)
     assert teacher.returncode == 2 and _last_line(teacher).startswith(
-        "[launch] error: opsd.teacher.path=/nonexistent/teacher (command line): no such model directory")
+        "error: opsd.teacher.path=/nonexistent/teacher (command line): no such model directory")
     sft = _run("recipe/sft/run_sft.sh", [], {**env, "TRAIN_FILES": str(tiny_data["train"])})  # an RL parquet
     assert sft.returncode == 2 and _last_line(sft).startswith(
-        f"[launch] error: data.train_files={tiny_data['train']} (TRAIN_FILES): no column 'messages'")
+        f"error: data.train_files={tiny_data['train']} (TRAIN_FILES): no column 'messages'")
     pipeline = _run("scripts/pipeline_sft_grpo_opsd.sh", [], {
         "DEVICE": "cpu", "OPSD_CACHE": str(tmp_path / "cache"), "WORK_DIR": str(tmp_path / "pipeline"),
         "OPSD_TRAIN_FILES": str(tmp_path / "ot.parquet")})
     assert pipeline.returncode == 2 and _last_line(pipeline) == (
-        f"[pipeline] error: data.train_files={tmp_path / 'ot.parquet'} (OPSD_TRAIN_FILES): no such data file "
+        f"error: data.train_files={tmp_path / 'ot.parquet'} (OPSD_TRAIN_FILES): no such data file "
         "(set OPSD_TRAIN_FILES to an existing parquet file)")
     assert not (tmp_path / "pipeline").exists()  # refused before the SFT stage
 
@@ -145,11 +145,11 @@ def test_a_full_disk_during_a_save_stops_the_run_with_one_line(relaunches):
     assert f"free in {ckpt.parent}" in disk_line and "trainer.max_actor_ckpt_to_keep=null keeps every save" in disk_line
     assert any("the run's 3 saves need ~" in line and "free space or keep fewer saves" in line
                for line in a.log.splitlines())
-    last = [line for line in a.log.splitlines() if line.startswith("[launch]")][-1]
-    assert re.match(rf"\[launch\] error: no space left in {re.escape(str(ckpt))}: the save global_step_3 stopped "
-                    r"part-way \(one save needs ~1\.\d MB, \d+(\.\d)? [KM]?B free\); ", last), a.tail()
+    last = [line for line in a.log.splitlines() if line.startswith(("[launch]", "error:"))][-1]
+    assert re.match(rf"error: {re.escape(str(ckpt))}: no space left: the save global_step_3 stopped "
+                    r"part-way \(one save needs ~1\.\d MB, \d+(\.\d)? [KM]?B free\) ", last), a.tail()
     assert last.endswith("the last whole save global_step_2 is intact: free space and run the same command to resume "
-                         "from it (or keep fewer saves: trainer.max_actor_ckpt_to_keep=1)")
+                         "from it, or keep fewer saves: trainer.max_actor_ckpt_to_keep=1)")
     # step 3 trained; verl logs a step after its save, which failed
     assert sorted(a.metrics) == [1, 2] and runs["A_tracker"] == "2"
     assert runs["A_files"] == ["global_step_1", "global_step_2", "global_step_3"]
@@ -173,8 +173,8 @@ def test_a_second_launch_on_the_same_directory_is_refused_naming_the_first(relau
     ckpt, runs = relaunches
     second = runs["second"]
     assert second.returncode == 2, second.stderr[-3000:]
-    assert _last_line(second).startswith(f"[launch] error: CKPT_DIR={ckpt} is in use by another launch (pid ")
-    assert _last_line(second).endswith("wait for it to end (or stop it), or set CKPT_DIR to another directory")
+    assert _last_line(second).startswith(f"error: CKPT_DIR={ckpt}: in use by another launch (pid ")
+    assert _last_line(second).endswith("(wait for it to end (or stop it), or set CKPT_DIR to another directory)")
     assert "opsd: " in _last_line(second)  # the first's command
 
 
@@ -193,8 +193,8 @@ def test_another_config_is_not_resumed(relaunches):
     ckpt, runs = relaunches
     d = runs["D"]
     assert d.returncode == 2
-    lines = d.stderr.strip().splitlines()[-3:]
-    assert lines[0].startswith(f"[launch] error: {ckpt / 'global_step_4'} was saved by a launch with another config "
+    lines = d.stderr.strip().splitlines()[-2:]
+    assert lines[0].startswith(f"error: {ckpt / 'global_step_4'}: saved by a launch with another config "
                                f"({ckpt / 'launch_config.1.yaml'}); this launch differs in 1 setting(s)")
-    assert lines[1] == "[launch]   actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.001"  # the tiny demo's lr
-    assert lines[2].endswith("to resume this save with the new values anyway set RESUME_WITH_CHANGES=1")
+    assert lines[0].endswith("to resume this save with the new values anyway set RESUME_WITH_CHANGES=1)")
+    assert lines[1] == "  actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.001 (saved -> now)"  # the tiny demo's lr

@@ -272,7 +272,7 @@ def test_bad_opsd_config_fails_before_ray_starts(run_cpu_verl, tiny_run_env, tmp
         timeout=120,
     )
     assert run.returncode != 0
-    assert f"[opsd] invalid config: {field} must be" in run.log, run.tail()
+    assert f"error: config: {field} must be" in run.log, run.tail()
     assert "Traceback" not in run.log, run.tail()  # one line naming the field, no stack trace
     assert "ray init kwargs" not in run.log and "Started a local Ray instance" not in run.log, run.tail()
 
@@ -322,7 +322,8 @@ def test_preflight_mismatch_fails_before_ray_starts_with_the_diff(run_cpu_verl, 
         timeout=120,
     )
     assert run.returncode != 0, run.tail()
-    assert "[opsd] preflight failed (opsd.diagnostics.preflight=false skips this gate): row 0" in run.log, run.tail()
+    assert "error: preflight: row 0" in run.log and "(opsd.diagnostics.preflight=false skips this gate)" in run.log, \
+        run.tail()
     assert "+Write a concise solution" in run.log, run.tail()
     assert "Traceback" not in run.log, run.tail()
     assert "Started a local Ray instance" not in run.log, run.tail()
@@ -345,7 +346,7 @@ def test_incomplete_resume_checkpoint_fails_before_ray_starts(run_cpu_verl, tiny
     )
     assert run.returncode != 0, run.tail()
     # the launcher's check of the checkpoint a run resumes from (recipe.launch.checks), before the recipe's own
-    assert (f"[launch] error: trainer.default_local_dir={ckpt} (CKPT_DIR): {ckpt / 'global_step_2' / 'actor'}: "
+    assert (f"error: trainer.default_local_dir={ckpt} (CKPT_DIR): {ckpt / 'global_step_2' / 'actor'}: "
             "no FSDP model shards") in run.log, run.tail()
     assert "Traceback" not in run.log, run.tail()
     assert "Started a local Ray instance" not in run.log, run.tail()
@@ -436,7 +437,7 @@ def test_teacher_refusals_before_ray_starts(run_cpu_verl, tiny_run_env, tiny_mod
     (other / "tokenizer.json").write_text(json.dumps(tokenizer))
     cases = [
         (["opsd.teacher.kind=checkpoint", f"opsd.teacher.path={other}"], f"{other / 'tokenizer.json'}: vocabulary differs"),
-        (["opsd.teacher_context=none"], "[opsd] invalid config: opsd.teacher: the teacher is the student itself"),
+        (["opsd.teacher_context=none"], "error: config: opsd.teacher: the teacher is the student itself"),
     ]
     for index, (overrides, expected) in enumerate(cases):
         run = run_cpu_verl(

@@ -262,7 +262,7 @@ def _refused(env: dict[str, str], args: tuple[str, ...] = ()) -> subprocess.Comp
                           text=True, env={**os.environ, **env, "PYTHON": sys.executable, MARK + "_LAUNCH": mark},
                           timeout=240)
     assert pids_with(variable=MARK + "_LAUNCH", value=mark) == [], "the refused launch left processes running"
-    errors = [text for text in done.stderr.splitlines() if text.startswith("[launch] error:")]
+    errors = [text for text in done.stderr.splitlines() if text.startswith("error:")]
     assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-2000:])
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     done.error = errors[0]

@@ -26,7 +26,7 @@ def refused(recipe, inputs, argv=(), **settings) -> str:
     with pytest.raises(LaunchInputError) as caught:
         cpu_plan(recipe, inputs, argv, **settings)
     line = caught.value.line
-    assert "\n" not in line and line.startswith("[launch] error: ")
+    assert "\n" not in line and line.startswith("error: ")
     return line
 
 
@@ -34,7 +34,7 @@ def refused(recipe, inputs, argv=(), **settings) -> str:
 def test_a_model_path_that_does_not_exist_is_named_with_its_variable(launch_inputs):
     for recipe in (OPSD, GRPO, SFT):
         line = refused(recipe, launch_inputs, model_path="/nonexistent/model")
-        assert line == (f"[launch] error: {recipe.model_key}=/nonexistent/model (MODEL_PATH): no such model directory "
+        assert line == (f"error: {recipe.model_key}=/nonexistent/model (MODEL_PATH): no such model directory "
                         "(set MODEL_PATH to a Hugging Face model directory or a Hub id such as Qwen/Qwen3-1.7B)")
     # from the command line: the fix names the hydra key
     line = refused(GRPO, launch_inputs, ["actor_rollout_ref.model.path=./typo"], model_path=None)
@@ -79,7 +79,7 @@ def test_hub_ids_offline_must_be_cached_online_the_hub_is_asked(launch_inputs, t
 @pytest.mark.slow
 def test_data_files_exist_are_parquet_and_have_the_recipes_columns(launch_inputs, tmp_path):
     line = refused(OPSD, launch_inputs, train_files="/nonexistent/train.parquet")
-    assert line == ("[launch] error: data.train_files=/nonexistent/train.parquet (TRAIN_FILES): no such data file "
+    assert line == ("error: data.train_files=/nonexistent/train.parquet (TRAIN_FILES): no such data file "
                     "(set TRAIN_FILES to an existing parquet file)")
     line = refused(GRPO, launch_inputs, val_files="/nonexistent/val.parquet")
     assert "data.val_files=/nonexistent/val.parquet (VAL_FILES): no such data file" in line
@@ -112,7 +112,7 @@ def test_data_files_exist_are_parquet_and_have_the_recipes_columns(launch_inputs
 @pytest.mark.slow
 def test_an_opsd_teacher_checkpoint_that_does_not_exist(launch_inputs):
     line = refused(OPSD, launch_inputs, ["opsd.teacher.kind=checkpoint", "opsd.teacher.path=/nonexistent/teacher"])
-    assert line == ("[launch] error: opsd.teacher.path=/nonexistent/teacher (command line): no such model directory "
+    assert line == ("error: opsd.teacher.path=/nonexistent/teacher (command line): no such model directory "
                     "(pass opsd.teacher.path=<a Hugging Face model directory or a Hub id such as Qwen/Qwen3-1.7B>)")
     launch = cpu_plan(OPSD, launch_inputs, ["opsd.teacher.kind=checkpoint", f"opsd.teacher.path={launch_inputs.model}",
                                             "opsd.teacher.allow_zero_loss=true"])
@@ -125,7 +125,7 @@ def test_a_broken_resume_checkpoint_is_refused(launch_inputs, tmp_path):
     (ckpt / "global_step_2" / "actor").mkdir(parents=True)
     (ckpt / "latest_checkpointed_iteration.txt").write_text("2")
     line = refused(GRPO, launch_inputs, ckpt_dir=str(ckpt))
-    assert line.startswith(f"[launch] error: trainer.default_local_dir={ckpt} (CKPT_DIR): ")
+    assert line.startswith(f"error: trainer.default_local_dir={ckpt} (CKPT_DIR): ")
     assert "no FSDP model shards" in line
 
 

@@ -94,7 +94,7 @@ def test_refusals_that_need_no_cluster():
     python = sys.executable
     with pytest.raises(PreflightError) as error:
         preflight(python=python, device="cpu", engine="hf", address=None, nnodes=2, gpus_per_node=1)
-    assert error.value.line.startswith("[launch] error: trainer.nnodes=2 (NNODES) runs on a Ray cluster")
+    assert error.value.line.startswith("error: trainer.nnodes=2 (NNODES) runs on a Ray cluster")
     address = f"127.0.0.1:{_free_port()}"
     start = time.monotonic()
     with pytest.raises(PreflightError, match=rf"RAY_ADDRESS={address}: nothing answers there"):
@@ -106,7 +106,7 @@ def test_refusals_that_need_no_cluster():
 def test_a_gpu_launch_without_its_rollout_engine_is_refused():
     with pytest.raises(PreflightError) as error:  # this CPU venv has no sglang
         preflight(python=sys.executable, device="gpu", engine="sglang", address=None, nnodes=1, gpus_per_node=8)
-    assert error.value.line == (f"[launch] error: actor_rollout_ref.rollout.name=sglang but sglang is not installed for "
+    assert error.value.line == (f"error: actor_rollout_ref.rollout.name=sglang but sglang is not installed for "
                                 f"{sys.executable}: `pip install torch==2.11.0 && pip install -e '.[sglang]'` "
                                 "(docs/cluster.md)")
 
@@ -143,8 +143,8 @@ def tiny_inputs(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("extra", "line"), [
-    ({}, "[launch] error: actor_rollout_ref.rollout.name=vllm but vllm is not installed for "),
-    ({"NNODES": "2"}, "[launch] error: actor_rollout_ref.rollout.name=vllm but vllm"),  # the engine is checked first
+    ({}, "error: actor_rollout_ref.rollout.name=vllm but vllm is not installed for "),
+    ({"NNODES": "2"}, "error: actor_rollout_ref.rollout.name=vllm but vllm"),  # the engine is checked first
 ])
 def test_the_launcher_refuses_a_gpu_launch_without_its_engine_in_one_line(tiny_inputs, tmp_path, extra, line):
     model, train = tiny_inputs
@@ -175,7 +175,7 @@ def test_a_cluster_that_refuses_the_probe_is_one_line(monkeypatch, error, line):
     monkeypatch.setattr(cluster, "probe_cluster", lambda **kwargs: {"error": error})
     with pytest.raises(PreflightError) as refused:
         preflight(python="/py", device="cpu", engine="hf", address="10.0.0.1:6379", nnodes=2, gpus_per_node=1)
-    assert refused.value.line == f"[launch] error: {line}"
+    assert refused.value.line == f"error: {line}"
 
 
 def test_the_cluster_probe_runs_outside_the_checkout(tmp_path):

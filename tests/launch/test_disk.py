@@ -97,9 +97,9 @@ def test_a_full_disk_after_a_failed_launch_is_one_line(launch_inputs, tmp_path, 
     assert disk.failure_line(ckpt, plan_, log_text="ValueError: something else") is None
     line = disk.failure_line(ckpt, plan_, log_text="RuntimeError: [enforce fail at inline_container.cc:664] . "
                                                    "PytorchStreamWriter failed writing file data/0: file write failed")
-    assert line == (f"[launch] error: no space left in {ckpt}: the save global_step_3 stopped part-way (one save needs "
-                    f"~976.6 KB, {cli.human_bytes(cli.free_bytes(ckpt))} free); the last whole save global_step_2 is "
-                    "intact: free space and run the same command to resume from it (or keep fewer saves: "
+    assert line == (f"error: {ckpt}: no space left: the save global_step_3 stopped part-way (one save needs "
+                    f"~976.6 KB, {cli.human_bytes(cli.free_bytes(ckpt))} free) (the last whole save global_step_2 is "
+                    "intact: free space and run the same command to resume from it, or keep fewer saves: "
                     "trainer.max_actor_ckpt_to_keep=1)")
 
 

@@ -277,7 +277,7 @@ def test_shell_scripts_dry_run_print_the_final_config(tmp_path):
     assert "max_token_len_per_gpu: 12288" in sft.stdout and "--nproc_per_node=8" in sft.stdout
     assert not any(tmp_path.iterdir())  # nothing built or written
     bad = _script("recipe/opsd/run_opsd.sh", "+model=no_such_model", DEVICE="gpu", TRAIN_FILES="/t.parquet")
-    assert bad.returncode == 2 and bad.stderr.startswith("[launch] error:") and len(bad.stderr.splitlines()) <= 3
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.splitlines()) <= 3
 
 
 @pytest.mark.slow
@@ -327,11 +327,11 @@ def test_a_rollout_cap_missing_from_the_model_presets_table_is_said():
 @pytest.mark.slow
 def test_dry_run_runs_the_launchs_start_up_checks():
     """A value only the typed OPSD config rejects stops a dry run with the line the launch would print."""
-    with pytest.raises(ValueError, match=r"^\[opsd\] invalid config: opsd.student_mode must be one of"):
+    with pytest.raises(ValueError, match=r"^config: opsd.student_mode must be one of"):
         gpu_plan(OPSD, ["+model=qwen3_1p7b", "opsd.student_mode=bogus"])
     bad = _script("recipe/opsd/run_opsd.sh", "+model=qwen3_1p7b", "opsd.loss.beta=2", DEVICE="gpu",
                   TRAIN_FILES=str(INPUTS.train))
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("[opsd] invalid config: opsd.loss.beta")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: config: opsd.loss.beta")
 
 
 @pytest.mark.slow

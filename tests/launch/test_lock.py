@@ -50,9 +50,9 @@ def test_a_second_launch_is_refused_naming_the_first(tmp_path):
         second = try_from_another_process(tmp_path / "ckpt")
         record = json.loads((tmp_path / "ckpt" / lock.LOCK_FILE).read_text())
         assert second.returncode == 2 and second.stdout.strip() == (
-            f"[launch] error: CKPT_DIR={tmp_path / 'ckpt'} is in use by another launch (pid {first.pid} on "
-            f"{record['host']}, started {record['started_utc']}: python -m recipe.launch opsd (first)); wait for it "
-            "to end (or stop it), or set CKPT_DIR to another directory")
+            f"error: CKPT_DIR={tmp_path / 'ckpt'}: in use by another launch (pid {first.pid} on "
+            f"{record['host']}, started {record['started_utc']}: python -m recipe.launch opsd (first)) (wait for it "
+            "to end (or stop it), or set CKPT_DIR to another directory)")
     finally:
         first.kill()
         first.wait()

@@ -76,12 +76,12 @@ def test_another_config_is_refused_one_line_per_key(launch_inputs, tmp_path):
     with pytest.raises(ConfigChangedError) as caught:
         relaunch(OPSD, launch_inputs, ckpt, ["actor_rollout_ref.actor.optim.lr=3e-6", "opsd.loss.clip_tau=0.2"], steps=4)
     lines = caught.value.line.splitlines()
-    assert lines[0] == (f"[launch] error: {ckpt / 'global_step_2'} was saved by a launch with another config "
-                        f"({first.config_path}); this launch differs in 2 setting(s) (saved -> now):")
-    assert lines[1:3] == ["[launch]   actor_rollout_ref.actor.optim.lr: 1e-06 -> 3e-06",
-                          "[launch]   opsd.loss.clip_tau: 0.05 -> 0.2"]
-    assert lines[3] == (f"[launch] to start a new run set CKPT_DIR to another directory (or remove {ckpt}); to resume "
-                        "this save with the new values anyway set RESUME_WITH_CHANGES=1")
+    assert lines[0] == (f"error: {ckpt / 'global_step_2'}: saved by a launch with another config "
+                        f"({first.config_path}); this launch differs in 2 setting(s) (to start a new run set CKPT_DIR "
+                        f"to another directory (or remove {ckpt}); to resume this save with the new values anyway set "
+                        "RESUME_WITH_CHANGES=1)")
+    assert lines[1:] == ["  actor_rollout_ref.actor.optim.lr: 1e-06 -> 3e-06 (saved -> now)",
+                         "  opsd.loss.clip_tau: 0.05 -> 0.2 (saved -> now)"]
     anyway = relaunch(OPSD, launch_inputs, ckpt, ["actor_rollout_ref.actor.optim.lr=3e-6", "opsd.loss.clip_tau=0.2"],
                       steps=4, resume_with_changes=True)
     assert ("resuming " + str(ckpt / "global_step_2") + " with 2 setting(s) changed from launch_config.yaml "
@@ -117,8 +117,9 @@ def test_the_reference_is_the_config_of_the_launch_that_wrote_the_save(launch_in
     SAVE(ckpt, 3, launch_inputs.model)
     os.utime(ckpt / "global_step_3" / "data.pt", ns=(saved + 2 * 10**9, saved + 2 * 10**9))
     assert reference_config(ckpt / "global_step_3") == later.config_path
-    with pytest.raises(ConfigChangedError, match=r"optim.lr: 3e-06 -> 5e-07"):
+    with pytest.raises(ConfigChangedError) as changed:
         relaunch(GRPO, launch_inputs, ckpt, steps=4)
+    assert "optim.lr: 3e-06 -> 5e-07" in changed.value.line
 
 
 def test_a_save_without_a_launch_config_is_resumed_with_a_note(launch_inputs, tmp_path, make_save):

@@ -189,5 +189,5 @@ def test_the_launcher_starts_a_launch_of_cells_on_their_entry_point_and_checks_t
     assert launch.command[1:3] == ["-m", "recipe.probe.main_cells"] and cells in launch.command
     assert OmegaConf.to_container(launch.config) == OmegaConf.to_container(compose(recipe, launch.overrides.as_list()))
     assert cells_of(launch.config) == [{"loss": {"clip_tau": None}}, {"teacher_context": "unrelated", "temperature": 0.7}]
-    with pytest.raises(ValueError, match=r"^\[opsd\] invalid config: probe.cells\[1\]: opsd.loss.clip_tau"):
+    with pytest.raises(ValueError, match=r"^config: probe.cells\[1\]: opsd.loss.clip_tau"):
         plan(recipe, settings, ["+demo=tiny", *CELLS_RUN, "+probe.cells=[{},{loss:{clip_tau:-1}}]"], environ=launch_inputs.env)

@@ -35,10 +35,12 @@ def test_dry_run_composes_three_opsd_steps_of_qwen3_0p6b_on_vllm_with_the_probe(
     assert not (tmp_path / "gpu_check" / "data").exists()  # a dry run builds nothing
 
 
-def test_without_a_gpu_the_check_is_refused_in_one_line(tmp_path, capsys):
-    assert run_check(cache_dir=tmp_path, detect_gpus=lambda: 0) == 2
-    assert capsys.readouterr().out.strip() == (
-        "[gpu_check] error: nvidia-smi lists no GPU on this machine (--dry-run shows the launch without one)")
+def test_without_a_gpu_the_check_is_refused_in_one_line(tmp_path):
+    from recipe.common.cli import InputError
+
+    with pytest.raises(InputError) as refused:
+        run_check(cache_dir=tmp_path, detect_gpus=lambda: 0)
+    assert refused.value.line == "error: nvidia-smi: lists no GPU on this machine (--dry-run shows the launch without one)"
 
 
 def _metrics(steps=3):

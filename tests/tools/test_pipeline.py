@@ -71,7 +71,7 @@ def test_gpu_pipeline_requires_its_data_and_refuses_run_variables(tmp_path, gpu_
     assert proc.returncode == 2 and "set per stage by the pipeline" in proc.stderr
     proc = _dry_run(tmp_path, **{**gpu_env, "OPSD_VAL_FILES": str(tmp_path / "missing.parquet")})
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        f"[pipeline] error: data.val_files={tmp_path / 'missing.parquet'} (OPSD_VAL_FILES): no such data file "
+        f"error: data.val_files={tmp_path / 'missing.parquet'} (OPSD_VAL_FILES): no such data file "
         "(set OPSD_VAL_FILES to an existing parquet file)")
 
 

@@ -144,7 +144,7 @@ def test_sft_runs_the_tiny_demo_by_default_and_an_absent_demo_stops_before_build
     proc = subprocess.run(["bash", "recipe/sft/run_sft.sh"], cwd=REPO_ROOT, env={**env, "CPU_DEMO": "toy"},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == \
-        "[launch] error: the sft recipe has no CPU demo 'toy' (CPU_DEMO: one of ['tiny'])", proc.stderr
+        "error: the sft recipe has no CPU demo 'toy' (CPU_DEMO: one of ['tiny'])", proc.stderr
     assert not (tmp_path / "cache").exists()
 
 
