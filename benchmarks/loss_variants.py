@@ -32,9 +32,9 @@ class _ChunkedDivergence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, student_NV, teacher_NV, o: _Opts, chunk_size: int, cdt: torch.dtype):
         values_N = torch.empty(student_NV.shape[0], dtype=cdt, device=student_NV.device)
-        ws = _Workspace(student_NV.device)
+        workspace = _Workspace(student_NV.device)
         for rows in _row_chunks(student_NV.shape[0], chunk_size):
-            values_N[rows], _ = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], o, cdt, False, ws)
+            values_N[rows], _ = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], o, cdt, False, workspace)
         ctx.save_for_backward(student_NV, teacher_NV)
         ctx.o, ctx.chunk_size, ctx.cdt = o, chunk_size, cdt
         return values_N
@@ -43,9 +43,9 @@ class _ChunkedDivergence(torch.autograd.Function):
     def backward(ctx, grad_N):
         student_NV, teacher_NV = ctx.saved_tensors
         grad_NV = torch.empty_like(student_NV)
-        ws = _Workspace(student_NV.device)
+        workspace = _Workspace(student_NV.device)
         for rows in _row_chunks(student_NV.shape[0], ctx.chunk_size):
-            _, g = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], ctx.o, ctx.cdt, True, ws)
+            _, g = _rows_value_and_grad(student_NV[rows], teacher_NV[rows], ctx.o, ctx.cdt, True, workspace)
             grad_NV[rows] = g.mul_(grad_N[rows, None].to(ctx.cdt))
         return grad_NV, None, None, None, None
 
@@ -58,9 +58,9 @@ class _FusedLinearDivergence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, o: _Opts, chunk_size: int, cdt: torch.dtype):
         values_N = torch.empty(hs_NH.shape[0], dtype=cdt, device=hs_NH.device)
-        ws = _Workspace(hs_NH.device)
+        workspace = _Workspace(hs_NH.device)
         for rows in _row_chunks(hs_NH.shape[0], chunk_size):
-            values_N[rows], _ = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, False, ws)
+            values_N[rows], _ = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, False, workspace)
         ctx.save_for_backward(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V)
         ctx.o, ctx.chunk_size, ctx.cdt = o, chunk_size, cdt
         return values_N
@@ -74,10 +74,11 @@ class _FusedLinearDivergence(torch.autograd.Function):
         # weight / bias gradients accumulate over chunks in the compute dtype (fp32 for bf16 weights)
         grad_w = torch.zeros(ws_VH.shape, dtype=cdt, device=ws_VH.device) if need_w else None
         grad_b = torch.zeros(bs_V.shape, dtype=cdt, device=bs_V.device) if need_b and bs_V is not None else None
-        ws = _Workspace(hs_NH.device)
+        workspace = _Workspace(hs_NH.device)
         for rows in _row_chunks(hs_NH.shape[0], ctx.chunk_size):
-            _, g = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, ctx.o, cdt, True, ws)
-            _accumulate_input_grads(g.mul_(grad_N[rows, None].to(cdt)), hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws)
+            _, g = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, ctx.o, cdt, True, workspace)
+            _accumulate_input_grads(g.mul_(grad_N[rows, None].to(cdt)), hs_NH, ws_VH, rows, grad_h, grad_w, grad_b,
+                                    workspace)
         return (
             grad_h,
             None if grad_w is None else grad_w.to(ws_VH.dtype),

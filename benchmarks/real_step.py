@@ -114,14 +114,31 @@ def floor(student: Path, train_file: Path, preset: dict, *, steps: int, log=prin
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def launch(variant: str, *, student: Path, train_file: Path, steps: int, out: Path, log=print) -> dict[str, float]:
+def preset_overrides(preset: dict, prefix: str = "") -> list[str]:
+    """The real demo's preset as ``key=value`` overrides (a launch with MODEL_PATH / TRAIN_FILES gets the tiny demo's
+    preset underneath; these replace its values)."""
+    out = []
+    for key, value in preset.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out += preset_overrides(value, prefix=name + ".")
+        elif name != "trainer.total_training_steps" and not (isinstance(value, str) and value.startswith("${")):
+            # the bench's steps (STEPS) and the recipe's own interpolations stay
+            out.append(f"{name}={'null' if value is None else value}")
+    return out
+
+
+def launch(variant: str, *, student: Path, train_file: Path, preset: dict, steps: int, out: Path,
+           log=print) -> dict[str, float]:
     """Median verl ``timing_s/<phase>`` over steps 2.. of one launch of the real demo's preset."""
     env_extra, overrides = VARIANTS[variant]
     ckpt = out / variant
     env = {**os.environ, "DEVICE": "cpu", "MODEL_PATH": str(student), "TRAIN_FILES": str(train_file),
            "CKPT_DIR": str(ckpt), "STEPS": str(steps), **env_extra}
-    command = ["bash", "recipe/opsd/run_opsd.sh", "+demo=real", "trainer.save_freq=-1", "opsd.diagnostics.preflight=false",
-               "actor_rollout_ref.rollout.ignore_eos=true", *overrides]
+    if env.get("CPU_ROLLOUT") != "vllm":  # the launcher refuses VLLM_VENV without the vLLM rollout
+        env.pop("VLLM_VENV", None)
+    command = ["bash", "recipe/opsd/run_opsd.sh", *preset_overrides(preset), "trainer.save_freq=-1",
+               "opsd.diagnostics.preflight=false", "actor_rollout_ref.rollout.ignore_eos=true", *overrides]
     start = time.time()
     with open(out / f"{variant}.log", "w") as handle:
         code = subprocess.run(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
@@ -156,14 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 2:
         raise cli.InputError("at least 2 (the first step is warm-up)", file=f"--steps {args.steps}")
-    from recipe.launch.config import Settings
+    from recipe.common.cache import cache_root
 
-    cache = Path(Settings.from_environ(os.environ).cache_dir).expanduser()
+    cache = Path(cache_root()).expanduser()
     out = Path(args.out or tempfile.mkdtemp(prefix="real_step_"))
     out.mkdir(parents=True, exist_ok=True)
     student, train_file, preset = _real_inputs(cache)
     floor_s = floor(student, train_file, preset, steps=args.steps)
-    launches = {name: launch(name, student=student, train_file=train_file, steps=args.steps, out=out)
+    launches = {name: launch(name, student=student, train_file=train_file, preset=preset, steps=args.steps, out=out)
                 for name in args.variants}
     print(f"\nreal demo batch: {preset['data']['train_batch_size']} prompts x {preset['data']['max_response_length']} "
           f"response tokens (every response to the cap), medians of steps 2-{args.steps}; {os.cpu_count()} cores\n")

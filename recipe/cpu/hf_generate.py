@@ -187,7 +187,9 @@ def sample_batch(
         epsilon_cutoff=0.0,
         eta_cutoff=0.0,
         max_new_tokens=int(params.max_new_tokens),
-        eos_token_id=None if params.ignore_eos else list(eos_token_ids),
+        # ignore_eos: an id past the vocabulary, which no step samples (None would let transformers fill in the
+        # model's own end of sequence from its generation config)
+        eos_token_id=[model.get_output_embeddings().weight.shape[0]] if params.ignore_eos else list(eos_token_ids),
         pad_token_id=pad_token_id,
         bos_token_id=None,
         return_dict_in_generate=True,

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(error_line(err), file=sys.stderr)
         return 2
     except RuntimeError as err:  # a demo stage failed: the message carries the end of its log
-        print(f"[launch] {err}", file=sys.stderr)
+        print(getattr(err, "line", None) or f"[launch] {err}", file=sys.stderr)
         return getattr(err, "exit_code", None) or 1  # a failed training launch: the trainer's exit code
     if launch.finished and not dry_run:  # a relaunch of a finished run: nothing to train (recipe.launch.resume)
         print(launch.finished, flush=True)

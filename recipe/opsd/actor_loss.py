@@ -1,36 +1,12 @@
-"""verl glue: the OPSD actor's loss function on one micro-batch (set by ``recipe.opsd.worker``).
+"""verl glue: the OPSD actor's loss function on one micro-batch (``opsd_loss``, set by ``recipe.opsd.worker``).
 
-It takes the student's final hidden states at the response positions with the live lm_head weight
-(from the engine's forward, ``recipe.opsd.engine``) and the frozen teacher's hidden states with the
-teacher's lm_head, and returns
-
-    sum over the micro-batch's loss positions of w_t d_t (+ the SFT term), x dp_size
-
-where d_t is the objective's per-position loss (``opsd.loss.objective``, ``recipe.opsd.core.objectives``)
-and w_t its weight in the mini-batch loss under ``opsd.loss.loss_agg_mode``
-(``losses.aggregation_weights``, verl's mode names; default ``seq-mean-token-mean``, the paper's
-per-rollout average), from the mini-batch's global counts of loss positions and rollouts (all dp
-ranks; verl supplies ``batch_num_tokens``, the engine ``opsd_loss_sequences``). FSDP averages
-gradients over dp ranks, hence the x dp_size: the update is the mini-batch loss and does not depend
-on how the mini-batch is split into micro-batches or ranks.
-
-What happens here, for every objective alike (no formula lives here, and no name is branched on):
-
-1. the token diagnostics (``signals``): from the objective's own vocabulary pass when it has one
-   (``objective.signals_in_loss_pass()``), else from a no-grad pass first
-   (``signals.token_signals_from_hidden``), which the objective then reads (e.g. ``teacher_logp``);
-2. the loss positions: the trainer's ``loss_mask``; entropy positions (``he:Q`` / ``le:Q``) are
-   ranked here by the student entropy at ``student_temperature`` (the distribution the student
-   samples from) -- the completions of a micro-batch are whole, so the per-completion selection is
-   exact; the trainer's mask only carries how many positions each completion keeps (ceil(Q x
-   length)) so that verl's counts are right, and the counts are checked to agree;
-3. the objective's loss on an ``ObjectiveBatch``;
-4. ``opsd.loss.sft_weight`` > 0: + sft_weight x the SFT term, the student's NLL of each row's
-   reference solution + EOS given its student prompt, at temperature 1, from ``sft_hidden`` -- the
-   final hidden states of a second student forward on the ``opsd_sft_*`` rows that the engine runs
-   before this one -- weighted dp_size / (solution tokens of the mini-batch, all ranks:
-   ``opsd_sft_tokens``), its own count. One backward covers both forwards;
-5. the metrics: exact token means over the mini-batch's response tokens (all ranks), no sampling.
+From the student's final hidden states at the response positions with the live lm_head weight (the engine's
+forward, ``recipe.opsd.engine``) and the frozen teacher's with the teacher's lm_head it returns
+sum_t w_t d_t (+ the SFT term) x dp_size: d_t the objective's per-position loss
+(``recipe.opsd.core.objectives``), w_t its weight in the mini-batch loss under ``opsd.loss.loss_agg_mode``
+(docs/core_math.md, "The loss": aggregation), x dp_size because FSDP averages gradients over dp ranks, so
+the update does not depend on how the mini-batch is split. No formula lives here and no objective name is
+branched on; the steps, alike for every objective: ``opsd_loss``.
 """
 
 from __future__ import annotations
@@ -133,6 +109,28 @@ def opsd_loss(model_output, data, dp_group=None, *, loss_config, objective=None,
         ``opsd_sft_tokens`` with an SFT weight.
     loss_config: ``recipe.opsd.core.config.LossConfig``; objective: its built objective (default: built here).
     teacher_weight_VH: the teacher's lm_head; None = the live one, detached (LoRA / kind live).
+
+    Returns sum over the micro-batch's loss positions of w_t d_t (+ the SFT term), x dp_size, with w_t
+    from ``losses.aggregation_weights`` (verl's mode names; default ``seq-mean-token-mean``, the paper's
+    per-rollout average) and the mini-batch's global counts of loss positions and rollouts (all dp ranks;
+    verl supplies ``batch_num_tokens``, the engine ``opsd_loss_sequences``). The steps, for every objective
+    alike:
+
+    1. the token diagnostics (``signals``): from the objective's own vocabulary pass when it has one
+       (``objective.signals_in_loss_pass()``), else from a no-grad pass first
+       (``signals.token_signals_from_hidden``), which the objective then reads (e.g. ``teacher_logp``);
+    2. the loss positions: the trainer's ``loss_mask``; entropy positions (``he:Q`` / ``le:Q``) are
+       ranked here by the student entropy at ``student_temperature`` (the distribution the student
+       samples from) -- the completions of a micro-batch are whole, so the per-completion selection is
+       exact; the trainer's mask only carries how many positions each completion keeps (ceil(Q x
+       length)) so that verl's counts are right, and the counts are checked to agree;
+    3. the objective's loss on an ``ObjectiveBatch``;
+    4. ``opsd.loss.sft_weight`` > 0: + sft_weight x the SFT term, the student's NLL of each row's
+       reference solution + EOS given its student prompt, at temperature 1, from ``sft_hidden`` -- the
+       final hidden states of a second student forward on the ``opsd_sft_*`` rows that the engine runs
+       before this one -- weighted dp_size / (solution tokens of the mini-batch, all ranks:
+       ``opsd_sft_tokens``), its own count. One backward covers both forwards;
+    5. the metrics: exact token means over the mini-batch's response tokens (all ranks), no sampling.
     """
     from verl.utils.metric import AggregationType, Metric
 

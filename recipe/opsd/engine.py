@@ -1,26 +1,13 @@
 """verl glue: the OPSD forward of verl's FSDP engine, on final hidden states.
 
-``OPSDEngineMixin`` is mixed into the FSDP LM engine class of both actor and teacher
-(``opsd_engine_class``; the worker swaps the engine's class after verl built it). When a micro-batch
-carries ``opsd_forward`` it runs the unchanged HF model, captures the FINAL hidden states (the
-decoder's output after its final norm = the lm_head input) with a forward hook, asks HF for the
-logits of one position only (``logits_to_keep=1``, so no [N, V] tensor), and gathers the hidden
-states that predict the response tokens: ``[B, R, H]``.
-
-* ``opsd_forward="teacher_hidden"``: returns them (teacher, no grad); with
-  ``opsd_teacher_rank_chunk_size`` set it also returns ``teacher_rank`` [B, R], the rank of each
-  sampled token under the teacher's own lm_head (``signals.sampled_token_rank_from_hidden``, computed
-  in place of that lm_head, chunked; for ``positions: advt:K``).
-* ``opsd_forward="student_loss"``: hands them, with the live lm_head weight (an FSDP2 DTensor gathered
-  with ``full_tensor()``, which is differentiable), to the loss function
-  (``recipe.opsd.actor_loss.opsd_loss``), computed INSIDE the model's forward in place of its lm_head
-  so that FSDP2's backward hooks re-gather the weight. With SFT rows in the micro-batch
-  (``opsd.loss.sft_weight`` > 0) a first student forward on them gives ``sft_hidden`` (with grad),
-  handed to the same loss function: one loss, one backward through both forwards.
-
-Without ``opsd_forward`` the stock verl forward runs. ``SkipNonFiniteLossMixin`` skips the optimizer
-step of a mini-batch whose loss is not finite on any rank (``recipe.opsd.core.nonfinite``). Only
-FSDP2 without Ulysses sequence parallelism is supported.
+``OPSDEngineMixin`` is mixed into the FSDP LM engine class of both actor and teacher (``opsd_engine_class``;
+the worker swaps the engine's class after verl built it). A micro-batch carrying ``opsd_forward`` runs the
+unchanged HF model, captures the FINAL hidden states (the lm_head input) with a forward hook and never forms
+[N, V]: ``teacher_hidden`` returns them (teacher, no grad), ``student_loss`` hands them with the live lm_head
+weight to ``recipe.opsd.actor_loss.opsd_loss`` inside the forward (details: ``OPSDEngineMixin``). Without
+``opsd_forward`` the stock verl forward runs. ``SkipNonFiniteLossMixin`` skips the optimizer step of a
+mini-batch whose loss is not finite on any rank (``recipe.opsd.core.nonfinite``). Only FSDP2 without Ulysses
+sequence parallelism is supported.
 """
 
 from __future__ import annotations
@@ -69,7 +56,24 @@ def capture_final_hidden(module):
 
 
 class OPSDEngineMixin:
-    """Mixed into verl's FSDP LM engine class: an OPSD forward that works on final hidden states."""
+    """Mixed into verl's FSDP LM engine class: an OPSD forward that works on final hidden states.
+
+    When a micro-batch carries ``opsd_forward`` it runs the unchanged HF model, captures the FINAL hidden
+    states (the decoder's output after its final norm = the lm_head input) with a forward hook, asks HF for
+    the logits of one position only (``logits_to_keep=1``, so no [N, V] tensor), and gathers the hidden
+    states that predict the response tokens: ``[B, R, H]``.
+
+    - ``opsd_forward="teacher_hidden"``: returns them (teacher, no grad); with
+      ``opsd_teacher_rank_chunk_size`` set it also returns ``teacher_rank`` [B, R], the rank of each
+      sampled token under the teacher's own lm_head (``signals.sampled_token_rank_from_hidden``, computed
+      in place of that lm_head, chunked; for ``positions: advt:K``).
+    - ``opsd_forward="student_loss"``: hands them, with the live lm_head weight (an FSDP2 DTensor gathered
+      with ``full_tensor()``, which is differentiable), to the loss function
+      (``recipe.opsd.actor_loss.opsd_loss``), computed INSIDE the model's forward in place of its lm_head
+      so that FSDP2's backward hooks re-gather the weight. With SFT rows in the micro-batch
+      (``opsd.loss.sft_weight`` > 0) a first student forward on them gives ``sft_hidden`` (with grad),
+      handed to the same loss function: one loss, one backward through both forwards.
+    """
 
     def forward_backward_batch(self, data, loss_function, forward_only=False):
         if tu.get_non_tensor_data(data=data, key=OPSD_FORWARD_KEY, default=None) == "student_loss":

@@ -2,20 +2,13 @@
 
     bash recipe/opsd/run_opsd.sh +experiment=async_one_step_off      # or +experiment=async_fully
 
-The rollout runs on its own resource pool (verl's standalone rollout replicas, ``rollout.*``); the
-training pool holds the OPSD worker -- actor and frozen teacher in one process per rank, as in the
-synchronous trainer -- so the teacher stays on the training side and scores each sample's exact
-tokens whatever policy version produced them; only the student side is off-policy. The weight push
-between the pools is verl's checkpoint engine (on the CPU: ``recipe.cpu.checkpoint_engine``). Every
-step logs the policy-version lag of each sample (``async/lag_*``); the OPSD loss takes no off-policy
-correction (the teacher's target is exact for any sampled prefix).
-
-- ``OPSDOneStepOffTrainer``: ``OPSDStepMixin`` on ``recipe.async_rl.trainers.VersionedOneStepOffTrainer``
-  (verl's ``OneStepOffRayTrainer``): its ``fit`` / ``fit_step`` are verl's with the PPO stages replaced
-  by ``_opsd_step`` (and the pre-flight gate, a resumed run's monitor stop, the stop of a step);
-- ``OPSDFullyAsyncTrainer``: the same on ``VersionedFullyAsyncTrainer`` (verl's ``FullyAsyncTrainer``,
-  samples from verl's message queue), with ``InputsKeepingRollouter`` on the rollout side;
-- ``OPSDAsyncTaskRunner`` / ``run_opsd_one_step_off``: the task runners ``main_opsd`` starts.
+The rollout runs on its own resource pool; the training pool holds the OPSD worker (actor and frozen teacher
+in one process per rank, as in the synchronous trainer), so the teacher scores each sample's exact tokens
+whatever policy version produced them and only the student side is off-policy: the OPSD loss takes no
+off-policy correction. The weight push between the pools is verl's checkpoint engine (on the CPU:
+``recipe.cpu.checkpoint_engine``); every step logs each sample's policy-version lag (``async/lag_*``).
+``OPSDOneStepOffTrainer``, ``OPSDFullyAsyncTrainer`` and their task runners (``OPSDAsyncTaskRunner``,
+``run_opsd_one_step_off``) are what ``main_opsd`` starts.
 """
 
 from __future__ import annotations
@@ -98,7 +91,10 @@ class SeparatePoolsOPSD(OPSDStepMixin):
 
 
 class OPSDOneStepOffTrainer(SeparatePoolsOPSD, VersionedOneStepOffTrainer):
-    """OPSD on verl's one-step-off trainer (see the module docstring)."""
+    """OPSD on verl's one-step-off trainer: ``OPSDStepMixin`` on ``recipe.async_rl.trainers.VersionedOneStepOffTrainer``
+    (verl's ``OneStepOffRayTrainer``, the rollout on verl's standalone rollout replicas, ``rollout.*``): its
+    ``fit`` / ``fit_step`` are verl's with the PPO stages replaced by ``_opsd_step`` (and the pre-flight gate,
+    a resumed run's monitor stop, the stop of a step)."""
 
     def __init__(self, *args, opsd_config: OPSDConfig, **kwargs):
         super().__init__(*args, **kwargs)
@@ -163,8 +159,10 @@ class OPSDOneStepOffTrainer(SeparatePoolsOPSD, VersionedOneStepOffTrainer):
 
 
 class OPSDFullyAsyncTrainer(SeparatePoolsOPSD, VersionedFullyAsyncTrainer):
-    """OPSD on verl's fully-async trainer (see the module docstring). Steps and checkpoints count
-    weight versions (``trigger_parameter_sync_step`` = 1: one version per optimizer step)."""
+    """OPSD on verl's fully-async trainer: the same as ``OPSDOneStepOffTrainer`` on
+    ``VersionedFullyAsyncTrainer`` (verl's ``FullyAsyncTrainer``, samples from verl's message queue), with
+    ``InputsKeepingRollouter`` on the rollout side. Steps and checkpoints count weight versions
+    (``trigger_parameter_sync_step`` = 1: one version per optimizer step)."""
 
     def __init__(self, config, tokenizer, role_worker_mapping, resource_pool_manager, ray_worker_group_cls,
                  device_name=None):

@@ -1,39 +1,14 @@
 """The OPSD step on a rolled-out batch, shared by every OPSD trainer (verl glue).
 
-``OPSDStepMixin`` holds what an OPSD step does after verl's rollout, whichever verl trainer drives
-the loop: the synchronous ``RayPPOTrainer`` (``recipe.opsd.opsd_ray_trainer``) or verl's
-one-step-off and fully-async trainers (``recipe.opsd.opsd_async_trainers``):
-
-- no reward for training, no advantage, no critic, no KL-to-ref, no old log-probs;
-- every sample's teacher input is built at the token level: its teacher prompt
-  (``prompts.build_prompt_pair(opsd.teacher_context, extra_info)`` rendered by
-  ``chat.render_ids`` in ``opsd.teacher_mode``, at most ``opsd.teacher_max_prompt_length`` tokens)
-  followed by the student's response ids (``chat.splice_teacher_inputs``: never decoded, no pad in
-  between);
-- the teacher inputs travel with the actor batch; inside ``update_actor`` each worker runs the
-  frozen teacher on its own rows and keeps its final hidden states at the response positions
-  (``worker.OPSDActorRolloutRefWorker.update_actor``; for ``advt:K`` the loss positions come
-  from the teacher's rank of each sampled token there), the other loss positions are selected here
-  (``positions.select_positions``; ``he:Q`` / ``le:Q`` are ranked by the student entropy inside the
-  actor's loss, see ``recipe.opsd.actor_loss``), and the actor is updated with
-  ``recipe.opsd.actor_loss.opsd_loss``;
-- what the objective asks for (``recipe.opsd.core.objectives``): a second teacher input on the
-  reference-only prompt (``prompts.reference_only_messages``: the teacher prompt without the
-  question, ``needs_reference_forward``) and the step's values (``step_values`` over
-  ``trainer.total_training_steps``, e.g. beta-OPSD's teacher weight) go to the actor;
-- after the update: the rollout metrics, the collapse monitor and the non-finite guard, which may
-  stop the run; a checkpoint also holds their state (``_save_opsd_state``).
-
-The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
-With ``opsd.loss.task_weight`` > 0 (or an objective that ``needs_task_reward``: RLSD) the trainer
-grades every rollout with the one grader and sends each response's GRPO group advantage to the actor
-(``_add_task_advantages``); with ``opsd.loss.sft_weight`` > 0 it sends each row's student prompt +
-reference solution + EOS (``_add_sft_inputs``) for the SFT term (docs/core_math.md "Mixed objectives").
-
-A trainer using the mixin owns ``config``, ``tokenizer``, ``actor_rollout_wg`` (a worker group of
-``recipe.opsd.worker.OPSDActorRolloutRefWorker``), ``global_steps`` (the step being trained,
-1-based), ``total_training_steps`` and ``train_dataset``; it calls ``_init_opsd`` once and
-``_opsd_step`` on every rolled-out batch.
+``OPSDStepMixin`` holds what an OPSD step does after verl's rollout, whichever verl trainer drives the loop
+(``recipe.opsd.opsd_ray_trainer``, ``recipe.opsd.opsd_async_trainers``): no reward for training, no
+advantage, critic, KL-to-ref or old log-probs; each sample's teacher input built at the token level
+(``core.inputs.TeacherInputs``), the loss positions, what the objective asks for (a reference-only teacher
+input, per-step values, task advantages, SFT rows), the update with the teacher forward inside
+(``worker.OPSDActorRolloutRefWorker.update_actor``, ``actor_loss.opsd_loss``), then the rollout metrics,
+the collapse monitor and the non-finite guard. The rollout reward is only logged unless the objective uses
+it (docs/core_math.md, "Objectives", task reward). The step and what a trainer using the mixin owns:
+``OPSDStepMixin``.
 """
 
 from __future__ import annotations
@@ -78,7 +53,40 @@ MONITOR_STATE_FILE = "opsd_monitor.json"
 
 
 class OPSDStepMixin:
-    """The OPSD step (see the module docstring); mixed in before a verl trainer class."""
+    """The OPSD step; mixed in before a verl trainer class (the synchronous ``RayPPOTrainer`` or verl's
+    one-step-off and fully-async trainers).
+
+    - no reward for training, no advantage, no critic, no KL-to-ref, no old log-probs;
+    - every sample's teacher input is built at the token level: its teacher prompt
+      (``prompts.build_prompt_pair(opsd.teacher_context, extra_info)`` rendered by
+      ``chat.render_ids`` in ``opsd.teacher_mode``, at most ``opsd.teacher_max_prompt_length`` tokens)
+      followed by the student's response ids (``chat.splice_teacher_inputs``: never decoded, no pad in
+      between);
+    - the teacher inputs travel with the actor batch; inside ``update_actor`` each worker runs the
+      frozen teacher on its own rows and keeps its final hidden states at the response positions
+      (``worker.OPSDActorRolloutRefWorker.update_actor``; for ``advt:K`` the loss positions come
+      from the teacher's rank of each sampled token there), the other loss positions are selected here
+      (``positions.select_positions``; ``he:Q`` / ``le:Q`` are ranked by the student entropy inside the
+      actor's loss, see ``recipe.opsd.actor_loss``), and the actor is updated with
+      ``recipe.opsd.actor_loss.opsd_loss``;
+    - what the objective asks for (``recipe.opsd.core.objectives``): a second teacher input on the
+      reference-only prompt (``prompts.reference_only_messages``: the teacher prompt without the
+      question, ``needs_reference_forward``) and the step's values (``step_values`` over
+      ``trainer.total_training_steps``, e.g. beta-OPSD's teacher weight) go to the actor;
+    - after the update: the rollout metrics, the collapse monitor and the non-finite guard, which may
+      stop the run; a checkpoint also holds their state (``_save_opsd_state``).
+
+    The rollout reward (the project's grader, if configured as verl's custom reward) is only logged.
+    With ``opsd.loss.task_weight`` > 0 (or an objective that ``needs_task_reward``: RLSD) the trainer
+    grades every rollout with the one grader and sends each response's GRPO group advantage to the actor
+    (``_add_task_advantages``); with ``opsd.loss.sft_weight`` > 0 it sends each row's student prompt +
+    reference solution + EOS (``_add_sft_inputs``) for the SFT term.
+
+    A trainer using the mixin owns ``config``, ``tokenizer``, ``actor_rollout_wg`` (a worker group of
+    ``recipe.opsd.worker.OPSDActorRolloutRefWorker``), ``global_steps`` (the step being trained,
+    1-based), ``total_training_steps`` and ``train_dataset``; it calls ``_init_opsd`` once and
+    ``_opsd_step`` on every rolled-out batch.
+    """
 
     # a segment of the run that counts its own steps (set by a subclass that trains several short runs in one launch):
     # the global steps before it and its steps (a plain run: 0 and None = all of them); the collapse monitor, the
@@ -465,7 +473,7 @@ class OPSDStepMixin:
         return True
 
     def _preflight_divergence(self) -> dict:
-        """The pre-flight gate's model-level part (docs/opsd_recipe.md "Pre-flight gate"): the first
+        """The pre-flight gate's model-level part (docs/opsd_recipe.md "Start-up checks"): the first
         ``preflight.GATE_ROWS`` training rows, each twice -- student prompt of the configured context with
         its teacher prompt (the trainer's ``TeacherInputs``), and the none control (student and teacher
         prompt of context ``none``, both in the student's mode) -- with the reference solution's first

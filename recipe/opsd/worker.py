@@ -1,20 +1,13 @@
 """verl glue: the OPSD worker -- actor, rollout and teacher in verl's ``ActorRolloutRefWorker``.
 
-The teacher is verl's reference policy: ``ActorRolloutRefWorker`` already builds, in the same worker
-processes as the actor, a frozen FSDP copy of the initial student loaded from the same checkpoint
-(``actor_rollout_ref.model.path``), never given an optimizer, its parameters in host memory (verl's
-forward-only FSDP2 engine always uses ``CPUOffloadPolicy``). In LoRA mode verl builds no second copy
-and the teacher is the actor with its adapters disabled. We reuse that role instead of a separate
-pool (a separate pool would need its own GPUs or a second colocated worker group, and ship its
-output through the driver).
-
-``OPSDActorRolloutRefWorker`` gives actor and teacher the OPSD engine (``recipe.opsd.engine``), sets
-the OPSD loss with a frozen copy of the teacher's lm_head (read once from its checkpoint; in LoRA
-mode the lm_head is not adapted, so the live one is the initial one), and runs the teacher forward
-inside ``update_actor``, on the rows verl dispatched to the rank, right before the update: the
-teacher's hidden states [B, R, H] never travel through the driver (only its input ids do). What the
-objective needs beyond that (a reference-only teacher forward) it says itself
-(``recipe.opsd.core.objectives``).
+The teacher is verl's reference policy: a frozen FSDP copy of the initial student in the actor's processes
+(``actor_rollout_ref.model.path``, no optimizer, parameters in host memory: verl's forward-only FSDP2 engine
+always uses ``CPUOffloadPolicy``; with LoRA, verl builds no second copy: the actor with its adapters disabled),
+reused instead of a separate pool (which would need its own GPUs or a second colocated worker group, and ship
+its output through the driver). ``OPSDActorRolloutRefWorker`` gives actor and teacher the OPSD engine
+(``recipe.opsd.engine``), sets the OPSD loss with a frozen copy of the teacher's lm_head and runs the teacher
+forward inside ``update_actor``, on the rank's own rows: the teacher's hidden states [B, R, H] never travel
+through the driver (details: ``OPSDActorRolloutRefWorker``).
 """
 
 from __future__ import annotations
@@ -110,7 +103,15 @@ def other_model_config(model_config, path: str):
 
 
 class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
-    """Actor + rollout + frozen teacher (verl's ref) with the OPSD loss and teacher hidden states."""
+    """Actor + rollout + frozen teacher (verl's ref) with the OPSD loss and teacher hidden states.
+
+    Gives actor and teacher the OPSD engine (``recipe.opsd.engine``), sets the OPSD loss with a frozen copy
+    of the teacher's lm_head (read once from its checkpoint; in LoRA mode the lm_head is not adapted, so the
+    live one is the initial one), and runs the teacher forward inside ``update_actor``, on the rows verl
+    dispatched to the rank, right before the update: the teacher's hidden states [B, R, H] never travel
+    through the driver (only its input ids do). What the objective needs beyond that (a reference-only
+    teacher forward) it says itself (``recipe.opsd.core.objectives``).
+    """
 
     actor_worker_cls = OPSDTrainingWorker
     ref_worker_cls = OPSDTrainingWorker
@@ -270,7 +271,7 @@ class OPSDActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def preflight_divergence(self, tensors: dict, temperature: float) -> dict:
         """The pre-flight gate's model-level part (``recipe.opsd.core.preflight``, docs/opsd_recipe.md
-        "Pre-flight gate"), at the start of training, on every rank with the same few rows (FSDP needs
+        "Start-up checks"), at the start of training, on every rank with the same few rows (FSDP needs
         every rank in each forward; the rows are a handful).
 
         ``tensors``: a verl-layout batch (``input_ids``, ``attention_mask``, ``position_ids``: the student

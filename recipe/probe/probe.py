@@ -1,39 +1,14 @@
 """The compatibility probe: frozen signals and K monitored OPSD steps per cell, with indicators and a verdict per cell.
 
-Tested only in sample so far and not shown to predict a full run's regime (docs/results/probe.md: toy world
-4 of 4 full runs, but two deciding indicators were added after earlier runs of the same four cells; SmolLM2
-1 of 4, and the verdicts did not repeat across runs); the paper: "Initial forward KL does not predict the
-signed effect".
-
-For one model and training parquet (the launcher's: ``MODEL_PATH`` / ``TRAIN_FILES``, or a CPU demo) and a
-grid of cells -- teacher context x reasoning modes (student:teacher) x clip tau x temperature -- it
-
-1. measures the frozen signals the paper ties to outcomes on the training problems
-   (``recipe.analysis.signal_analysis``: the same rollouts rescored per teacher condition): initial forward
-   KL, D > .05, the highest-entropy 20%'s KL share, the decay of the KL over response positions (last /
-   first quarter of the rollout cap), the teacher's probability of the student's end-of-turn token where
-   the student ended its turn, and the teacher mass the clip removes; and two mechanisms: the accuracy of
-   the teacher's own samples (its prompt) against the student's on the same problems (the shared grader's
-   reward), and the share of decisive positions at which the clip turns the loss's push on the teacher's
-   top token around (``recipe.opsd.core.signals.top_push_summary``);
-2. runs each cell for K monitored OPSD steps through the launcher (``recipe.launch.run.plan`` /
-   ``execute``): the cell's own config, batch and data order at the full run's peak learning rate from the
-   first step (``probe_overrides``), no checkpoint; the cells that share student prompts
-   share one launch (``launch_groups``; ``probe.cells`` on ``recipe.probe.main_cells``: each cell from the initial
-   student on the same batches);
-3. classifies each cell (``recipe.probe.verdicts``: gain / ineffective length growth / stable
-   degradation / collapse / no measurable effect, every indicator with its threshold and its source) and
-   recommends a cell or says that none is compatible.
-
-Outputs in ``--out-dir``: ``probe.json`` (everything, with each cell's cost), ``probe.md`` (the console
-table, the thresholds, the recommendation) and ``probe.png`` (the K-step traces). ``--validate`` then runs
-each cell in full (the demo's before/after held-out evaluation, ``--seeds``) and adds the outcome, a paired
-bootstrap interval of the accuracy change and the agreement (``validation.json``, ``validation.md``);
-``--control OUT_DIR`` adds each validated cell against another probe's full runs (a control arm), seed by seed.
+Not shown to predict a full run's regime (docs/opsd_recipe.md, "Compatibility probe"; docs/results/probe.md). For
+one model and training parquet (the launcher's ``MODEL_PATH`` / ``TRAIN_FILES``, or a CPU demo) and a grid of cells
+it measures the frozen signals on the training problems (``frozen_signals``), runs each cell for K monitored steps
+through the launcher (``run_cells_steps``; cells that share student prompts share one launch), classifies each cell
+(``recipe.probe.verdicts``) and recommends one or says that none is compatible: ``run_probe``, which writes
+probe.json, probe.md and probe.png. The full runs of ``--validate`` / ``--control``: ``recipe.probe.validation``.
 
     CPU_DEMO=toy python scripts/probe.py --out-dir probe_toy --contexts full_solution unrelated --clip-taus none 0.05
     CPU_DEMO=real python scripts/probe.py --out-dir probe_real --clip-taus 0.05 none --temperatures 1.1 0.7
-    MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet python scripts/probe.py --out-dir probe -- +model=qwen3_1p7b
 """
 
 from __future__ import annotations
@@ -82,7 +57,16 @@ def eos_probabilities(token_signals, rollouts, eos_ids: Sequence[int]) -> dict[s
 def frozen_signals(model_path: str, train_file: str, cells: Sequence[Cell], *, cap: int, top_p: float, top_k: int,
                    num_prompts: int, seed: int = 42, log=print) -> dict[str, dict[str, Any]]:
     """``{cell name: frozen summary}``; rollouts sampled once per (student mode, temperature), scored per teacher
-    condition (and per clip tau for the clip diagnostics)."""
+    condition (and per clip tau for the clip diagnostics).
+
+    The frozen signals the paper ties to outcomes, on the training problems (``recipe.analysis.signal_analysis``:
+    the same rollouts rescored per teacher condition): initial forward KL, D > .05, the highest-entropy 20%'s KL
+    share, the decay of the KL over response positions (last / first quarter of the rollout cap), the teacher's
+    probability of the student's end-of-turn token where the student ended its turn, and the teacher mass the
+    clip removes; and two mechanisms: the accuracy of the teacher's own samples (its prompt) against the
+    student's on the same problems (the shared grader's reward), and the share of decisive positions at which
+    the clip turns the loss's push on the teacher's top token around (``recipe.opsd.core.signals.top_push_summary``).
+    """
     from recipe.analysis import signal_analysis as sa
     from recipe.analysis.signal_rollouts import load_model, load_rows, load_tokenizer
     from recipe.common.prompts import student_style
@@ -216,7 +200,21 @@ def launch_shares(results: Sequence[dict[str, Any]]) -> list[float]:
 
 def run_probe(cells: Sequence[Cell], *, recipe, settings, demo_inputs, extra: Sequence[str], steps: int,
               batch: int | None, out_dir: Path, signal_prompts: int, frozen: bool = True, log=print) -> dict[str, Any]:
-    """The probe over ``cells`` (module docstring); writes probe.json / probe.md / probe.png and returns the result."""
+    """The probe over ``cells``; writes probe.json / probe.md / probe.png and returns the result.
+
+    1. the frozen signals of every cell (``frozen_signals``);
+    2. K monitored OPSD steps of each cell through the launcher (``recipe.launch.run.plan`` / ``execute``): the
+       cell's own config, batch and data order at the full run's peak learning rate from the first step
+       (``probe_overrides``), no checkpoint; the cells that share student prompts share one launch
+       (``launch_groups``; ``probe.cells`` on ``recipe.probe.main_cells``: each cell from the initial student on
+       the same batches);
+    3. each cell's verdict (``recipe.probe.verdicts``: gain / ineffective length growth / stable degradation /
+       collapse / no measurable effect, every indicator with its threshold and its source) and the
+       recommendation of a cell, or that none is compatible.
+
+    ``probe.json`` holds everything, with each cell's cost; ``probe.md`` the console table, the thresholds and
+    the recommendation; ``probe.png`` the K-step traces.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     ran = {}
     for number, group in enumerate(launch_groups(cells), start=1):

@@ -86,11 +86,13 @@ def demo_for(recipe: Recipe, settings: Settings) -> Demo:
 
 
 class TrainingFailed(RuntimeError):
-    """A demo's training launch failed; ``exit_code`` is the trainer's (the launcher exits with it)."""
+    """A demo's training launch failed; ``exit_code`` is the trainer's (the launcher exits with it) and ``line`` what
+    the launcher prints (``error: ...`` as it is, anything else after ``[launch] ``)."""
 
     def __init__(self, message: str, *, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+        self.line = message if message.startswith("error: ") else f"[launch] {message}"
 
 
 def before_after_table(before: dict[str, str], after: dict[str, str], *, recipe: str, steps: int,
@@ -135,7 +137,7 @@ def train_demo(recipe: Recipe, settings: Settings, argv: list[str], build: DemoB
     record = execute_with_actions(launch, replan=relaunch_planner(recipe, settings, argv, demo=build.inputs), log=log,
                                   on_line=StepProgress(recipe.name, PROGRESS_KEYS, total=steps), timeout_s=timeout_s)
     if record.get("disk_full"):  # one line, not the log's end (recipe.launch.disk)
-        raise TrainingFailed(record["disk_full"].removeprefix("[launch] "), exit_code=record["exit_code"])
+        raise TrainingFailed(record["disk_full"], exit_code=record["exit_code"])
     if record["exit_code"] not in (0, STOPPED_EXIT_CODE):  # a monitor stop saved its step: merged and evaluated
         raise TrainingFailed(f"{recipe.name} training failed (exit {record['exit_code']}); the end of {log}:\n"
                              + log.read_text()[-3000:], exit_code=record["exit_code"])

@@ -122,6 +122,16 @@ def test_max_new_tokens_and_eos(model):
                            eos_token_ids=[stop_id], pad_token_id=PAD)
     assert through.response_ids[0] == greedy.response_ids[0] and len(through.response_ids[0]) == 8
     assert set(through.finish_reasons) == {"length"}
+    # ... also when that token is the model's own end of sequence (its generation config), which transformers
+    # would otherwise stop on
+    own_eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = stop_id
+    try:
+        through = sample_batch(model, PROMPTS, params=SampleParams(max_new_tokens=8, temperature=0, ignore_eos=True),
+                               eos_token_ids=[stop_id], pad_token_id=PAD)
+    finally:
+        model.generation_config.eos_token_id = own_eos
+    assert through.response_ids[0] == greedy.response_ids[0] and set(through.finish_reasons) == {"length"}
 
 
 def test_sample_params_validation():

@@ -1,35 +1,14 @@
 """Token-level inputs of the teacher and SFT forwards (pure: torch + recipe.common; no verl or ray).
 
-Teacher inputs (``TeacherInputs``). For every rollout the teacher sees its own prompt --
-``prompts.build_prompt_pair(teacher_context, extra_info)`` rendered by ``chat.render_ids`` in
-``teacher_mode``, at most ``teacher_max_prompt_length`` tokens (longer is an error naming the row,
-never truncated) -- followed by the student's response TOKEN IDS (``chat.splice_teacher_inputs``:
-never decoded, no pad in between). ``reference_only`` gives Purified OPSD's reference-only prompt
-instead (``prompts.reference_only_messages``: the teacher prompt without the question).
-``check_student_prompts`` guards the other side: the parquet ``prompt`` the student generated from
-must be the student message of the same teacher context rendered in ``student_mode`` (the
-instruction-only contexts change the student message; a parquet built for another context would
-silently run another experiment).
-
-SFT inputs (``SFTInputs``, ``opsd.loss.sft_weight`` > 0): the student's NLL of each row's reference
-solution given its student prompt (docs/core_math.md, "Mixed objectives" (c)). Per row the prompt is
-``TeacherInputs.student_prompt_ids`` (exactly the prompt the rollouts were generated from); the
-target is ``extra_info["solution"]`` tokenized without special tokens, then the tokenizer's EOS, at
-most ``max_length`` tokens (a longer solution keeps its first ``max_length`` tokens and no EOS and is
-reported as truncated, never cut silently); spliced as the teacher inputs are (prompt left-padded,
-solution right-padded in the last S columns), so verl's ``left_right_2_no_padding`` and the engine's
-response-row gather treat the solution as the "response".
-
-Everything is cached per row (``extra_info`` id, index and problem): a row is rendered and checked
-once per run.
+``TeacherInputs``: per rollout the teacher prompt of ``teacher_context`` (or Purified OPSD's reference-only
+prompt) followed by the student's response TOKEN IDS, never decoded, and the check that the parquet prompt
+the student generated from is the student message of that context. ``SFTInputs`` (``opsd.loss.sft_weight``
+> 0): the student prompt followed by the row's reference solution + EOS. Both cache per row (``row_key``).
 
 Example::
 
     inputs = TeacherInputs.from_config(opsd_config, tokenizer)
-    inputs.check_student_prompts(prompt_ids_per_row, extra_infos)
-    tensors = inputs.spliced(extra_infos, responses_BR, response_attention_BR)
-    sft = SFTInputs(student_prompt_ids=inputs.student_prompt_ids, tokenizer=tokenizer, max_length=1024)
-    sft_tensors = sft.spliced(extra_infos)   # input_ids_BT, ..., responses_BS, response_mask_BS, truncated_B
+    tensors = inputs.spliced(extra_infos, responses_BR, response_attention_BR)   # input_ids_BT, ...
 """
 
 from __future__ import annotations
@@ -42,7 +21,18 @@ SOLUTION_FIELD = "solution"
 
 
 class TeacherInputs:
-    """The teacher prompts of one OPSD run and the check of the student prompts."""
+    """The teacher prompts of one OPSD run and the check of the student prompts.
+
+    For every rollout the teacher sees its own prompt -- ``prompts.build_prompt_pair(teacher_context,
+    extra_info)`` rendered by ``chat.render_ids`` in ``teacher_mode``, at most ``teacher_max_prompt_length``
+    tokens (longer is an error naming the row, never truncated) -- followed by the student's response TOKEN
+    IDS (``chat.splice_teacher_inputs``: never decoded, no pad in between). ``reference_only`` gives Purified
+    OPSD's reference-only prompt instead (``prompts.reference_only_messages``: the teacher prompt without the
+    question). ``check_student_prompts`` guards the other side: the parquet ``prompt`` the student generated
+    from must be the student message of the same teacher context rendered in ``student_mode`` (the
+    instruction-only contexts change the student message; a parquet built for another context would
+    silently run another experiment): ``inputs.check_student_prompts(prompt_ids_per_row, extra_infos)``.
+    """
 
     def __init__(
         self, *, teacher_context: str, student_mode, teacher_mode, teacher_max_prompt_length: int, tokenizer,
@@ -145,12 +135,26 @@ class TeacherInputs:
 
 
 def row_key(extra_info: Mapping) -> tuple:
-    """What identifies a row of the data set for the per-row caches (``extra_info`` id, index, problem)."""
+    """What identifies a row of the data set for the per-row caches (``extra_info`` id, index and problem)."""
     return (extra_info.get("id"), extra_info.get("index"), extra_info.get("problem"))
 
 
 class SFTInputs:
-    """The SFT rows of one OPSD run: student prompt + reference solution + EOS, per row."""
+    """The SFT rows of one OPSD run: student prompt + reference solution + EOS, per row.
+
+    The inputs of the SFT term (docs/core_math.md, "Objectives": the student's NLL of each row's reference
+    solution given its student prompt). Per row the prompt is ``TeacherInputs.student_prompt_ids`` (exactly
+    the prompt the rollouts were generated from); the target is ``extra_info["solution"]`` tokenized without
+    special tokens, then the tokenizer's EOS, at most ``max_length`` tokens (a longer solution keeps its first
+    ``max_length`` tokens and no EOS and is reported as truncated, never cut silently); spliced as the
+    teacher inputs are (prompt left-padded, solution right-padded in the last S columns), so verl's
+    ``left_right_2_no_padding`` and the engine's response-row gather treat the solution as the "response".
+
+    Example::
+
+        sft = SFTInputs(student_prompt_ids=inputs.student_prompt_ids, tokenizer=tokenizer, max_length=1024)
+        sft_tensors = sft.spliced(extra_infos)   # input_ids_BT, ..., responses_BS, response_mask_BS, truncated_B
+    """
 
     def __init__(self, *, student_prompt_ids: Callable[[Mapping], Sequence[int]], tokenizer, max_length: int):
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:

@@ -1,53 +1,13 @@
-"""OPSD per-position divergences over the full vocabulary (pure torch).
+"""OPSD per-position divergences over the full vocabulary (pure torch): the one copy of every loss formula.
 
-This module holds the one copy of every loss formula of the project. For position i
-and vocabulary entry v, with pS = softmax(student_logits / tau_S) and
-pT = softmax(teacher_logits / tau_T), the per-entry terms d_{i,v} are
+The per-entry terms of forward KL (``beta=0``, the default), reverse KL (``beta=1``) and the generalized JSD,
+each capped at ``clip_tau`` before the vocabulary sum, the ``topk`` support and the compute dtype:
+docs/core_math.md, "The loss". :func:`token_divergence` is the readable reference on full logits;
+:func:`fused_linear_weighted_divergence`, what training runs, forms the logits and the analytic gradient
+(``_rows_value_and_grad``) of one row chunk at a time from hidden states and lm_head weights, never [N, V];
+:func:`aggregation_weights` weights the positions by verl's ``loss_agg_mode`` names. Example::
 
-* beta == 0, forward KL(pT || pS):  d_v = pT_v (log pT_v - log pS_v)
-  (paper eq:opsd_clipped; this is the default OPSD objective);
-* beta == 1, reverse KL(pS || pT):  d_v = pS_v (log pS_v - log pT_v);
-* 0 < beta < 1, generalized JSD (paper eq:generalized_jsd), with
-  m = (1 - beta) pS + beta pT:
-  d_v = beta pT_v (log pT_v - log m_v) + (1 - beta) pS_v (log pS_v - log m_v).
-
-The endpoints are dispatched separately, never taken as limits of the JSD. With
-``clip_tau`` the per-position value is ``sum_v min(d_v, clip_tau)``: each vocabulary
-entry is capped BEFORE the vocabulary sum (eq:opsd_clipped), there is no lower clip, so
-a clipped value can be negative. ``topk`` restricts the support to the teacher's top-k
-ids (forward KL and JSD) or the student's top-k ids (reverse KL) and renormalises both
-distributions on that support (no tail bucket).
-
-Everything is computed in float32 (float64 if an input is float64) whatever the input
-dtype (``compute_dtype``). :func:`token_divergence` is the readable reference on full logits
-(plain autograd). :func:`fused_linear_weighted_divergence`, what training runs, takes final
-hidden states and lm_head weights, forms the logits of one row chunk at a time and the analytic
-gradient in the same pass, so no [N, V] tensor ever exists: memory O(chunk_size x V).
-
-Analytic gradient (derived per branch, checked by gradcheck in the tests). Write
-l = log pS (a function of the student logits s through l_v = s_v / tau_S - lse(s / tau_S))
-and k_v = 1[d_v <= clip_tau] (the subgradient of min, matching ``torch.clamp``):
-
-* forward KL:  dL/dl_v = -pT_v k_v
-* reverse KL:  dL/dl_v = pS_v (l_v - log pT_v + 1) k_v
-* JSD_beta:    dL/dl_v = (1 - beta) pS_v (l_v - log m_v) k_v
-* all:         dL/ds_j = (g_j - pS_j sum_v g_v) / tau_S   with g_v = dL/dl_v
-
-The softmax normaliser couples every entry, so an entry whose term is clipped still
-receives gradient through the ``- pS_j sum_v g_v`` part.
-
-Aggregation over positions and rollouts (``aggregation_weights``) uses verl's ``agg_loss`` mode
-names; the default ``seq-mean-token-mean`` is the paper's per-rollout average.
-
-Example::
-
-    from recipe.opsd.core.losses import aggregation_weights, token_divergence
-    per_pos_BT = token_divergence(student_logits_BTV, teacher_logits_BTV,
-                                  beta=0.0, clip_tau=0.05, student_temperature=1.1)
-    w_BT = aggregation_weights(loss_mask_BT, mode="seq-mean-token-mean",
-                               global_tokens=int(loss_mask_BT.sum()),
-                               global_sequences=int((loss_mask_BT.sum(-1) > 0).sum()))
-    loss = (per_pos_BT * w_BT).sum()
+    per_pos_BT = token_divergence(student_logits_BTV, teacher_logits_BTV, beta=0.0, clip_tau=0.05)
 """
 
 from __future__ import annotations
@@ -97,33 +57,39 @@ def forward_kl_terms(logp_t: torch.Tensor, logp_s: torch.Tensor, *, out=None, sc
 
 def _log_mixture(logp_s, logp_t, beta: float, *, out=None, scratch=None) -> torch.Tensor:
     """log m with m = (1 - beta) pS + beta pT, computed in log space (0 < beta < 1)."""
-    a = torch.add(logp_s, math.log1p(-beta), out=out)
-    b = torch.add(logp_t, math.log(beta), out=scratch)
-    return torch.logaddexp(a, b, out=out)
+    log_student_part = torch.add(logp_s, math.log1p(-beta), out=out)  # log((1 - beta) pS)
+    log_teacher_part = torch.add(logp_t, math.log(beta), out=scratch)  # log(beta pT)
+    return torch.logaddexp(log_student_part, log_teacher_part, out=out)
 
 
 def entry_terms(logp_s: torch.Tensor, logp_t: torch.Tensor, *, beta: float, out=None, scratch=None, scratch2=None) -> torch.Tensor:
-    """Unclipped per-vocabulary-entry terms d_v of the beta-divergence (see module docstring)."""
+    """Unclipped per-vocabulary-entry terms d_v of the beta-divergence (docs/core_math.md, "The loss"; the paper's
+    eq:opsd_clipped for beta 0, eq:generalized_jsd between); the endpoints are their own branches, not limits."""
     if beta == 0.0:
         return forward_kl_terms(logp_t, logp_s, out=out, scratch=scratch)
     if beta == 1.0:
         return torch.sub(logp_s, logp_t, out=out).mul_(torch.exp(logp_s, out=scratch))
     logm = _log_mixture(logp_s, logp_t, beta, out=scratch, scratch=scratch2)
-    d = torch.sub(logp_t, logm, out=out).mul_(torch.exp(logp_t, out=scratch2)).mul_(beta)
+    teacher_part = torch.sub(logp_t, logm, out=out).mul_(torch.exp(logp_t, out=scratch2)).mul_(beta)
     student_part = torch.sub(logp_s, logm, out=scratch2)
     student_part.mul_(torch.exp(logp_s, out=scratch)).mul_(1.0 - beta)  # logm is no longer needed
-    return d.add_(student_part)
+    return teacher_part.add_(student_part)
 
 
 def _entry_grad(logp_s, logp_t, *, beta: float, out=None, scratch=None, scratch2=None) -> torch.Tensor:
-    """dd_v / dlog pS_v for each entry (before the clip mask and the softmax normaliser)."""
+    """g_v = dd_v / dl_v for each entry, l = log pS (before the clip mask and the softmax normaliser):
+
+    - forward KL:  g_v = -pT_v
+    - reverse KL:  g_v = pS_v (l_v - log pT_v + 1)
+    - JSD_beta:    g_v = (1 - beta) pS_v (l_v - log m_v)
+    """
     if beta == 0.0:
         return torch.exp(logp_t, out=out).neg_()
     if beta == 1.0:
         return torch.sub(logp_s, logp_t, out=out).add_(1.0).mul_(torch.exp(logp_s, out=scratch))
     logm = _log_mixture(logp_s, logp_t, beta, out=scratch, scratch=scratch2)
-    g = torch.sub(logp_s, logm, out=out)
-    return g.mul_(torch.exp(logp_s, out=scratch2)).mul_(1.0 - beta)
+    grad = torch.sub(logp_s, logm, out=out)
+    return grad.mul_(torch.exp(logp_s, out=scratch2)).mul_(1.0 - beta)
 
 
 def entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -181,89 +147,104 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 
 # --------------------------------------------------------------------------- row kernels
-def _support_ids(s_raw: torch.Tensor, t_raw: torch.Tensor, o: _Opts) -> torch.Tensor:
-    """Top-k support ids [rows, k]: the teacher's for forward KL / JSD, the student's for reverse KL."""
-    ranked = s_raw if o.beta == 1.0 else t_raw
-    return ranked.topk(o.topk, dim=-1, sorted=False).indices
+def _support_ids(student_logits, teacher_logits, opts: _Opts) -> torch.Tensor:
+    """Top-k support ids [rows, k]: the teacher's for forward KL / JSD, the student's for reverse KL (both
+    distributions are then renormalised on it, no tail bucket)."""
+    ranked = student_logits if opts.beta == 1.0 else teacher_logits
+    return ranked.topk(opts.topk, dim=-1, sorted=False).indices
 
 
 class _Workspace:
     """Named [rows, V] buffers reused across the chunks of one forward or backward call."""
 
     def __init__(self, device: torch.device):
-        self.device, self._bufs = device, {}
+        self.device, self._buffers = device, {}
 
     def __call__(self, name: str, rows: int, vocab: int, dtype: torch.dtype) -> torch.Tensor:
-        buf = self._bufs.get(name)
-        if buf is None or buf.shape[0] < rows or buf.shape[1] != vocab or buf.dtype != dtype:
-            buf = self._bufs[name] = torch.empty(rows, vocab, dtype=dtype, device=self.device)
-        return buf[:rows]
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape[0] < rows or buffer.shape[1] != vocab or buffer.dtype != dtype:
+            buffer = self._buffers[name] = torch.empty(rows, vocab, dtype=dtype, device=self.device)
+        return buffer[:rows]
 
 
-def _rows_value_and_grad(s_raw, t_raw, o: _Opts, cdt: torch.dtype, want_grad: bool, ws: _Workspace,
-                         owned: bool = False, need_values: bool = False, on_chunk=None):
-    """Per-row values [rows] or, if ``want_grad``, (values or None, d value / d s_raw [rows, V]).
+def _rows_value_and_grad(student_logits, teacher_logits, opts: _Opts, calc_dtype: torch.dtype, want_grad: bool,
+                         workspace: _Workspace, owned: bool = False, need_values: bool = False, on_chunk=None):
+    """Per-row values [rows] or, if ``want_grad``, (values or None, d value / d student_logits [rows, V]).
 
     With ``want_grad`` the values are computed only if there is a clip or ``need_values``.
     ``on_chunk(logp_s, logp_t)`` (full vocabulary, no top-k) is called with the chunk's two
     log-softmaxes before anything else uses the buffers; it must not modify them.
 
-    Works on raw logits of one chunk; everything inside is in ``cdt``. ``owned`` means
+    Works on the raw logits of one chunk; everything inside is in ``calc_dtype``. ``owned`` means
     the raw logits are scratch buffers of the caller that may be overwritten. The
     returned gradient is a workspace view: consume it before the next chunk.
+
+    The analytic gradient (derived per branch, gradchecked in the tests): with l = log pS (l_v = s_v / tau_S
+    - lse(s / tau_S) of the student logits s), g_v = dL/dl_v from ``_entry_grad`` times the clip's
+    subgradient k_v = 1[d_v <= clip_tau] (as ``torch.clamp``), dL/ds_j = (g_j - pS_j sum_v g_v) / tau_S. The
+    softmax normaliser couples every entry, so a clipped entry still gets gradient through the
+    ``- pS_j sum_v g_v`` part.
+
+    Workspace buffers: ``student_logp`` / ``teacher_logp``; ``scratch`` / ``scratch2`` (the raw logits
+    when the caller put them there, then temporaries, then pS); ``per_entry`` (the terms d_v, then their
+    gradient); ``clipped`` (bool: d_v > clip_tau).
     """
-    rows, vocab = s_raw.shape
-    ids = None
-    if o.topk is not None:
-        ids = _support_ids(s_raw, t_raw, o)
-        s_raw, t_raw = s_raw.gather(-1, ids), t_raw.gather(-1, ids)
+    rows, vocab = student_logits.shape
+    support_ids = None
+    if opts.topk is not None:
+        support_ids = _support_ids(student_logits, teacher_logits, opts)
+        student_logits, teacher_logits = student_logits.gather(-1, support_ids), teacher_logits.gather(-1, support_ids)
         owned = True
 
-    def buf(name, dtype=cdt):  # top-k rows are small: plain allocation
-        return None if ids is not None else ws(name, rows, vocab, dtype)
+    def buffer(name, dtype=calc_dtype):  # top-k rows are small: plain allocation
+        return None if support_ids is not None else workspace(name, rows, vocab, dtype)
 
-    logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt, out=buf("ls"),
-                       scratch=s_raw if owned and s_raw.dtype == cdt else buf("a"))
-    logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt, out=buf("lt"),
-                       scratch=t_raw if owned and t_raw.dtype == cdt else buf("a"))
-    del s_raw, t_raw
+    logp_s = log_probs(student_logits, temperature=opts.student_temperature, dtype=calc_dtype,
+                       out=buffer("student_logp"),
+                       scratch=student_logits if owned and student_logits.dtype == calc_dtype else buffer("scratch"))
+    logp_t = log_probs(teacher_logits, temperature=opts.teacher_temperature, dtype=calc_dtype,
+                       out=buffer("teacher_logp"),
+                       scratch=teacher_logits if owned and teacher_logits.dtype == calc_dtype else buffer("scratch"))
+    del student_logits, teacher_logits
     if on_chunk is not None:
         on_chunk(logp_s, logp_t)
-    values, over = None, None
-    if not want_grad or o.clip_tau is not None or need_values:  # backward needs the terms only for the clip mask
-        d = entry_terms(logp_s, logp_t, beta=o.beta, out=buf("d"), scratch=buf("a"), scratch2=buf("b"))
-        if o.clip_tau is not None:
+    values, clipped = None, None
+    if not want_grad or opts.clip_tau is not None or need_values:  # backward needs the terms only for the clip mask
+        terms = entry_terms(logp_s, logp_t, beta=opts.beta, out=buffer("per_entry"), scratch=buffer("scratch"),
+                            scratch2=buffer("scratch2"))
+        if opts.clip_tau is not None:
             if want_grad:  # min(d, tau) passes gradient where d <= tau (as torch.clamp does)
-                over = torch.gt(d, o.clip_tau, out=buf("over", torch.bool))
-            d.clamp_(max=o.clip_tau)
-        values = d.sum(-1)
+                clipped = torch.gt(terms, opts.clip_tau, out=buffer("clipped", torch.bool))
+            terms.clamp_(max=opts.clip_tau)
+        values = terms.sum(-1)
     if not want_grad:
         return values, None
-    g = _entry_grad(logp_s, logp_t, beta=o.beta, out=buf("d"), scratch=buf("a"), scratch2=buf("b"))
-    if over is not None:
-        g.masked_fill_(over, 0.0)
-    g_sum = g.sum(-1, keepdim=True)
-    p_s = torch.exp(logp_s, out=buf("a"))
-    g.sub_(p_s.mul_(g_sum))
-    if o.student_temperature != 1.0:
-        g.div_(o.student_temperature)
-    if ids is None:
-        return values, g
-    return values, ws("full", rows, vocab, cdt).zero_().scatter_(-1, ids, g)
+    grad = _entry_grad(logp_s, logp_t, beta=opts.beta, out=buffer("per_entry"), scratch=buffer("scratch"),
+                       scratch2=buffer("scratch2"))
+    if clipped is not None:
+        grad.masked_fill_(clipped, 0.0)
+    grad_sum = grad.sum(-1, keepdim=True)
+    p_s = torch.exp(logp_s, out=buffer("scratch"))
+    grad.sub_(p_s.mul_(grad_sum))
+    if opts.student_temperature != 1.0:
+        grad.div_(opts.student_temperature)
+    if support_ids is None:
+        return values, grad
+    return values, workspace("full_vocab_grad", rows, vocab, calc_dtype).zero_().scatter_(-1, support_ids, grad)
 
 
-def _autograd_values(s_raw, t_raw, o: _Opts, cdt: torch.dtype) -> torch.Tensor:
+def _autograd_values(student_logits, teacher_logits, opts: _Opts, calc_dtype: torch.dtype) -> torch.Tensor:
     """Unchunked reference path: plain autograd through the same per-entry formulas."""
-    t_raw = t_raw.detach()
-    if o.topk is not None:
-        ids = _support_ids(s_raw.detach(), t_raw, o)
-        s_raw, t_raw = s_raw.gather(-1, ids), t_raw.gather(-1, ids)
-    logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
-    logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
-    d = entry_terms(logp_s, logp_t, beta=o.beta)
-    if o.clip_tau is not None:
-        d = d.clamp(max=o.clip_tau)
-    return d.sum(-1)
+    teacher_logits = teacher_logits.detach()
+    if opts.topk is not None:
+        support_ids = _support_ids(student_logits.detach(), teacher_logits, opts)
+        student_logits, teacher_logits = student_logits.gather(-1, support_ids), teacher_logits.gather(-1, support_ids)
+    logp_s = log_probs(student_logits, temperature=opts.student_temperature, dtype=calc_dtype)
+    logp_t = log_probs(teacher_logits, temperature=opts.teacher_temperature, dtype=calc_dtype)
+    terms = entry_terms(logp_s, logp_t, beta=opts.beta)
+    if opts.clip_tau is not None:
+        terms = terms.clamp(max=opts.clip_tau)
+    return terms.sum(-1)
 
 
 def _row_chunks(n_rows: int, chunk_size: int):
@@ -272,40 +253,47 @@ def _row_chunks(n_rows: int, chunk_size: int):
 
 
 # --------------------------------------------------------------------------- autograd Functions
-def _chunk_logits(h_NH, w_VH, b_V, rows: slice, out: torch.Tensor) -> torch.Tensor:
+def _chunk_logits(hidden_NH, weight_VH, bias_V, rows: slice, out: torch.Tensor) -> torch.Tensor:
     """lm_head logits of one row chunk (in the input dtype, like the model's lm_head) into ``out``."""
-    if b_V is None:
-        return torch.mm(h_NH[rows], w_VH.T, out=out)
-    return torch.addmm(b_V, h_NH[rows], w_VH.T, out=out)
+    if bias_V is None:
+        return torch.mm(hidden_NH[rows], weight_VH.T, out=out)
+    return torch.addmm(bias_V, hidden_NH[rows], weight_VH.T, out=out)
 
 
-def _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, want_grad, ws: _Workspace, need_values=False,
+def _fused_chunk(student_hidden_NH, student_weight_VH, student_bias_V, teacher_hidden_NH, teacher_weight_VH,
+                 teacher_bias_V, rows, opts, calc_dtype, want_grad, workspace: _Workspace, need_values=False,
                  on_chunk=None):
-    n_rows, vocab = rows.stop - rows.start, ws_VH.shape[0]
+    n_rows, vocab = rows.stop - rows.start, student_weight_VH.shape[0]
     # raw logits go straight into the kernel's scratch buffers when they already have the compute dtype
-    s_name = "a" if ws_VH.dtype == cdt else "raw_s"
-    t_name = "b" if wt_VH.dtype == cdt else "raw_t"
-    s_raw = _chunk_logits(hs_NH, ws_VH, bs_V, rows, ws(s_name, n_rows, vocab, ws_VH.dtype))
-    t_raw = _chunk_logits(ht_NH, wt_VH, bt_V, rows, ws(t_name, n_rows, vocab, wt_VH.dtype))
-    return _rows_value_and_grad(s_raw, t_raw, o, cdt, want_grad, ws, owned=True, need_values=need_values,
-                                on_chunk=on_chunk)
+    student_name = "scratch" if student_weight_VH.dtype == calc_dtype else "student_logits"
+    teacher_name = "scratch2" if teacher_weight_VH.dtype == calc_dtype else "teacher_logits"
+    student_logits = _chunk_logits(student_hidden_NH, student_weight_VH, student_bias_V, rows,
+                                   workspace(student_name, n_rows, vocab, student_weight_VH.dtype))
+    teacher_logits = _chunk_logits(teacher_hidden_NH, teacher_weight_VH, teacher_bias_V, rows,
+                                   workspace(teacher_name, n_rows, vocab, teacher_weight_VH.dtype))
+    return _rows_value_and_grad(student_logits, teacher_logits, opts, calc_dtype, want_grad, workspace, owned=True,
+                                need_values=need_values, on_chunk=on_chunk)
 
 
-def _accumulate_input_grads(g, hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws: _Workspace) -> None:
-    """Chain one chunk's logit gradient g [rows, V] through logits = hs @ ws.T + bs.
+def _accumulate_input_grads(grad_logits, student_hidden_NH, student_weight_VH, rows, grad_h, grad_w, grad_b,
+                            workspace: _Workspace) -> None:
+    """Chain one chunk's logit gradient [rows, V] through logits = hidden @ weight.T + bias (the student's).
 
     ``rows``: a slice of the chunk's rows, or an index tensor (the rows of a chunk with a nonzero
     weight; the other rows' ``grad_h`` must already be zero)."""
     if grad_h is not None:
-        g_in = g if ws_VH.dtype == g.dtype else ws("g_in", g.shape[0], g.shape[1], ws_VH.dtype).copy_(g)
+        grad_in_weight_dtype = grad_logits
+        if student_weight_VH.dtype != grad_logits.dtype:
+            grad_in_weight_dtype = workspace("grad_in_weight_dtype", grad_logits.shape[0], grad_logits.shape[1],
+                                             student_weight_VH.dtype).copy_(grad_logits)
         if isinstance(rows, slice):
-            torch.mm(g_in, ws_VH, out=grad_h[rows])
+            torch.mm(grad_in_weight_dtype, student_weight_VH, out=grad_h[rows])
         else:
-            grad_h[rows] = torch.mm(g_in, ws_VH)
+            grad_h[rows] = torch.mm(grad_in_weight_dtype, student_weight_VH)
     if grad_w is not None:
-        grad_w.addmm_(g.T, hs_NH[rows].to(g.dtype))
+        grad_w.addmm_(grad_logits.T, student_hidden_NH[rows].to(grad_logits.dtype))
     if grad_b is not None:
-        grad_b += g.sum(0)
+        grad_b += grad_logits.sum(0)
 
 
 class _FusedLinearWeightedDivergence(torch.autograd.Function):
@@ -318,33 +306,39 @@ class _FusedLinearWeightedDivergence(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, w_N, o: _Opts, chunk_size: int, cdt: torch.dtype,
-                on_chunk):
+    def forward(ctx, student_hidden_NH, student_weight_VH, student_bias_V, teacher_hidden_NH, teacher_weight_VH,
+                teacher_bias_V, row_weights_N, opts: _Opts, chunk_size: int, calc_dtype: torch.dtype, on_chunk):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        values_N = torch.empty(hs_NH.shape[0], dtype=cdt, device=hs_NH.device)
-        grad_h = torch.zeros_like(hs_NH) if need_h else None
-        grad_w = torch.zeros(ws_VH.shape, dtype=cdt, device=ws_VH.device) if need_w else None
-        grad_b = torch.zeros(bs_V.shape, dtype=cdt, device=bs_V.device) if need_b and bs_V is not None else None
-        w_N = w_N.to(cdt)
-        ws = _Workspace(hs_NH.device)
+        device = student_hidden_NH.device
+        values_N = torch.empty(student_hidden_NH.shape[0], dtype=calc_dtype, device=device)
+        grad_h = torch.zeros_like(student_hidden_NH) if need_h else None
+        grad_w = (torch.zeros(student_weight_VH.shape, dtype=calc_dtype, device=student_weight_VH.device)
+                  if need_w else None)
+        grad_b = (torch.zeros(student_bias_V.shape, dtype=calc_dtype, device=student_bias_V.device)
+                  if need_b and student_bias_V is not None else None)
+        row_weights_N = row_weights_N.to(calc_dtype)
+        workspace = _Workspace(device)
         want_grad = need_h or need_w or grad_b is not None
-        for rows in _row_chunks(hs_NH.shape[0], chunk_size):
-            nonzero = w_N[rows] != 0  # rows with weight 0 (diagnostics only) get no gradient work
+        for rows in _row_chunks(student_hidden_NH.shape[0], chunk_size):
+            nonzero = row_weights_N[rows] != 0  # rows with weight 0 (diagnostics only) get no gradient work
             chunk_grad = want_grad and bool(nonzero.any())
             hook = None if on_chunk is None else partial(on_chunk, rows)
-            values_N[rows], g = _fused_chunk(hs_NH, ws_VH, bs_V, ht_NH, wt_VH, bt_V, rows, o, cdt, chunk_grad, ws,
-                                             need_values=True, on_chunk=hook)
+            values_N[rows], grad_logits = _fused_chunk(
+                student_hidden_NH, student_weight_VH, student_bias_V, teacher_hidden_NH, teacher_weight_VH,
+                teacher_bias_V, rows, opts, calc_dtype, chunk_grad, workspace, need_values=True, on_chunk=hook)
             if chunk_grad:
                 if bool(nonzero.all()):
-                    _accumulate_input_grads(g.mul_(w_N[rows, None]), hs_NH, ws_VH, rows, grad_h, grad_w, grad_b, ws)
+                    _accumulate_input_grads(grad_logits.mul_(row_weights_N[rows, None]), student_hidden_NH,
+                                            student_weight_VH, rows, grad_h, grad_w, grad_b, workspace)
                 else:
                     keep = nonzero.nonzero().squeeze(1)
-                    _accumulate_input_grads(g[keep].mul_(w_N[rows][keep, None]), hs_NH, ws_VH, keep + rows.start,
-                                            grad_h, grad_w, grad_b, ws)
+                    _accumulate_input_grads(grad_logits[keep].mul_(row_weights_N[rows][keep, None]), student_hidden_NH,
+                                            student_weight_VH, keep + rows.start, grad_h, grad_w, grad_b, workspace)
         ctx.grads = (grad_h, grad_w, grad_b)
-        ctx.dtypes = (hs_NH.dtype, ws_VH.dtype, None if bs_V is None else bs_V.dtype)
+        ctx.dtypes = (student_hidden_NH.dtype, student_weight_VH.dtype,
+                      None if student_bias_V is None else student_bias_V.dtype)
         ctx.mark_non_differentiable(values_N)
-        return (values_N * w_N).sum(), values_N
+        return (values_N * row_weights_N).sum(), values_N
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_values):
@@ -356,12 +350,12 @@ class _FusedLinearWeightedDivergence(torch.autograd.Function):
                 "supported (its gradients are formed once, in forward)"
             )
         out = []
-        for g, dt in zip(grads, ctx.dtypes):
-            if g is not None:
+        for grad, dtype in zip(grads, ctx.dtypes):
+            if grad is not None:
                 if float(grad_loss) != 1.0:
-                    g.mul_(grad_loss.to(g.dtype))
-                g = g.to(dt)
-            out.append(g)
+                    grad.mul_(grad_loss.to(grad.dtype))
+                grad = grad.to(dtype)
+            out.append(grad)
         return (*out, None, None, None, None, None, None, None, None)
 
 
@@ -388,10 +382,10 @@ def token_divergence(
     Differentiable w.r.t. ``student_logits`` only; the teacher is a constant. Returns float32
     (float64 if an input is float64).
     """
-    student_NV, teacher_NV, o, cdt = _logit_inputs(student_logits, teacher_logits, beta=beta, clip_tau=clip_tau,
-                                                   student_temperature=student_temperature,
-                                                   teacher_temperature=teacher_temperature, topk=topk, chunk_size=None)
-    return _autograd_values(student_NV, teacher_NV, o, cdt).reshape(student_logits.shape[:-1])
+    student_NV, teacher_NV, opts, calc_dtype = _logit_inputs(
+        student_logits, teacher_logits, beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
+        teacher_temperature=teacher_temperature, topk=topk, chunk_size=None)
+    return _autograd_values(student_NV, teacher_NV, opts, calc_dtype).reshape(student_logits.shape[:-1])
 
 
 def _logit_inputs(student_logits, teacher_logits, *, beta, clip_tau, student_temperature, teacher_temperature, topk,
@@ -405,11 +399,11 @@ def _logit_inputs(student_logits, teacher_logits, *, beta, clip_tau, student_tem
             f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}"
         )
     vocab = student_logits.shape[-1]
-    o = validate_loss_options(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
-                              teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
-                              vocab_size=vocab)
-    cdt = compute_dtype(student_logits, teacher_logits)
-    return student_logits.reshape(-1, vocab), teacher_logits.detach().reshape(-1, vocab), o, cdt
+    opts = validate_loss_options(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
+                                 teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
+                                 vocab_size=vocab)
+    calc_dtype = compute_dtype(student_logits, teacher_logits)
+    return student_logits.reshape(-1, vocab), teacher_logits.detach().reshape(-1, vocab), opts, calc_dtype
 
 
 def _check_fused_inputs(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias,
@@ -431,14 +425,15 @@ def _check_fused_inputs(student_hidden_NH, student_weight_VH, teacher_hidden_NH,
         raise ValueError(
             f"teacher_weight_VH must be [V={vocab}, H_teacher={teacher_hidden_NH.shape[1]}]; got {tuple(teacher_weight_VH.shape)}"
         )
-    for name, b in (("student_bias", student_bias), ("teacher_bias", teacher_bias)):
-        if b is not None and (not isinstance(b, torch.Tensor) or b.shape != (vocab,)):
-            raise ValueError(f"{name} must be None or a tensor of shape [V={vocab}]; got {getattr(b, 'shape', type(b))}")
-    o = validate_loss_options(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
-                              teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
-                              vocab_size=vocab, unchunked=False)
-    cdt = compute_dtype(*tensors)
-    return o, cdt
+    for name, bias in (("student_bias", student_bias), ("teacher_bias", teacher_bias)):
+        if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (vocab,)):
+            raise ValueError(
+                f"{name} must be None or a tensor of shape [V={vocab}]; got {getattr(bias, 'shape', type(bias))}")
+    opts = validate_loss_options(beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
+                                 teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
+                                 vocab_size=vocab, unchunked=False)
+    calc_dtype = compute_dtype(*tensors)
+    return opts, calc_dtype
 
 
 def fused_linear_weighted_divergence(
@@ -475,7 +470,7 @@ def fused_linear_weighted_divergence(
     diagnostics of the same vocabulary pass (``signals.weighted_divergence_and_signals``). Needs
     ``topk=None`` (with a top-k support the pass never forms the full-vocabulary distributions).
     """
-    o, cdt = _check_fused_inputs(
+    opts, calc_dtype = _check_fused_inputs(
         student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias,
         beta=beta, clip_tau=clip_tau, student_temperature=student_temperature,
         teacher_temperature=teacher_temperature, topk=topk, chunk_size=chunk_size,
@@ -489,7 +484,7 @@ def fused_linear_weighted_divergence(
         student_hidden_NH, student_weight_VH, student_bias,
         teacher_hidden_NH.detach(), teacher_weight_VH.detach(),
         None if teacher_bias is None else teacher_bias.detach(),
-        row_weights_N.detach().to(student_hidden_NH.device), o, chunk_size, cdt, on_chunk,
+        row_weights_N.detach().to(student_hidden_NH.device), opts, chunk_size, calc_dtype, on_chunk,
     )
 
 

@@ -1,49 +1,14 @@
 """Training-dynamics monitor: online collapse warnings for OPSD runs (pure python).
 
-The paper ("Analysis: From Token-Level Signals to Optimization Dynamics", section "OPSD
-Training Dynamics", and appendix table ``tab:sft_grpo_opsd_train``) tracks student
-entropy H_S, forward KL D_KL(pi^T || pi^S), the clipped distillation loss and the
-pre-clipping gradient norm, and reports one clear collapse signature:
+``TrainingDynamicsMonitor`` compares a recent window of step metrics with an early one, warns on the paper's
+collapse signature (student entropy and gradient norm rising together), length growth and a falling boxed
+rate, and may stop the run or ask the launcher for a rollback (``MonitorAction``). Signatures, defaults and
+actions: docs/analysis.md, "Collapse monitor"; settings: ``MonitorConfig``; offline: scripts/monitor_run.py.
 
-    "student entropy and gradient norm rise together for the SFT+GRPO actor, whereas both
-    remain bounded or decrease for the released Qwen3-4B."
-
-Steps 1-10 vs 91-100 of that table: the collapsing run goes H_S 0.41 -> 1.29 (x3.1) and
-||grad|| 0.35 -> 0.86 (x2.5); the healthy run 0.24 -> 0.22 and 0.39 -> 0.18. Collapse then
-shows up in the rollouts as length blow-up and a falling boxed-answer rate (appendix
-"Output Degeneration Examples").
-
-``TrainingDynamicsMonitor`` is fed one dict of step metrics at a time (the trainer's own
-metric dict, verl names) and compares the mean of a *recent* window of steps with the mean
-of a fixed *early* window (default steps 1-10). It warns (``logging.warning``) on
-
-- ``collapse``: student entropy AND pre-clip grad norm both at least ``*_ratio_threshold``
-  times their early means in the same recent window (entropy rising alone does not fire);
-- ``length``: mean response length at least ``length_ratio_threshold`` times the early
-  mean, or the fraction of rollouts hitting the cap up by ``clip_ratio_increase`` (absolute)
-  over the early window;
-- ``boxed``: rollout boxed-answer rate at most ``boxed_rate_ratio_threshold`` times its
-  early mean (only when the early rate is at least ``min_early_boxed_rate``),
-
-returns ``opsd_monitor/...`` metrics for the logger, and acts on a signature as configured:
-
-- ``stop_on``: the run saves a checkpoint and stops (``should_stop``; or ``TrainingCollapseError``
-  with ``raise_on_stop``); the launcher exits with ``STOPPED_EXIT_CODE``;
-- ``rollback_on``: the run saves and stops with a rollback request (``MonitorAction``, appended to
-  ``<checkpoint dir>/monitor_actions.jsonl``); the launcher relaunches from the last checkpoint
-  before the warning window (``rollback_target``) with one setting changed (``rollback_setting``:
-  the learning rate times ``rollback_value`` per rollback, or ``opsd.loss.clip_tau`` set to it);
-  after ``max_rollbacks`` rollbacks the same warning stops the run instead.
-
-Every action is an ``opsd_monitor/action_*`` metric of its step and a console line.
-
-Usage inside a trainer::
+Example (inside a trainer)::
 
     monitor = TrainingDynamicsMonitor(MonitorConfig(stop_on=("collapse",)))
     metrics.update(monitor.update({"step": step, **metrics}))
-    if monitor.should_stop: ...
-
-Offline over a run's logs: ``python scripts/monitor_run.py run.log``.
 """
 
 from __future__ import annotations
@@ -293,7 +258,40 @@ def learning_rate_scale(config: "MonitorConfig", rollbacks: int) -> float:
 
 
 class TrainingDynamicsMonitor:
-    """Online early-vs-recent window monitor; see the module docstring."""
+    """Online early-vs-recent window monitor.
+
+    The paper ("Analysis: From Token-Level Signals to Optimization Dynamics", section "OPSD Training
+    Dynamics", appendix table ``tab:sft_grpo_opsd_train``) tracks student entropy H_S, forward KL
+    D_KL(pi^T || pi^S), the clipped distillation loss and the pre-clipping gradient norm, and reports one
+    clear collapse signature: "student entropy and gradient norm rise together for the SFT+GRPO actor, whereas
+    both remain bounded or decrease for the released Qwen3-4B." Steps 1-10 vs 91-100 of that table: the
+    collapsing run goes H_S 0.41 -> 1.29 (x3.1) and ||grad|| 0.35 -> 0.86 (x2.5); the healthy run 0.24 -> 0.22
+    and 0.39 -> 0.18. Collapse then shows up in the rollouts as length blow-up and a falling boxed-answer rate
+    (appendix "Output Degeneration Examples").
+
+    Fed one dict of step metrics at a time (the trainer's own metric dict, verl names), it compares the mean
+    of a *recent* window of steps with the mean of a fixed *early* window (default steps 1-10) and warns
+    (``logging.warning``) on
+
+    - ``collapse``: student entropy AND pre-clip grad norm both at least ``*_ratio_threshold`` times their
+      early means in the same recent window (entropy rising alone does not fire);
+    - ``length``: mean response length at least ``length_ratio_threshold`` times the early mean, or the
+      fraction of rollouts hitting the cap up by ``clip_ratio_increase`` (absolute) over the early window;
+    - ``boxed``: rollout boxed-answer rate at most ``boxed_rate_ratio_threshold`` times its early mean (only
+      when the early rate is at least ``min_early_boxed_rate``),
+
+    returns ``opsd_monitor/...`` metrics for the logger, and acts on a signature as configured:
+
+    - ``stop_on``: the run saves a checkpoint and stops (``should_stop``; or ``TrainingCollapseError`` with
+      ``raise_on_stop``); the launcher exits with ``STOPPED_EXIT_CODE``;
+    - ``rollback_on``: the run saves and stops with a rollback request (``MonitorAction``, appended to
+      ``<checkpoint dir>/monitor_actions.jsonl``); the launcher relaunches from the last checkpoint before
+      the warning window (``rollback_target``) with one setting changed (``rollback_setting``: the learning
+      rate times ``rollback_value`` per rollback, or ``opsd.loss.clip_tau`` set to it); after
+      ``max_rollbacks`` rollbacks the same warning stops the run instead.
+
+    Every action is an ``opsd_monitor/action_*`` metric of its step and a console line.
+    """
 
     def __init__(self, config: MonitorConfig | None = None) -> None:
         self.config = config if config is not None else MonitorConfig()

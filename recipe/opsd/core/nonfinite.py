@@ -1,20 +1,10 @@
 """Non-finite loss or gradient: skip the update, count it, stop after K in a row.
 
-Who does what:
-
-- verl 0.9.1 already skips the optimizer step when the gradient norm is not finite
-  (``FSDPEngine.optimizer_step``, verl/workers/engine/fsdp/transformer_impl.py: it prints
-  ``WARN: grad_norm is not finite``, zeroes the gradients and does not call ``optimizer.step()``;
-  with a grad scaler, ``scaler.step`` skips). It does NOT look at the loss, it does not count, it
-  never stops, and its learning-rate scheduler still advances.
-- ``recipe.opsd.engine.SkipNonFiniteLossMixin`` (mixed into the actor's engine by ``engine.opsd_engine_class``)
-  adds the loss: when a mini-batch's loss is not finite on any dp rank, the update is skipped the
-  same way even if the gradients happen to be finite, and ``grad_norm`` is reported as NaN.
-- ``NonFiniteGuard`` (pure, driven by the trainer once per step from ``actor/loss`` and
-  ``actor/grad_norm``) counts skipped steps and asks to stop after ``max_consecutive`` in a row.
-
-A skipped step leaves the weights and the optimizer moments as they were, so the checkpoint the
-trainer saves when the guard stops holds the weights of the last finite step.
+verl 0.9.1 skips the optimizer step on a non-finite gradient norm; ``recipe.opsd.engine.SkipNonFiniteLossMixin``
+adds the loss; ``NonFiniteGuard`` (pure, driven by the trainer once per step) counts the skipped steps and asks
+to stop after ``max_consecutive`` in a row (who does what, and what verl leaves out: ``NonFiniteGuard``). A
+skipped step leaves the weights and optimizer moments as they were, so the checkpoint saved at the stop holds
+the last finite step's weights. What a user sees: docs/errors_and_outputs.md, "Non-finite loss or gradient".
 """
 
 from __future__ import annotations
@@ -44,9 +34,22 @@ def is_finite_number(value) -> bool:
 class NonFiniteGuard:
     """Counts steps whose update was skipped for a non-finite loss or gradient norm.
 
-    ``update(step=, loss=, grad_norm=)`` once per step, in order; ``should_stop`` after
-    ``max_consecutive`` skipped steps in a row. A missing value (None) counts as non-finite: the
-    step cannot be shown to have trained.
+    ``update(step=, loss=, grad_norm=)`` once per step, in order (the trainer's ``actor/loss`` and
+    ``actor/grad_norm``); ``should_stop`` after ``max_consecutive`` skipped steps in a row. A missing value
+    (None) counts as non-finite: the step cannot be shown to have trained.
+
+    Who does what:
+
+    - verl 0.9.1 already skips the optimizer step when the gradient norm is not finite
+      (``FSDPEngine.optimizer_step``, verl/workers/engine/fsdp/transformer_impl.py: it prints
+      ``WARN: grad_norm is not finite``, zeroes the gradients and does not call ``optimizer.step()``;
+      with a grad scaler, ``scaler.step`` skips). It does NOT look at the loss, it does not count, it
+      never stops, and its learning-rate scheduler still advances.
+    - ``recipe.opsd.engine.SkipNonFiniteLossMixin`` (mixed into the actor's engine by
+      ``engine.opsd_engine_class``) adds the loss: when a mini-batch's loss is not finite on any dp rank,
+      the update is skipped the same way even if the gradients happen to be finite, and ``grad_norm`` is
+      reported as NaN.
+    - this guard counts skipped steps and asks to stop.
     """
 
     max_consecutive: int

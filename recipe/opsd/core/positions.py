@@ -1,27 +1,12 @@
-"""Loss-position selection for OPSD (pure torch).
+"""Loss-position selection for OPSD (pure torch): the paper's "selected valid response positions".
 
-The OPSD loss (paper eq:opsd_clipped) averages the per-position divergence over
-"selected valid response positions". Every function here returns a bool mask [B, T]
-that is a subset of ``response_mask_BT``; batches may be ragged and right-padded (any
-0/1 or bool response mask works, holes included: positions are counted among the
-valid ones of each row). The paper's selections:
-
-* ``first:N`` / ``final:N``: the first / last N valid positions of each completion
-  (First-256, Final-256);
-* ``uniform:N``: at most N valid positions per completion drawn uniformly without
-  replacement, seeded (Uni-256);
-* ``he:Q`` / ``le:Q``: per completion, the highest / lowest Q fraction of valid positions
-  by student entropy ("HE20/HE80 and LE20/LE80 retain the highest- or lowest-entropy
-  fraction of each completion"); the count is ceil(Q x valid count);
-* ``advt:K``: positions where the frozen teacher ranks the sampled token among its top K
-  (rank 0 = teacher argmax; AdvT4 / AdvT16).
-
-The selected positions then feed the generalized divergence of eq:generalized_jsd /
-eq:opsd_clipped through :mod:`recipe.opsd.core.losses`.
+Every function returns a bool mask [B, T] that is a subset of ``response_mask_BT`` (ragged and right-padded
+batches, any 0/1 or bool mask, holes included: positions are counted among a row's valid ones). The forms
+of ``opsd.loss.positions`` and the paper's names for them: :func:`select_positions`. The selected positions
+feed the divergence of :mod:`recipe.opsd.core.losses`.
 
 Example::
 
-    from recipe.opsd.core.positions import select_positions
     mask_BT = select_positions("he:0.2", response_mask_BT=response_mask_BT, entropy_BT=entropy_BT)
 """
 
@@ -174,7 +159,17 @@ def select_positions(
     teacher_rank_BT: torch.Tensor | None = None,
     seed: int = 0,
 ) -> torch.Tensor:
-    """Bool mask [B, T] of loss positions for ``spec`` (see :func:`parse_position_spec`)."""
+    """Bool mask [B, T] of loss positions for ``spec`` (see :func:`parse_position_spec`). The paper's selections:
+
+    - ``first:N`` / ``final:N``: the first / last N valid positions of each completion (First-256, Final-256);
+    - ``uniform:N``: at most N valid positions per completion drawn uniformly without replacement, seeded
+      (Uni-256);
+    - ``he:Q`` / ``le:Q``: per completion, the highest / lowest Q fraction of valid positions by student
+      entropy ("HE20/HE80 and LE20/LE80 retain the highest- or lowest-entropy fraction of each
+      completion"); the count is ceil(Q x valid count);
+    - ``advt:K``: positions where the frozen teacher ranks the sampled token among its top K (rank 0 =
+      teacher argmax; AdvT4 / AdvT16).
+    """
     kind, value = parse_position_spec(spec)
     mask = _mask(response_mask_BT)
     if kind == "all":

@@ -1,45 +1,13 @@
-"""Pre-flight gate of an OPSD run: student and teacher renderings of a few training rows agree
-where they must, and the divergence of the first response positions (pure: stdlib, torch and the
-prompt, chat, loss and signal modules; no verl, ray or model).
+"""Pre-flight gate of an OPSD run: student and teacher renderings of a few training rows agree where they
+must, and the divergence of the first response positions (pure: stdlib, torch and the prompt, chat, loss
+and signal modules; no verl, ray or model).
 
-The most frequent complaint in the peers' issues is a student/teacher template or thinking-mode
-mismatch that trains silently on the wrong signal (docs/opsd_recipe.md, "Pre-flight gate"). For
-each of a few rows (``extra_info`` of the training parquet), rendered with the project's one
-prompt builder (``prompts.build_prompt_pair``) and renderer (``chat.render_ids``, as the trainer's
-``TeacherInputs`` renders the teacher and verl's agent loop the student):
-
-1. the rollout prompt -- the parquet ``prompt`` messages rendered in ``student_mode`` -- is the
-   student message of ``teacher_context`` (a parquet built for another context runs another
-   experiment);
-2. ``none`` control: the teacher input of context ``none`` rendered in the student's mode, spliced
-   with the same response tokens by the trainer's own splice (``chat.splice_teacher_inputs``), is
-   the student's input token for token with the same position ids, so the frozen model gives
-   identical logits and the divergence on those tokens is exactly zero; any difference is
-   something other than the privileged context (a renderer or splice bug);
-3. reasoning-mode tokens: each side's generation prompt (the rendered text after the last user
-   message) is the one its mode gives on a neutral probe message, so a template whose think switch
-   depends on the content (a reference solution holding ``/no_think``, a length rule, ...) fails,
-   and with equal modes the two sides' generation prompts are equal;
-4. EOS: the token that closes an assistant turn is the same for both renderings and is one the
-   rollout stops at (``eos_ids``).
-
-A failure raises ``PreflightError`` whose message is the readable diff of the two renderings
-(``rendering_diff``); success returns a ``PreflightReport`` whose ``summary()`` is the one log line.
-These checks need the tokenizer only (seconds at any model size) and run on the driver before Ray.
-
-The model-level part runs on the workers at the start of training, with the real student and
-teacher (docs/opsd_recipe.md, "Pre-flight gate"): the reference solution's first K tokens
-(``control_response``) are scored under the student prompt, the configured teacher prompt and the
-``none`` teacher prompt; the pure pieces of it live here: ``first_position_values`` (the loss's
-per-position divergence, the forward KL and the ``none`` control's divergence from hidden states
-and lm_head weights), ``position_window_edges`` / ``window_means`` (the per-window averages) and
-``divergence_report`` (the table, the metrics and the ``none`` check).
-
-Example::
-
-    report = run_preflight(rows, teacher_context="full_solution", student_mode="think",
-                           teacher_mode="think", tokenizer=tok, eos_ids={tok.eos_token_id})
-    print(report.summary())
+The most frequent complaint in the peers' issues is a student/teacher template or thinking-mode mismatch
+that trains silently on the wrong signal. ``run_preflight`` runs the four tokenizer-only checks of
+``check_row`` on the driver before Ray (seconds at any model size); a failure raises ``PreflightError``
+with the readable diff of the two renderings (``rendering_diff``). The workers' part, at the start of
+training, scores the reference solution's first K tokens with the real models; its pure pieces live here
+(``divergence_report``). What a user sees: docs/opsd_recipe.md, "Start-up checks".
 """
 
 from __future__ import annotations
@@ -149,7 +117,26 @@ class PreflightReport:
 
 def check_row(extra_info: Mapping, *, rollout_messages: Sequence[Mapping] | None, teacher_context: str,
               student_mode, teacher_mode, tokenizer, eos_ids, row: int = 0) -> dict:
-    """The four checks on one row (module docstring); raises ``PreflightError`` with the diff.
+    """The four checks on one row; raises ``PreflightError`` with the diff.
+
+    The row (``extra_info`` of the training parquet) is rendered with the project's one prompt builder
+    (``prompts.build_prompt_pair``) and renderer (``chat.render_ids``, as the trainer's ``TeacherInputs``
+    renders the teacher and verl's agent loop the student):
+
+    1. the rollout prompt -- the parquet ``prompt`` messages rendered in ``student_mode`` -- is the
+       student message of ``teacher_context`` (a parquet built for another context runs another
+       experiment);
+    2. ``none`` control: the teacher input of context ``none`` rendered in the student's mode, spliced
+       with the same response tokens by the trainer's own splice (``chat.splice_teacher_inputs``), is
+       the student's input token for token with the same position ids, so the frozen model gives
+       identical logits and the divergence on those tokens is exactly zero; any difference is
+       something other than the privileged context (a renderer or splice bug);
+    3. reasoning-mode tokens: each side's generation prompt (the rendered text after the last user
+       message) is the one its mode gives on a neutral probe message, so a template whose think switch
+       depends on the content (a reference solution holding ``/no_think``, a length rule, ...) fails,
+       and with equal modes the two sides' generation prompts are equal;
+    4. EOS: the token that closes an assistant turn is the same for both renderings and is one the
+       rollout stops at (``eos_ids``).
 
     ``rollout_messages``: the parquet ``prompt`` (chat messages verl renders for the rollout); None
     skips check 1. Returns the row's ``student_suffix``, ``teacher_suffix`` and ``turn_end`` text.
@@ -287,7 +274,15 @@ def control_batch(infos: Sequence[Mapping], *, teacher_inputs, tokens: int):
 
 def run_preflight(rows: Sequence[Mapping], *, teacher_context: str, student_mode, teacher_mode, tokenizer,
                   eos_ids, rollout_prompts: Sequence | None = None) -> PreflightReport:
-    """``check_row`` on every row; a ``PreflightReport`` (or the first row's ``PreflightError``)."""
+    """``check_row`` on every row; a ``PreflightReport`` (or the first row's ``PreflightError``), whose
+    ``summary()`` is the one log line.
+
+    Example::
+
+        report = run_preflight(rows, teacher_context="full_solution", student_mode="think",
+                               teacher_mode="think", tokenizer=tok, eos_ids={tok.eos_token_id})
+        print(report.summary())
+    """
     if not rows:
         raise PreflightError("no training rows to check (data.train_files is empty)")
     start = time.perf_counter()
@@ -479,7 +474,15 @@ def divergence_report(values: Mapping, *, mask_RK, is_none_R, k: int, teacher_co
                       weights_equal: bool, dtype: str, settings: str = "", seconds: float = 0.0) -> DivergenceReport:
     """The report from the workers' per-position values (``first_position_values`` keys, each [R, K]):
     rows with ``is_none_R`` true are the none control's, the others the configured context's (the same
-    rows in the same order)."""
+    rows in the same order).
+
+    The workers' part of the gate runs at the start of training with the real student and teacher: the
+    reference solution's first K tokens (``control_response``) are scored under the student prompt, the
+    configured teacher prompt and the ``none`` teacher prompt; the pure pieces live in this module:
+    ``first_position_values`` (the loss's per-position divergence, the forward KL and the ``none``
+    control's divergence from hidden states and lm_head weights), ``position_window_edges`` /
+    ``window_means`` (the per-window averages) and this function (the table, the metrics and the ``none``
+    check)."""
     import torch
 
     is_none_R = torch.as_tensor(is_none_R, dtype=torch.bool)

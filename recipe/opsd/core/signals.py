@@ -1,36 +1,14 @@
-"""Token-level OPSD signals and their summaries (pure torch, no grad, chunked).
+"""Token-level OPSD signals and their summaries (pure torch, no grad, chunked, nothing larger than [chunk, V]).
 
-These are the quantities of the paper's token-level analysis ("Token-Level Analysis
-Protocol") and the training-log diagnostics that the clipped loss hides. For position i
-with sampled token y_i (pS, pT at their temperatures):
-
-* ``fwd_kl``: the unclipped, vocabulary-summed forward KL sum_v d_{i,v} with
-  d_{i,v} = pT(v) [log pT(v) - log pS(v)] (the term capped in eq:opsd_clipped; the beta=0
-  endpoint of eq:generalized_jsd);
-* ``adv``: the sampled-token log advantage a_i = log pT(y_i) - log pS(y_i);
-* ``teacher_rank``: rank of y_i under the teacher (0 = argmax; ties share the best rank);
-* ``clip_frac`` / ``clipped_teacher_mass``: fraction of vocabulary entries with
-  d_{i,v} > clip_tau and the teacher mass on them (0 when ``clip_tau`` is None);
-* ``student_entropy``, ``teacher_entropy``, ``top1_agree``, ``student_logp``, ``teacher_logp``;
-* with ``top_push=True`` (:data:`TOP_PUSH_KEYS`, the analysis path only): where a descent step on the
-  forward-KL loss moves the teacher's top token j* = argmax pT. With the kept entries K = {v: d_{i,v} <=
-  clip_tau} (every entry without a clip), M = sum_{v in K} pT(v), the step on the raw student logits is
-  Delta s_v = (pT(v) [v in K] - pS(v) M) / T_s (the loss's own gradient), so to first order
-  ``top_push`` = d log pS(j*) = (pT(j*) [j* in K] - pS(j*) M - sum_{v in K} pS(v) pT(v) + M sum_v pS(v)^2) / T_s^2;
-  ``top_push_unclipped`` the same with K = everything; ``decisive`` = 1 where j* != argmax pS (the
-  teacher would change the student's choice). :func:`top_push_summary` gives the share of decisive
-  positions at which the clip turns a rise of pS(j*) into a fall (docs/core_math.md: the clip lowers
-  the logit of the entries it caps).
-
-Every per-entry formula comes from :mod:`recipe.opsd.core.losses` (one copy of each formula).
-Nothing larger than [chunk_size, V] is allocated.
+The quantities of the paper's token-level analysis and the training-log diagnostics the clipped loss hides
+(docs/core_math.md, "Token signals"; each key's definition: :func:`token_signals`), per-entry formulas
+from :mod:`recipe.opsd.core.losses`; :func:`weighted_divergence_and_signals` gets them from the loss's own
+vocabulary pass; :func:`summarize_signals` names the means like the paper's table columns.
 
 Example::
 
-    from recipe.opsd.core.signals import token_signals_from_hidden, summarize_signals
-    sig = token_signals_from_hidden(hs_NH, w_VH, ht_NH, w_VH, response_ids_N,
-                                    student_temperature=1.1, clip_tau=0.05)
-    print(summarize_signals(sig))   # fwd_kl, d_gt_005 (%), abs_adv, agree (%), enc (%), disc (%), ...
+    signals = token_signals_from_hidden(student_h_NH, head_VH, teacher_h_NH, head_VH, response_ids_N, clip_tau=0.05)
+    print(summarize_signals(signals))   # fwd_kl, d_gt_005 (%), abs_adv, agree (%), enc (%), disc (%), ...
 """
 
 from __future__ import annotations
@@ -88,17 +66,20 @@ def _logit_chunks(student_NV, teacher_NV, chunk_size) -> Iterator[tuple[slice, t
         yield rows, student_NV[rows], teacher_NV[rows]
 
 
-def _hidden_chunks(hs_NH, ws_VH, ht_NH, wt_VH, bs_V, bt_V, chunk_size):
-    if hs_NH.dim() != 2 or ht_NH.dim() != 2 or hs_NH.shape[0] != ht_NH.shape[0]:
+def _hidden_chunks(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias_V,
+                   teacher_bias_V, chunk_size):
+    if (student_hidden_NH.dim() != 2 or teacher_hidden_NH.dim() != 2
+            or student_hidden_NH.shape[0] != teacher_hidden_NH.shape[0]):
         raise ValueError(f"student_hidden_NH and teacher_hidden_NH must be [N, H] with the same N; got "
-                         f"{tuple(hs_NH.shape)} and {tuple(ht_NH.shape)}")
-    if ws_VH.shape[0] != wt_VH.shape[0]:
+                         f"{tuple(student_hidden_NH.shape)} and {tuple(teacher_hidden_NH.shape)}")
+    if student_weight_VH.shape[0] != teacher_weight_VH.shape[0]:
         raise ValueError(f"student_weight_VH and teacher_weight_VH must have the same V; got "
-                         f"{tuple(ws_VH.shape)} and {tuple(wt_VH.shape)}")
-    n = hs_NH.shape[0]
+                         f"{tuple(student_weight_VH.shape)} and {tuple(teacher_weight_VH.shape)}")
+    n = student_hidden_NH.shape[0]
     for start in range(0, n, chunk_size):
         rows = slice(start, min(start + chunk_size, n))
-        yield rows, F.linear(hs_NH[rows], ws_VH, bs_V), F.linear(ht_NH[rows], wt_VH, bt_V)
+        yield (rows, F.linear(student_hidden_NH[rows], student_weight_VH, student_bias_V),
+               F.linear(teacher_hidden_NH[rows], teacher_weight_VH, teacher_bias_V))
 
 
 def _check_ids(sampled_ids_N, n, vocab):
@@ -108,34 +89,42 @@ def _check_ids(sampled_ids_N, n, vocab):
         raise ValueError(f"sampled_ids_N has ids outside [0, V={vocab})")
 
 
-def _empty_signals(n, cdt, device) -> dict[str, torch.Tensor]:
-    return {k: torch.zeros(n, dtype=cdt, device=device) for k in SIGNAL_KEYS}
+def _empty_signals(n, calc_dtype, device) -> dict[str, torch.Tensor]:
+    return {k: torch.zeros(n, dtype=calc_dtype, device=device) for k in SIGNAL_KEYS}
 
 
 @torch.no_grad()
 def _chunk_signals(out, rows, logp_s, logp_t, sampled_ids_N, clip_tau) -> None:
     """Fill ``out[key][rows]`` from one chunk's log-softmaxes [rows, V] (read only)."""
-    cdt, vocab = out["fwd_kl"].dtype, logp_s.shape[-1]
-    y = sampled_ids_N[rows].long()[:, None]
-    s_y, t_y = logp_s.gather(1, y)[:, 0], logp_t.gather(1, y)[:, 0]
-    out["student_logp"][rows], out["teacher_logp"][rows] = s_y, t_y
-    out["adv"][rows] = t_y - s_y
-    out["teacher_rank"][rows] = (logp_t > t_y[:, None]).sum(1).to(cdt)
-    out["top1_agree"][rows] = (logp_s.argmax(1) == logp_t.argmax(1)).to(cdt)
+    calc_dtype, vocab = out["fwd_kl"].dtype, logp_s.shape[-1]
+    sampled = sampled_ids_N[rows].long()[:, None]
+    student_logp, teacher_logp = logp_s.gather(1, sampled)[:, 0], logp_t.gather(1, sampled)[:, 0]
+    out["student_logp"][rows], out["teacher_logp"][rows] = student_logp, teacher_logp
+    out["adv"][rows] = teacher_logp - student_logp
+    out["teacher_rank"][rows] = (logp_t > teacher_logp[:, None]).sum(1).to(calc_dtype)
+    out["top1_agree"][rows] = (logp_s.argmax(1) == logp_t.argmax(1)).to(calc_dtype)
     out["student_entropy"][rows] = entropy(logp_s)
     out["teacher_entropy"][rows] = entropy(logp_t)
-    d = forward_kl_terms(logp_t, logp_s)
-    out["fwd_kl"][rows] = d.sum(1)
+    terms = forward_kl_terms(logp_t, logp_s)
+    out["fwd_kl"][rows] = terms.sum(1)
     if clip_tau is not None:
-        over = d > clip_tau
-        del d
-        out["clip_frac"][rows] = over.sum(1).to(cdt) / vocab
-        out["clipped_teacher_mass"][rows] = logp_t.exp().mul_(over).sum(1)
+        clipped = terms > clip_tau
+        del terms
+        out["clip_frac"][rows] = clipped.sum(1).to(calc_dtype) / vocab
+        out["clipped_teacher_mass"][rows] = logp_t.exp().mul_(clipped).sum(1)
 
 
 @torch.no_grad()
 def _chunk_top_push(out, rows, logp_s, logp_t, clip_tau, student_temperature) -> None:
-    """Fill the :data:`TOP_PUSH_KEYS` of ``rows`` (module docstring: the first-order change of log pS(j*))."""
+    """Fill the :data:`TOP_PUSH_KEYS` of ``rows``: where a descent step on the forward-KL loss moves the
+    teacher's top token j* = argmax pT.
+
+    With the kept entries K = {v: d_v <= clip_tau} (every entry without a clip) and M = sum_{v in K} pT(v), the
+    step on the raw student logits is Delta s_v = (pT(v) [v in K] - pS(v) M) / T_s (the loss's own gradient),
+    so to first order ``top_push`` = d log pS(j*) = (pT(j*) [j* in K] - pS(j*) M - sum_{v in K} pS(v) pT(v)
+    + M sum_v pS(v)^2) / T_s^2; ``top_push_unclipped`` the same with K = everything; ``decisive`` = 1 where
+    j* != argmax pS (the teacher would change the student's choice).
+    """
     p_s, p_t = logp_s.exp(), logp_t.exp()
     top = logp_t.argmax(1, keepdim=True)
     p_s_top, p_t_top = p_s.gather(1, top)[:, 0], p_t.gather(1, top)[:, 0]
@@ -154,18 +143,18 @@ def _chunk_top_push(out, rows, logp_s, logp_t, clip_tau, student_temperature) ->
 
 
 @torch.no_grad()
-def _signals(chunks, sampled_ids_N, n, vocab, o, cdt, device, top_push=False) -> dict[str, torch.Tensor]:
+def _signals(chunks, sampled_ids_N, n, vocab, opts, calc_dtype, device, top_push=False) -> dict[str, torch.Tensor]:
     _check_ids(sampled_ids_N, n, vocab)
-    out = _empty_signals(n, cdt, device)
+    out = _empty_signals(n, calc_dtype, device)
     if top_push:
-        out.update({k: torch.zeros(n, dtype=cdt, device=device) for k in TOP_PUSH_KEYS})
-    for rows, s_raw, t_raw in chunks:
-        logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
-        logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
-        del s_raw, t_raw
-        _chunk_signals(out, rows, logp_s, logp_t, sampled_ids_N, o.clip_tau)
+        out.update({k: torch.zeros(n, dtype=calc_dtype, device=device) for k in TOP_PUSH_KEYS})
+    for rows, student_logits, teacher_logits in chunks:
+        logp_s = log_probs(student_logits, temperature=opts.student_temperature, dtype=calc_dtype)
+        logp_t = log_probs(teacher_logits, temperature=opts.teacher_temperature, dtype=calc_dtype)
+        del student_logits, teacher_logits
+        _chunk_signals(out, rows, logp_s, logp_t, sampled_ids_N, opts.clip_tau)
         if top_push:
-            _chunk_top_push(out, rows, logp_s, logp_t, o.clip_tau, o.student_temperature)
+            _chunk_top_push(out, rows, logp_s, logp_t, opts.clip_tau, opts.student_temperature)
     return out
 
 
@@ -181,11 +170,24 @@ def token_signals(
     top_push: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per-position signals (keys :data:`SIGNAL_KEYS`, with ``top_push`` also :data:`TOP_PUSH_KEYS`; each a
-    float tensor [N]) from logits."""
-    o = _options(student_temperature, teacher_temperature, clip_tau, chunk_size, student_logits_NV.shape[-1])
+    float tensor [N]) from logits. For position i with sampled token y_i (pS, pT at their temperatures):
+
+    - ``fwd_kl``: the unclipped forward KL sum_v d_{i,v}, d_{i,v} = pT(v) [log pT(v) - log pS(v)] (the term
+      capped in eq:opsd_clipped; the beta=0 endpoint of eq:generalized_jsd);
+    - ``adv``: the sampled-token log advantage a_i = log pT(y_i) - log pS(y_i);
+    - ``teacher_rank``: the rank of y_i under the teacher (0 = argmax; ties share the best rank);
+    - ``clip_frac`` / ``clipped_teacher_mass``: the fraction of vocabulary entries with d_{i,v} > clip_tau
+      and the teacher mass on them (0 when ``clip_tau`` is None);
+    - ``student_entropy``, ``teacher_entropy``, ``top1_agree``, ``student_logp``, ``teacher_logp``;
+    - with ``top_push=True`` (the analysis path only): ``top_push``, ``top_push_unclipped``, ``decisive``
+      (``_chunk_top_push``); :func:`top_push_summary` gives the share of decisive positions at which the
+      clip turns a rise of pS(j*) into a fall (docs/core_math.md: the clip lowers the logit of the entries
+      it caps).
+    """
+    opts = _options(student_temperature, teacher_temperature, clip_tau, chunk_size, student_logits_NV.shape[-1])
     chunks = _logit_chunks(student_logits_NV.detach(), teacher_logits_NV.detach(), chunk_size)
     n, vocab = student_logits_NV.shape[0], student_logits_NV.shape[-1]
-    return _signals(chunks, sampled_ids_N, n, vocab, o, compute_dtype(student_logits_NV, teacher_logits_NV),
+    return _signals(chunks, sampled_ids_N, n, vocab, opts, compute_dtype(student_logits_NV, teacher_logits_NV),
                     student_logits_NV.device, top_push=top_push)
 
 
@@ -206,13 +208,13 @@ def token_signals_from_hidden(
 ) -> dict[str, torch.Tensor]:
     """:func:`token_signals` from final hidden states and lm_head weights (matmul per chunk)."""
     vocab = student_weight_VH.shape[0]
-    o = _options(student_temperature, teacher_temperature, clip_tau, chunk_size, vocab)
+    opts = _options(student_temperature, teacher_temperature, clip_tau, chunk_size, vocab)
     parts = [t.detach() if t is not None else None for t in
              (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias)]
     chunks = _hidden_chunks(*parts, chunk_size)
-    cdt = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
-    return _signals(chunks, sampled_ids_N, student_hidden_NH.shape[0], vocab, o, cdt, student_hidden_NH.device,
-                    top_push=top_push)
+    calc_dtype = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    return _signals(chunks, sampled_ids_N, student_hidden_NH.shape[0], vocab, opts, calc_dtype,
+                    student_hidden_NH.device, top_push=top_push)
 
 
 # --------------------------------------------------------------------------- loss + signals in one pass
@@ -245,8 +247,8 @@ def weighted_divergence_and_signals(
 
     n, vocab = student_hidden_NH.shape[0], student_weight_VH.shape[0]
     _check_ids(sampled_ids_N, n, vocab)
-    cdt = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
-    out = _empty_signals(n, cdt, student_hidden_NH.device)
+    calc_dtype = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    out = _empty_signals(n, calc_dtype, student_hidden_NH.device)
     ids_N = sampled_ids_N.to(student_hidden_NH.device)
 
     def on_chunk(rows, logp_s, logp_t):
@@ -272,13 +274,13 @@ def student_entropy_from_hidden(
 ) -> torch.Tensor:
     """Entropy [N] of softmax((h @ W.T + b) / temperature), chunked (the ``student_entropy`` signal
     alone: one projection, for entropy-ranked loss positions before the loss pass)."""
-    o = _options(temperature, None, None, chunk_size, weight_VH.shape[0])
-    cdt = compute_dtype(hidden_NH, weight_VH)
-    out_N = torch.zeros(hidden_NH.shape[0], dtype=cdt, device=hidden_NH.device)
+    opts = _options(temperature, None, None, chunk_size, weight_VH.shape[0])
+    calc_dtype = compute_dtype(hidden_NH, weight_VH)
+    out_N = torch.zeros(hidden_NH.shape[0], dtype=calc_dtype, device=hidden_NH.device)
     for start in range(0, hidden_NH.shape[0], chunk_size):
         rows = slice(start, min(start + chunk_size, hidden_NH.shape[0]))
         logits = F.linear(hidden_NH[rows].detach(), weight_VH.detach(), None if bias is None else bias.detach())
-        out_N[rows] = entropy(log_probs(logits, temperature=o.student_temperature, dtype=cdt))
+        out_N[rows] = entropy(log_probs(logits, temperature=opts.student_temperature, dtype=calc_dtype))
     return out_N
 
 
@@ -306,13 +308,13 @@ def sampled_token_rank_from_hidden(
         raise ValueError(f"chunk_size must be an int >= 1; got {chunk_size!r}")
     n, vocab = hidden_NH.shape[0], weight_VH.shape[0]
     _check_ids(sampled_ids_N, n, vocab)
-    cdt = compute_dtype(hidden_NH, weight_VH)
-    weight = weight_VH.detach().to(cdt)
-    bias = None if bias is None else bias.detach().to(cdt)
+    calc_dtype = compute_dtype(hidden_NH, weight_VH)
+    weight = weight_VH.detach().to(calc_dtype)
+    bias = None if bias is None else bias.detach().to(calc_dtype)
     rank_N = torch.zeros(n, dtype=torch.int64, device=hidden_NH.device)
     for start in range(0, n, chunk_size):
         rows = slice(start, min(start + chunk_size, n))
-        logits = F.linear(hidden_NH[rows].detach().to(cdt), weight, bias)
+        logits = F.linear(hidden_NH[rows].detach().to(calc_dtype), weight, bias)
         picked = logits.gather(1, sampled_ids_N[rows].long()[:, None])
         rank_N[rows] = (logits > picked).sum(1)
     return rank_N
@@ -320,14 +322,14 @@ def sampled_token_rank_from_hidden(
 
 # --------------------------------------------------------------------------- divergence mass
 @torch.no_grad()
-def _mass(chunks, vocab, o, cdt, device, mass_V):
+def _mass(chunks, vocab, opts, calc_dtype, device, mass_V):
     if mass_V is None:
         mass_V = torch.zeros(vocab, dtype=torch.float64, device=device)
     elif mass_V.shape != (vocab,):
         raise ValueError(f"mass_V must have shape [V={vocab}]; got {tuple(mass_V.shape)}")
-    for _, s_raw, t_raw in chunks:
-        logp_s = log_probs(s_raw, temperature=o.student_temperature, dtype=cdt)
-        logp_t = log_probs(t_raw, temperature=o.teacher_temperature, dtype=cdt)
+    for _, student_logits, teacher_logits in chunks:
+        logp_s = log_probs(student_logits, temperature=opts.student_temperature, dtype=calc_dtype)
+        logp_t = log_probs(teacher_logits, temperature=opts.teacher_temperature, dtype=calc_dtype)
         mass_V += forward_kl_terms(logp_t, logp_s).sum(0).to(mass_V.dtype)
     return mass_V
 
@@ -346,9 +348,9 @@ def divergence_mass_by_token(
     Pass the previous result as ``mass_V`` to accumulate over batches (added in place).
     """
     vocab = student_logits_NV.shape[-1]
-    o = _options(student_temperature, teacher_temperature, None, chunk_size, vocab)
+    opts = _options(student_temperature, teacher_temperature, None, chunk_size, vocab)
     chunks = _logit_chunks(student_logits_NV.detach(), teacher_logits_NV.detach(), chunk_size)
-    return _mass(chunks, vocab, o, compute_dtype(student_logits_NV, teacher_logits_NV), student_logits_NV.device, mass_V)
+    return _mass(chunks, vocab, opts, compute_dtype(student_logits_NV, teacher_logits_NV), student_logits_NV.device, mass_V)
 
 
 def divergence_mass_by_token_from_hidden(
@@ -366,11 +368,11 @@ def divergence_mass_by_token_from_hidden(
 ) -> torch.Tensor:
     """:func:`divergence_mass_by_token` from hidden states and lm_head weights."""
     vocab = student_weight_VH.shape[0]
-    o = _options(student_temperature, teacher_temperature, None, chunk_size, vocab)
+    opts = _options(student_temperature, teacher_temperature, None, chunk_size, vocab)
     parts = [t.detach() if t is not None else None for t in
              (student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH, student_bias, teacher_bias)]
-    cdt = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
-    return _mass(_hidden_chunks(*parts, chunk_size), vocab, o, cdt, student_hidden_NH.device, mass_V)
+    calc_dtype = compute_dtype(student_hidden_NH, student_weight_VH, teacher_hidden_NH, teacher_weight_VH)
+    return _mass(_hidden_chunks(*parts, chunk_size), vocab, opts, calc_dtype, student_hidden_NH.device, mass_V)
 
 
 # --------------------------------------------------------------------------- summaries

@@ -2,15 +2,8 @@ r"""``beta_opsd``: beta-OPSD (the paper's \citep{beta_opsd}), replicated in the 
 "Replications of Recent OPSD Variants": "its teacher weight increases from 0.5 to 0.8, its reference
 is the stop-gradient current student, and its return-to-go discount is 0.99".
 
-Interpretation (no public method text or code found): the target is the probability-space mixture
-q = w pT + (1 - w) sg(pS) with the teacher weight w scheduled linearly over training
-(:func:`teacher_weight_schedule`, a per-step value the trainer sends: ``step_values``); the per-token
-reward on the sampled token y_t is r_t = log q_t(y_t) - log pS_t(y_t) = log(w pT(y_t)/pS(y_t) + 1 - w)
-(bounded below by log(1 - w)); the sequence-level reverse KL KL(pS(y) || q(y)) has the
-score-function gradient -sum_t G_t grad log pS(y_t) with the return-to-go G_t = sum_{k >= t}
-gamma^(k - t) r_k, the "return-to-go credit assignment" (gamma = 0.99 discounts later tokens, as in
-tinker-cookbook's ``kl_discount_factor``). The per-position surrogate is -sg(G_t) log pS(y_t); the
-returns run over every response token, the surrogate is aggregated over the loss positions.
+No public method text or code was found: the formulas, and which parts are our reading, are in
+docs/core_math.md, "Objectives" (beta-OPSD); the derivation is in :func:`beta_opsd_token_loss`.
 ``opsd.loss.beta`` and ``clip_tau`` do not enter its loss (they still set the clip diagnostics).
 """
 
@@ -92,11 +85,17 @@ def beta_opsd_token_loss(
     student_temperature: float = 1.0,
     teacher_temperature: float | None = None,
 ) -> BetaOPSDOutput:
-    """beta-OPSD per-position surrogate with return-to-go credit assignment (see module docstring).
+    """beta-OPSD per-position surrogate with return-to-go credit assignment.
 
-    Target q = w pT + (1 - w) sg(pS) (reference = stop-gradient current student);
-    reward r_t = log q(y_t) - log pS(y_t); loss_t = -sg(G_t) log pS(y_t). Aggregate ``loss_BT``
-    with ``losses.masked_token_mean`` / ``global_token_sum_mean`` over the response mask.
+    Target q = w pT + (1 - w) sg(pS) (reference = stop-gradient current student), the teacher weight w
+    scheduled linearly over training (:func:`teacher_weight_schedule`, a per-step value the trainer sends:
+    ``step_values``); the per-token reward on the sampled token is r_t = log q(y_t) - log pS(y_t)
+    = log(w pT(y_t)/pS(y_t) + 1 - w) (bounded below by log(1 - w)); the sequence-level reverse KL
+    KL(pS(y) || q(y)) has the score-function gradient -sum_t G_t grad log pS(y_t) with the return-to-go
+    G_t = sum_{k >= t} gamma^(k - t) r_k, the "return-to-go credit assignment" (gamma = 0.99 discounts later
+    tokens, as in tinker-cookbook's ``kl_discount_factor``). The per-position surrogate is
+    loss_t = -sg(G_t) log pS(y_t). In training (``BetaOPSD.loss``) the returns run over every response
+    token and the surrogate is aggregated over the loss positions.
     """
     if student_logits_BTV.dim() != 3:
         raise ValueError(f"student_logits_BTV must be [B, T, V]; got shape {tuple(student_logits_BTV.shape)}")

@@ -1,18 +1,12 @@
-"""``divergence``: the paper's objective, the full-vocabulary clipped divergence D(pT, pS).
-
-Per loss position the per-vocabulary-entry terms of ``opsd.loss.beta`` (0 forward KL, 1 reverse KL,
-between: generalized JSD), each capped at ``opsd.loss.clip_tau`` before the vocabulary sum (eq.
-"opsd_clipped"), logits divided by the temperatures first; aggregated with ``opsd.loss.loss_agg_mode``
-(default the paper's per-rollout mean). With ``opsd.loss.topk`` the support is the teacher's top-k
-(forward KL / JSD) or the student's (reverse KL), renormalised.
+"""``divergence``: the paper's objective, the full-vocabulary clipped divergence D(pT, pS) of ``opsd.loss.beta``,
+``clip_tau``, ``topk`` and ``loss_agg_mode`` (docs/core_math.md, "The loss").
 
 Full vocabulary: ``signals.weighted_divergence_and_signals`` -- ``losses.fused_linear_weighted_divergence``
 over every response row (weight 0 outside the loss positions), whose vocabulary pass also yields the
 token diagnostics, so the lm_head is projected once per micro-batch. With ``topk`` the pass sees only
 the top-k support, so the diagnostics come from the glue's separate full-vocabulary pass.
-
 ``opsd.loss.task_weight`` > 0 adds task_weight x the policy-gradient surrogate with A = the rollout's
-GRPO advantage of the one grader's reward (docs/core_math.md "Mixed objectives").
+GRPO advantage of the one grader's reward (docs/core_math.md, "Objectives", task reward).
 """
 
 from __future__ import annotations

@@ -2,25 +2,11 @@ r"""``purified``: Purified OPSD (Shen et al., "Purified OPSD: On-Policy Self-Dis
 Losing How to Think", arXiv:2607.02234), replicated in the paper's appendix "Replications of Recent
 OPSD Variants".
 
-The privileged teacher pT = pi_0(. | Q, C, y_<i) is decomposed with a *reference-only teacher*
-pR = pi_0(. | C, y_<i) (the same frozen model conditioned on the reference alone, without the
-question; a second teacher forward: ``needs_reference_forward``). Per vocabulary entry v:
-
-    Delta_v   = log pT_v - log pR_v                      (PMI of the question and v given C)
-    Delta~_v  = c * tanh(Delta_v / c)                    (soft clip, c = pmi_clip = 10)
-    log q_v   = log pT_v + lambda * Delta~_v - logsumexp_u(log pT_u + lambda * Delta~_u)
-    loss_i    = sum_v d_v(pS, q)  with the beta = 0.5 (symmetric JSD) terms of losses.entry_terms
-
-with PMI strength lambda = 1 (the paper's setting; its preset sets ``opsd.loss.beta: 0.5`` and
-``clip_tau: null``). Interpretation (the method text and code were not retrievable; the paper gives
-"symmetric JSD, PMI strength 1, and PMI soft-clip threshold 10"): Delta is the log-ratio of the two
-teachers; the soft clip is the tanh form (smooth, odd, slope 1 at 0, saturating at +-c); the
-strength multiplies Delta~.
-
-Memory: logits are formed per row chunk under activation checkpointing (recomputed in backward), so
-memory is O(chunk x V) but larger than the fused path: ~13 float32 [chunk, V] blocks at peak against
-~3.5 (measured on CPU, V = 151,936: 1.1 GB at chunk_size 128, independent of N; lower
-opsd.loss.chunk_size for this objective on GPU).
+A reference-only teacher pR (the same frozen model on the reference alone, without the question: a second
+teacher forward, ``needs_reference_forward``) turns the privileged teacher pT into the PMI-corrected target
+q (:func:`purified_target_log_probs`); the loss is the symmetric JSD of pS and q (its preset: ``beta: 0.5``,
+``clip_tau: null``). The formulas, which parts are our reading, and the memory: docs/core_math.md,
+"Objectives" (Purified OPSD); the measured memory: :func:`purified_token_loss_from_hidden`.
 """
 
 from __future__ import annotations
@@ -72,9 +58,16 @@ def purified_target_log_probs(
 ) -> torch.Tensor:
     """log q of the PMI-corrected target, q_v proportional to pT_v exp(lambda soft_clip(log pT_v - log pR_v)).
 
-    ``teacher_logits``: the privileged teacher (question + reference); ``reference_logits``:
-    the same frozen model on the reference alone. Both are divided by ``teacher_temperature``.
-    No gradient (the target is a constant). Returns ``[..., V]`` in float32 (float64 inputs: float64).
+    ``teacher_logits``: the privileged teacher pT = pi_0(. | Q, C, y_<i) (question + reference);
+    ``reference_logits``: the same frozen model on the reference alone, pR = pi_0(. | C, y_<i). Both are
+    divided by ``teacher_temperature``. No gradient (the target is a constant). Returns ``[..., V]`` in
+    float32 (float64 inputs: float64).
+
+    Delta_v = log pT_v - log pR_v is the PMI of the question and v given C; the soft clip
+    c tanh(Delta_v / c) (c = pmi_clip = 10) is smooth, odd, slope 1 at 0 and saturates at +-c. Our reading
+    (the method text and code were not retrievable; the paper gives "symmetric JSD, PMI strength 1, and PMI
+    soft-clip threshold 10"): Delta is the log-ratio of the two teachers, the soft clip is the tanh form, the
+    strength lambda multiplies the clipped Delta.
     """
     same_shape(teacher_logits=teacher_logits, reference_logits=reference_logits)
     lam = positive("pmi_strength", pmi_strength)
@@ -143,6 +136,11 @@ def purified_token_loss_from_hidden(
 
     The privileged and the reference-only teacher share the frozen ``teacher_weight_VH``.
     Gradient flows to ``student_hidden_NH``, ``student_weight_VH`` and ``student_bias``.
+
+    Memory: logits are formed per row chunk under activation checkpointing (recomputed in backward), so
+    memory is O(chunk x V) but larger than the fused path: ~13 float32 [chunk, V] blocks at peak against
+    ~3.5 (measured on CPU, V = 151,936: 1.1 GB at chunk_size 128, independent of N; lower
+    opsd.loss.chunk_size for this objective on GPU).
     """
     if teacher_hidden_NH.shape != student_hidden_NH.shape or reference_hidden_NH.shape != student_hidden_NH.shape:
         raise ValueError(f"student, teacher and reference hidden states must share [N, H]; got "

@@ -1,16 +1,11 @@
 """``rlsd``: RLVR with Self-Distillation (Yang et al., arXiv:2604.03128), as its authors' trainer computes it.
 
 Reference: siyan-zhao/OPSD ``rlsd_trainer.py`` (``RLSDTrainer._generate_and_score_completions``), defaults
-in ``rlsd_train.py`` and ``scripts/run_rlsd_1b.sh``. Per response b (GRPO advantage Ahat_b of the grader's
-reward) and sampled token y_t, with lam_s the value at optimizer step s:
-
-    delta_bt = sg[log pT(y_t) - log pS_old(y_t)]
-    w_bt     = clip(exp(sign(Ahat_b) * delta_bt), 1 - eps_w, 1 + eps_w)
-    A_bt     = Ahat_b * ((1 - lam_s) + lam_s * w_bt),   lam_s = lam * (1 - min(s / lam_decay_steps, 1))
-
-through the PPO surrogate (``terms.policy_gradient_terms``). sign(A_bt) = sign(Ahat_b): the verifier sets
-the direction, the teacher only reweights tokens; at lam_s = 0 it is GRPO. The preset ``objective_rlsd``
-names where the verl recipe departs from the reference (docs/core_math.md "RLSD").
+in ``rlsd_train.py`` and ``scripts/run_rlsd_1b.sh``. The GRPO advantage Ahat_b of the grader's reward sets
+each response's sign (sign(A_bt) = sign(Ahat_b)); the teacher only reweights its tokens
+(``rlsd_token_weights``, ``rlsd_advantages``, at lam_s = 0 it is GRPO), through the PPO surrogate
+(``terms.policy_gradient_terms``). Formulas: docs/core_math.md, "Objectives" (RLSD); the preset
+``objective_rlsd`` names where the verl recipe departs from the reference.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """``sampled_token``: the teacher - student log-probability of each sampled token as a per-token
 advantage through verl's PPO surrogate (reverse KL through a policy gradient; the official code's
-``use_tinker_loss``, verl's ``use_policy_gradient``).
+``use_tinker_loss``, verl's ``use_policy_gradient``). Formulas: docs/core_math.md, "Objectives".
 
-    A_bt = sg[log pT(y_t) - log pS_old(y_t)]          (at the teacher / student temperatures)
-           (with ``opsd.loss.params.discount`` > 0 the discounted sum over the response's later tokens)
-    A_bt <- A_bt + task_weight * Ahat_b               (``opsd.loss.task_weight``: the GRPO advantage)
-    loss = sum_bt w_bt l_bt(A)                        (``terms.policy_gradient_terms``, PPO clip
-                                                       ``opsd.loss.clip_ratio_low / high``)
-
-pS_old is the behaviour policy (``Objective.old_log_probs_bR``: the rollout's log-probs with stale
-samples or several updates per batch, else the update's own forward detached). log pT(y_t) comes
-from the glue's diagnostics pass (``signals["teacher_logp"]``), log pS_theta(y_t) from a chunked,
-checkpointed pass (``terms.sampled_token_log_probs_from_hidden``).
+The advantage (``terms.sampled_token_advantages``; with ``opsd.loss.params.discount`` > 0 discounted over
+later tokens) plus ``opsd.loss.task_weight`` x the GRPO advantage goes through ``terms.policy_gradient_terms``
+(``opsd.loss.clip_ratio_low / high``). log pT(y_t) comes from the glue's diagnostics pass
+(``signals["teacher_logp"]``), log pS_theta(y_t) from a chunked, checkpointed pass
+(``terms.sampled_token_log_probs_from_hidden``), pS_old from ``Objective.old_log_probs_bR``.
 ``opsd.loss.beta``, ``clip_tau`` and ``topk`` do not enter (clip_tau still sets the diagnostics).
 """
 

@@ -1,43 +1,14 @@
-r"""Terms the objectives share (pure torch): the policy-gradient surrogate, advantages, the SFT
-term, returns over a response, and the sampled tokens' log-probabilities from hidden states.
-Formulas and where each peer differs: docs/core_math.md, "Mixed objectives".
+"""Terms the objectives share (pure torch): the policy-gradient surrogate, advantages, the SFT term, returns
+over a response, and the sampled tokens' log-probabilities from hidden states. Formulas and where each peer
+differs: docs/core_math.md, "Objectives"; verl's and tinker's counterparts: each function's docstring.
 
-Notation per response b and position t (mask m_bt), sampled token y_t:
+Every term is a weighted sum (``weighted_sum``) with weights the caller forms from mini-batch-wide counts, so
+the per-micro-batch values add up to the mini-batch loss exactly, whatever the split. Example::
 
-(a) Sampled-token advantage (reverse KL through a policy gradient, ``sampled_token_advantages``):
-
-    A_bt  = sg[ log pT(y_t | c_T, y_<t) - log pS_old(y_t | c_S, y_<t) ]       (tau_T, tau_S)
-            (optionally the discounted sum over k >= t, ``discount`` = tinker's kl_discount_factor)
-
-(b) The surrogate (``policy_gradient_terms``), verl 0.9.1's ``compute_policy_loss_vanilla`` (clip
-    ratios, dual clip c = 3, ratio clamp +-20); ``clip_ratio_low=None`` (and high) gives the
-    unclipped importance-sampling loss -r A of tinker's ``importance_sampling``:
-
-    r_bt  = exp(clamp(log pS_theta(y_t) - log pS_old(y_t), -20, 20))
-    l_bt  = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), and for A < 0: min(l_bt, -c A)
-
-    pS_old are the log-probs of the policy that sampled the rollout, so A is a fixed per-token
-    reward for the whole update. At r = 1 the gradient is -sum w A grad log pS_theta(y_t).
-
-(c) Task reward: the GRPO advantage of response b in its prompt group g (``group_advantages``),
-
-    Ahat_b = (R_b - mean_g R) / (std_g R + eps)      (unbiased std, eps = 1e-6; verl's GRPO)
-
-    mixed per token as A_bt <- A_bt + task_weight * Ahat_b (``mix_task_advantages``).
-
-(d) SFT term on the reference solution s (tokens s_1..s_M, EOS included) under the student given
-    the student prompt, at temperature 1: -log pS_theta(s_m | c_S, s_<m) per token (``sft_nll_terms``).
-
-Exact global normalisation: every term is a weighted sum (``weighted_sum``) with weights the caller
-forms from mini-batch-wide counts, so summing the per-micro-batch values over micro-batches gives
-the mini-batch loss exactly, whatever the split.
-
-Example (one micro-batch)::
-
-    adv_BT = sampled_token_advantages(teacher_log_probs_BT=lt, old_log_probs_BT=lo, mask_BT=m)
-    adv_BT = mix_task_advantages(distill_advantages_BT=adv_BT, task_advantages_B=a_B, mask_BT=m, task_weight=0.1)
-    pg_BT = policy_gradient_terms(log_probs_BT=lp, old_log_probs_BT=lo, advantages_BT=adv_BT)
-    loss = weighted_sum(pg_BT, weights=m / tokens_in_mini_batch)
+    adv_BT = sampled_token_advantages(teacher_log_probs_BT=teacher_logp_BT, old_log_probs_BT=old_logp_BT, mask_BT=mask_BT)
+    adv_BT = mix_task_advantages(distill_advantages_BT=adv_BT, task_advantages_B=grpo_B, mask_BT=mask_BT, task_weight=0.1)
+    pg_BT = policy_gradient_terms(log_probs_BT=logp_BT, old_log_probs_BT=old_logp_BT, advantages_BT=adv_BT)
+    loss = weighted_sum(pg_BT, weights=mask_BT / tokens_in_mini_batch)
 """
 
 from __future__ import annotations
@@ -100,8 +71,9 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
 
 def sampled_token_advantages(*, teacher_log_probs_BT: torch.Tensor, old_log_probs_BT: torch.Tensor,
                              mask_BT: torch.Tensor, discount: float = 0.0) -> torch.Tensor:
-    """A_bt = sg[log pT(y_t) - log pS_old(y_t)] at the mask (0 elsewhere); with ``discount`` > 0
-    the discounted sum over the response's later positions (``discounted_returns``)."""
+    """A_bt = sg[log pT(y_t | c_T, y_<t) - log pS_old(y_t | c_S, y_<t)] (at the teacher / student temperatures)
+    at the mask (0 elsewhere): reverse KL through a policy gradient; with ``discount`` > 0 the discounted sum
+    over the response's later positions (``discounted_returns``; tinker's ``kl_discount_factor``)."""
     same_shape(teacher_log_probs_BT=teacher_log_probs_BT, old_log_probs_BT=old_log_probs_BT, mask_BT=mask_BT)
     discount = number("discount", discount, low=0.0)
     if discount > 1:
@@ -144,7 +116,7 @@ def group_advantages(*, rewards_B: torch.Tensor, group_ids_B: Sequence, normaliz
 
 def mix_task_advantages(*, distill_advantages_BT: torch.Tensor, task_advantages_B: torch.Tensor,
                         mask_BT: torch.Tensor, task_weight: float) -> torch.Tensor:
-    """A_bt + task_weight * Ahat_b at the mask (0 elsewhere), no grad."""
+    """A_bt + task_weight * Ahat_b at the mask (0 elsewhere), no grad (Ahat_b: :func:`group_advantages`)."""
     same_shape(distill_advantages_BT=distill_advantages_BT, mask_BT=mask_BT)
     if task_advantages_B.shape != distill_advantages_BT.shape[:1]:
         raise ValueError(f"task_advantages_B must be [B={distill_advantages_BT.shape[0]}]; got "
@@ -158,11 +130,15 @@ def mix_task_advantages(*, distill_advantages_BT: torch.Tensor, task_advantages_
 def policy_gradient_terms(*, log_probs_BT: torch.Tensor, old_log_probs_BT: torch.Tensor,
                           advantages_BT: torch.Tensor, clip_ratio_low: float | None = 0.2,
                           clip_ratio_high: float | None = 0.2, clip_ratio_c: float = DUAL_CLIP_C) -> torch.Tensor:
-    """Per-token surrogate l_bt of verl's vanilla PPO policy loss (module docstring, (a)).
+    """Per-token surrogate l_bt of verl 0.9.1's ``compute_policy_loss_vanilla`` (clip ratios, dual clip
+    c = 3, ratio clamp +-20; docs/core_math.md, "Objectives").
 
     Differentiable w.r.t. ``log_probs_BT``; ``old_log_probs_BT`` and ``advantages_BT`` are
-    constants. ``clip_ratio_low=clip_ratio_high=None``: -A r without any clip. Aggregate with
-    :func:`weighted_sum`; masked positions may hold anything (the weights drop them).
+    constants. ``clip_ratio_low=clip_ratio_high=None``: -A r without any clip (the unclipped
+    importance-sampling loss of tinker's ``importance_sampling``). pS_old are the log-probs of the policy
+    that sampled the rollout, so A is a fixed per-token reward for the whole update; at r = 1 the gradient
+    is -sum w A grad log pS_theta(y_t). Aggregate with :func:`weighted_sum`; masked positions may hold
+    anything (the weights drop them).
     """
     same_shape(log_probs_BT=log_probs_BT, old_log_probs_BT=old_log_probs_BT, advantages_BT=advantages_BT)
     if (clip_ratio_low is None) != (clip_ratio_high is None):
@@ -184,7 +160,8 @@ def policy_gradient_terms(*, log_probs_BT: torch.Tensor, old_log_probs_BT: torch
 
 
 def sft_nll_terms(*, solution_log_probs_N: torch.Tensor) -> torch.Tensor:
-    """-log pS_theta(s_m | c_S, s_<m) per solution token (log-probs at temperature 1, with grad)."""
+    """The SFT term on the reference solution s (tokens s_1..s_M, EOS included) under the student given the
+    student prompt: -log pS_theta(s_m | c_S, s_<m) per solution token (log-probs at temperature 1, with grad)."""
     if solution_log_probs_N.dim() != 1:
         raise ValueError(f"solution_log_probs_N must be [N]; got shape {tuple(solution_log_probs_N.shape)}")
     return -solution_log_probs_N
