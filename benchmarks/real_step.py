@@ -1,7 +1,7 @@
 """One OPSD step of the real demo (SmolLM2, its batch and caps) through verl against its floor, in one run.
 
     python scripts/bench.py real-step --steps 4
-    python scripts/bench.py real-step --variants hf_1thread hf_2threads --steps 3
+    python scripts/bench.py real-step --variants hf_1thread hf_all_cores --steps 3
 
 Floor: the same step's math in this process on all cores -- the batch's prompts sampled to the response cap (the HF
 rollout's ``sample_batch``), the frozen teacher's forward on teacher prompt + response, the student's forward and
@@ -27,11 +27,11 @@ from recipe.common import cli
 
 REPO = Path(__file__).resolve().parents[1]
 # name -> (launcher environment, hydra overrides) on top of the real demo's preset
-THREADS = "++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"
+CORES = str(os.cpu_count() or 1)
 VARIANTS = {
-    "hf_1thread": ({}, []),
-    "hf_2threads": ({}, [f'{THREADS}="2"']),
-    "vllm_2threads": ({"CPU_ROLLOUT": "vllm"}, [f'{THREADS}="2"']),
+    "hf_1thread": ({"CPU_THREADS": "1"}, []),
+    "hf_all_cores": ({"CPU_THREADS": CORES}, []),
+    "vllm_all_cores": ({"CPU_ROLLOUT": "vllm", "CPU_THREADS": CORES}, []),
 }
 PHASES = ("gen", "update_actor", "teacher", "update_weights", "step")
 

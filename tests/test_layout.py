@@ -50,6 +50,8 @@ ALLOWED = {
 MODULE_STRING = re.compile(r"(recipe|data_prep|benchmarks)(\.\w+)+(:\w+)?")
 # Modules longer than this are split by concern (tests/test_layout.py::test_every_module_has_at_most_600_lines).
 MAX_MODULE_LINES = 600
+# A module docstring says what the module holds and how to call it; the why lives in docs/ (once).
+MAX_DOCSTRING_LINES = 12
 # Frameworks the pure OPSD core never imports (its modules are math, prompts and decisions).
 FRAMEWORKS = ("verl", "ray", "vllm", "sglang", "hydra")
 
@@ -111,6 +113,16 @@ def test_every_module_has_at_most_600_lines():
     long = {str(path.relative_to(REPO_ROOT)): n for path in paths
             if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split each by concern): {long}"
+
+
+def test_every_module_docstring_has_at_most_12_lines():
+    paths = list((REPO_ROOT / "recipe").rglob("*.py"))
+    long = {}
+    for path in paths:
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+        if doc and (n := len(doc.strip().splitlines())) > MAX_DOCSTRING_LINES:
+            long[str(path.relative_to(REPO_ROOT))] = n
+    assert not long, f"module docstrings over {MAX_DOCSTRING_LINES} lines (move the why to docs/): {long}"
 
 
 def test_every_package_imports_only_what_the_layout_allows():

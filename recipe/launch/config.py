@@ -243,6 +243,7 @@ class Settings:
     ngpus: int | None = None
     nnodes: int | None = None
     cpu_num_ranks: int | None = None
+    cpu_threads: int | None = None
     cpu_demo: str | None = None
     cpu_rollout: str = "hf"
     vllm_venv: str | None = None
@@ -256,8 +257,8 @@ class Settings:
             raise ValueError(f"CPU_ROLLOUT={self.cpu_rollout!r} is not one of {list(CPU_ROLLOUTS)}")
         if self.vllm_venv and self.cpu_rollout != "vllm":
             raise ValueError("VLLM_VENV applies to CPU_ROLLOUT=vllm only")
-        if self.device == "gpu" and (self.cpu_demo or self.cpu_num_ranks or self.cpu_rollout != "hf"):
-            raise ValueError("CPU_DEMO / CPU_NUM_RANKS / CPU_ROLLOUT apply to DEVICE=cpu only "
+        if self.device == "gpu" and (self.cpu_demo or self.cpu_num_ranks or self.cpu_threads or self.cpu_rollout != "hf"):
+            raise ValueError("CPU_DEMO / CPU_NUM_RANKS / CPU_THREADS / CPU_ROLLOUT apply to DEVICE=cpu only "
                              "(on a GPU the rollout engine is the config's actor_rollout_ref.rollout.name)")
         if self.device == "cpu" and self.ngpus:
             raise ValueError("NGPUS applies to DEVICE=gpu only (CPU_NUM_RANKS sets the CPU ranks)")
@@ -285,6 +286,7 @@ class Settings:
             ngpus=_positive_int(environ, "NGPUS"),
             nnodes=_positive_int(environ, "NNODES"),
             cpu_num_ranks=_positive_int(environ, "CPU_NUM_RANKS"),
+            cpu_threads=_positive_int(environ, "CPU_THREADS"),
             cpu_demo=environ.get("CPU_DEMO", "").strip() or None,
             cpu_rollout=environ.get("CPU_ROLLOUT", "").strip() or "hf",
             vllm_venv=_path(environ, "VLLM_VENV", cwd),

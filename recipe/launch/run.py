@@ -48,6 +48,13 @@ class DemoInputs:
     ckpt_dir: str | None = None
 
 
+# Threads of every Ray worker of a CPU launch (Ray's default: one): CPU_THREADS; for these demos, whose phases take
+# turns on an otherwise idle machine, else the launcher's OMP_NUM_THREADS, else all cores
+# (docs/results/real_model.md#step-speed).
+THREADS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"
+ALL_CORES_DEMOS = ("real",)
+
+
 @dataclass
 class Launch:
     recipe: Recipe
@@ -158,6 +165,12 @@ def plan(recipe: Recipe, settings: Settings, argv: list[str], *, demo: DemoInput
         if key and value is not None:
             overrides.add([f"{key}={value}"], source=source)
     overrides.add(runtime_env_overrides(recipe, verl_env), source="launcher (VERL_USE_EXTERNAL_MODULES on every node)")
+    threads = settings.cpu_threads
+    if threads is None and demo is not None and demo.name in ALL_CORES_DEMOS:
+        threads = environ.get("OMP_NUM_THREADS", "").strip() or os.cpu_count()
+    if settings.device == "cpu" and threads:
+        overrides.add([f'++{THREADS_KEY}="{threads}"'], source="CPU_THREADS" if settings.cpu_threads else
+                      f"CPU demo {demo.name} (OMP_NUM_THREADS, else all cores)")
     overrides.add(values, source="command line")
     if vllm and model:
         vllm_cpu.check_head_dim(str(model))

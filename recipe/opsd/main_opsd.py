@@ -3,15 +3,10 @@
     python -m recipe.opsd.main_opsd actor_rollout_ref.model.path=Qwen/Qwen3-1.7B \\
         data.train_files=train.parquet data.val_files=val.parquet opsd.teacher_context=answer_only
 
-Usually launched by ``recipe/opsd/run_opsd.sh``. Before Ray starts any worker the start-up checks
-run (``recipe.opsd.startup``: verl version, the ``opsd:`` block and verl's own config checks, the
-model, checkpoint and data files, the pre-flight gate's tokenizer part); a failure prints one line
-and exits with code 2. The gate's model-level part runs on the workers before the first rollout
-(``RayOPSDTrainer._preflight_divergence``) and a failure there exits with code 2 too.
-
-With an ``async_training`` block (``+experiment=async_one_step_off`` / ``async_fully``) the same
-step runs on verl's one-step-off or fully-async trainer, rollout and training on separate resource
-pools (``recipe.opsd.opsd_async_trainers``); the values that mode derives are printed before Ray starts.
+Usually launched by ``recipe/opsd/run_opsd.sh``. The start-up checks (``recipe.opsd.startup``) run before Ray
+starts; the pre-flight gate's model-level part runs on the workers before the first rollout. Either failure
+prints one line and exits with code 2. An ``async_training`` block runs the same step on verl's one-step-off or
+fully-async trainer (``recipe.opsd.opsd_async_trainers``).
 """
 
 from __future__ import annotations

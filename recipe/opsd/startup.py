@@ -1,21 +1,12 @@
 """Start-up checks of the OPSD recipe: everything a launch verifies before Ray starts.
 
-``startup_checks(config)`` runs them in order on the composed hydra config and returns what the
-entry point needs next (the validated ``OPSDConfig``, the checkpoint to resume from). It is called
-by the entry point (``recipe.opsd.main_opsd``) and by the launcher for every launch and every
-``--dry-run`` (``recipe.launch.run.plan``), so a dry run fails on exactly what the launch would:
-
-1. the installed verl is the release the glue was written against (``check_verl_version``);
-2. the ``opsd:`` block (``recipe.opsd.core.config.OPSDConfig``) and verl's own ``validate_config``
-   (batch sizes that do not divide across the GPUs), settings that would bypass the OPSD forward,
-   and the student's chat-template mode wired into verl's dataset (``prepare_config``);
-3. the model directory and the checkpoint a run would resume from, the teacher checkpoint (a teacher
-   kind that ``loads_path``), the EMA teacher state of a resume (one that ``follows_student``), every
-   row's reference solution (SFT term);
-4. the pre-flight gate's tokenizer-only part (``preflight_gate``; ``opsd.diagnostics.preflight=false`` skips it).
-
-Errors: ``ValueError`` for a config mistake (the message names the field), ``InputError`` for a
-file (named), ``PreflightError`` for a template / mode / EOS mismatch.
+``startup_checks(config)`` runs them in order on the composed hydra config and returns the validated
+``OPSDConfig`` and the checkpoint to resume from. The entry point (``main_opsd``) and the launcher (every launch
+and every ``--dry-run``) both call it, so a dry run fails on exactly what the launch would: the verl release;
+the ``opsd:`` block and verl's ``validate_config``; the model, resume checkpoint, teacher checkpoint (a kind that
+``loads_path``) and EMA state (one that ``follows_student``); every row's reference solution (SFT term); the
+pre-flight gate's tokenizer-only part. Errors: ``ValueError`` (config, names the field), ``InputError`` (a file),
+``PreflightError`` (template / mode / EOS mismatch).
 """
 
 from __future__ import annotations

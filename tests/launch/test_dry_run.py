@@ -243,6 +243,23 @@ def test_cpu_platform_comes_after_the_presets():
     assert launch.env["VERL_USE_EXTERNAL_MODULES"] == "recipe.cpu.plugin,recipe.rollout.extension"
 
 
+@pytest.mark.slow
+def test_cpu_workers_take_one_thread_unless_set_and_the_real_demo_all_cores():
+    from recipe.launch.run import THREADS_KEY, DemoInputs
+
+    def threads(settings, demo=None, **environ):
+        launch = plan(OPSD, Settings(device="cpu", model_path=a_model(), train_files=str(INPUTS.train), **settings), [],
+                      demo=demo, environ={**INPUTS.env, **environ})
+        return OmegaConf.select(launch.config, THREADS_KEY)
+
+    real = DemoInputs("real", model_path=a_model(), train_files=str(INPUTS.train))
+    assert threads({}) is None  # Ray's default, one
+    assert threads({"cpu_threads": 3}) == "3"
+    assert threads({}, demo=real, OMP_NUM_THREADS="") == str(os.cpu_count())
+    assert threads({}, demo=real, OMP_NUM_THREADS="1") == "1"  # the test lanes' launches
+    assert threads({"cpu_threads": 1}, demo=real, OMP_NUM_THREADS="") == "1"
+
+
 def _script(script: str, *args: str, **environ) -> subprocess.CompletedProcess:
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "PYTHON": sys.executable, **INPUTS.env,
            **environ}
