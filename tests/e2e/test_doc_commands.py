@@ -137,6 +137,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "python scripts/bench.py memory-model table": RUN,
     "python scripts/bench.py gpu --out gpu_out": HELP,  # needs a GPU; its --smoke below runs the same code
     "python scripts/bench.py gpu --smoke": RUN,
+    "python scripts/bench.py real-step --steps 3": HELP,  # three SmolLM2 launches and the floor: minutes
     "python scripts/bench.py memory-model check --model DIR …": inputs("DIR stands for a model directory"),
     # docs/cpu_path.md
     "python -m pytest tests/models tests/cpu tests/launch tests/grpo_baseline tests/sft -q": suite(),
