@@ -198,6 +198,12 @@ COMMANDS: dict[str, Run | Skip] = {
         "on the tiny demo, tests/experiments test --control"),
     "CPU_DEMO=real python scripts/probe.py --out-dir probe_real --validate --validate-cells 3 --seeds 42 1 --control "
     "probe_real_control": long("a full SmolLM2 demo run per missing seed (~25 min each); reads the runs above"),
+    "CPU_DEMO=toy python scripts/probe.py preregistered --world toy --out-dir prereg_toy": long(
+        "8 probe cells and 9 full toy runs (~2 h); tests/probe test the frozen file, the scoring and the baselines"),
+    "CPU_DEMO=real python scripts/probe.py preregistered --world real --out-dir prereg_real --probe-only": long(
+        "6 SmolLM2 probe cells (~20 min); tests/e2e/test_probe_e2e.py runs the probe on the tiny demo"),
+    "CPU_DEMO=real CPU_ROLLOUT=vllm python scripts/probe.py preregistered --world real --out-dir prereg_real": long(
+        "6 or more full SmolLM2 demo runs (~20 min each); reads the probe above"),
     "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet python scripts/probe.py …": gpu(),
     "python -m pytest tests/opsd -q": suite(),
     "python -m pytest -m e2e tests/e2e/test_opsd_e2e.py tests/e2e/test_opsd_faults_e2e.py -q": suite(),
