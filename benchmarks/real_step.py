@@ -26,12 +26,12 @@ from pathlib import Path
 from recipe.common import cli
 
 REPO = Path(__file__).resolve().parents[1]
-# name -> (launcher environment, hydra overrides) on top of the real demo's preset
+# name -> launcher environment on top of the real demo's preset
 CORES = str(os.cpu_count() or 1)
 VARIANTS = {
-    "hf_1thread": ({"CPU_THREADS": "1"}, []),
-    "hf_all_cores": ({"CPU_THREADS": CORES}, []),
-    "vllm_all_cores": ({"CPU_ROLLOUT": "vllm", "CPU_THREADS": CORES}, []),
+    "hf_1thread": {"CPU_THREADS": "1"},
+    "hf_all_cores": {"CPU_THREADS": CORES},
+    "vllm_all_cores": {"CPU_ROLLOUT": "vllm", "CPU_THREADS": CORES},
 }
 PHASES = ("gen", "update_actor", "teacher", "update_weights", "step")
 
@@ -114,31 +114,25 @@ def floor(student: Path, train_file: Path, preset: dict, *, steps: int, log=prin
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def preset_overrides(preset: dict, prefix: str = "") -> list[str]:
+def preset_overrides(preset: dict) -> list[str]:
     """The real demo's preset as ``key=value`` overrides (a launch with MODEL_PATH / TRAIN_FILES gets the tiny demo's
-    preset underneath; these replace its values)."""
-    out = []
-    for key, value in preset.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out += preset_overrides(value, prefix=name + ".")
-        elif name != "trainer.total_training_steps" and not (isinstance(value, str) and value.startswith("${")):
-            # the bench's steps (STEPS) and the recipe's own interpolations stay
-            out.append(f"{name}={'null' if value is None else value}")
-    return out
+    preset underneath; these replace its values). The bench's steps (STEPS) and the recipe's interpolations stay."""
+    from recipe.launch.resume import flatten
+
+    return [f"{key}={'null' if value is None else value}" for key, value in flatten(preset).items()
+            if key != "trainer.total_training_steps" and not (isinstance(value, str) and value.startswith("${"))]
 
 
 def launch(variant: str, *, student: Path, train_file: Path, preset: dict, steps: int, out: Path,
            log=print) -> dict[str, float]:
     """Median verl ``timing_s/<phase>`` over steps 2.. of one launch of the real demo's preset."""
-    env_extra, overrides = VARIANTS[variant]
     ckpt = out / variant
     env = {**os.environ, "DEVICE": "cpu", "MODEL_PATH": str(student), "TRAIN_FILES": str(train_file),
-           "CKPT_DIR": str(ckpt), "STEPS": str(steps), **env_extra}
+           "CKPT_DIR": str(ckpt), "STEPS": str(steps), **VARIANTS[variant]}
     if env.get("CPU_ROLLOUT") != "vllm":  # the launcher refuses VLLM_VENV without the vLLM rollout
         env.pop("VLLM_VENV", None)
     command = ["bash", "recipe/opsd/run_opsd.sh", *preset_overrides(preset), "trainer.save_freq=-1",
-               "opsd.diagnostics.preflight=false", "actor_rollout_ref.rollout.ignore_eos=true", *overrides]
+               "opsd.diagnostics.preflight=false", "actor_rollout_ref.rollout.ignore_eos=true"]
     start = time.time()
     with open(out / f"{variant}.log", "w") as handle:
         code = subprocess.run(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
