@@ -114,9 +114,9 @@ def test_stale_samples_take_the_rollouts_log_probs_and_the_clip_acts(async_runs)
     assert fresh["async/lag_max"] == 0 and stale["async/lag_min"] == 1
     # the weights that sampled step 1 are the trainer's: the rollout's log-probs are the update's own up to numerics
     assert abs(fresh["opsd/pg_ratio"] - 1) < 1e-5 and fresh["opsd/pg_clip_frac"] == 0, fresh
-    # step 2 trains on samples of the weights before step 1's update: ratios off 1 (their mean less so: they
-    # scatter both ways) and some clipped
-    assert abs(stale["opsd/pg_ratio"] - 1) > 1e-3 and stale["opsd/pg_clip_frac"] > 0.05, stale
+    # step 2 trains on samples of the weights before step 1's update: over 5% of its ratios lie outside the clip
+    # range 1 -/+ eps (their mean is no test: they scatter both ways and average close to 1)
+    assert stale["opsd/pg_clip_frac"] > 0.05, stale
 
 
 def _launch_and_kill_after_save(job, *, save_step, timeout=400):
