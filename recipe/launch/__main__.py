@@ -17,7 +17,7 @@ from recipe.common.cli import error_line
 from recipe.launch.config import RECIPES, Settings, get_recipe
 from recipe.launch.monitor_actions import execute_with_actions, relaunch_planner
 from recipe.launch.run import config_errors, plan
-from recipe.toy.cpu_demos import run_demo
+from recipe.toy.cpu_demos import TrainingFailed, run_demo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,9 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     except config_errors() as err:  # a start-up check's error carries its own line
         print(error_line(err), file=sys.stderr)
         return 2
-    except RuntimeError as err:  # a demo stage failed: the message carries the end of its log
-        print(getattr(err, "line", None) or f"[launch] {err}", file=sys.stderr)
-        return getattr(err, "exit_code", None) or 1  # a failed training launch: the trainer's exit code
+    except TrainingFailed as err:  # a demo's training launch failed: the trainer's exit code
+        print(err.line, file=sys.stderr)
+        return err.exit_code or 1
+    except RuntimeError as err:  # another demo stage failed: the message carries the end of its log
+        print(f"[launch] {err}", file=sys.stderr)
+        return 1
     if launch.finished and not dry_run:  # a relaunch of a finished run: nothing to train (recipe.launch.resume)
         print(launch.finished, flush=True)
         return 0

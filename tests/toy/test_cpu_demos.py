@@ -9,7 +9,8 @@ import pytest
 
 from recipe.launch.config import RECIPES, Override, Settings, get_recipe
 from recipe.launch.run import StepProgress, plan
-from recipe.toy.cpu_demos import DEMOS, before_after_table, get_demo, unbuilt
+from recipe.launch import __main__ as launcher
+from recipe.toy.cpu_demos import DEMOS, TrainingFailed, before_after_table, get_demo, unbuilt
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +29,21 @@ def test_every_demo_has_a_builder_and_a_preset_per_recipe():
     assert set(get_recipe("opsd").presets("demo")) == set(DEMOS)
     with pytest.raises(ValueError, match="CPU_DEMO='huge' is not one of"):
         get_demo("huge")
+
+
+@pytest.mark.parametrize("failure, line, code", [
+    (TrainingFailed("error: /ckpt: the disk is full (free space)", exit_code=1), "error: /ckpt: the disk is full (free space)", 1),
+    (TrainingFailed("opsd training failed (exit 3); the end of train.log:\nboom", exit_code=3),
+     "[launch] opsd training failed (exit 3); the end of train.log:\nboom", 3),
+    (RuntimeError("the evaluation failed"), "[launch] the evaluation failed", 1)])
+def test_a_failed_demo_prints_its_line_and_exits_with_the_trainers_code(failure, line, code, monkeypatch, capsys):
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(launcher, "run_demo", fail)
+    monkeypatch.setattr(os, "environ", {"DEVICE": "cpu"})
+    assert launcher.main(["opsd"]) == code
+    assert capsys.readouterr().err == line + "\n"
 
 
 @pytest.mark.slow
