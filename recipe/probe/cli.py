@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,13 +11,18 @@ from recipe.probe.cells import Cell, grid
 from recipe.probe.report import frozen_table
 
 
-def _cell_axes(spec: str) -> dict[str, list[str]]:
+def _cell(spec: str) -> Cell:
+    """``--cell CONTEXT,STUDENT:TEACHER,TAU,T[,beta=B][,lr=L]`` -> its Cell."""
     parts = spec.split(",")
-    if len(parts) != 4:
+    extra = dict(part.partition("=")[::2] for part in parts[4:])
+    if len(parts) < 4 or set(extra) - {"beta", "lr"} or "" in extra.values():
         from recipe.common import cli
 
-        raise cli.InputError(f"--cell {spec!r} must be CONTEXT,STUDENT:TEACHER,TAU,T, e.g. full_solution,native:native,none,1.1")
-    return {"contexts": [parts[0]], "modes": [parts[1]], "clip_taus": [parts[2]], "temperatures": [float(parts[3])]}
+        raise cli.InputError(f"--cell {spec!r} must be CONTEXT,STUDENT:TEACHER,TAU,T[,beta=B][,lr=L], e.g. "
+                             "full_solution,native:native,none,1.1,beta=1")
+    (cell,) = grid(contexts=[parts[0]], modes=[parts[1]], clip_taus=[parts[2]], temperatures=[float(parts[3])])
+    return dataclasses.replace(cell, **{key: float(value) for key, value in extra.items()})
+
 
 def build_parser():
     import argparse
@@ -31,8 +37,9 @@ def build_parser():
     parser.add_argument("--clip-taus", nargs="+", default=None, help="per-entry clip values, none = no clip (default: the config's)")
     parser.add_argument("--temperatures", nargs="+", type=float, default=None,
                         help="rollout and loss temperatures (default: the config's)")
-    parser.add_argument("--cell", action="append", default=None, metavar="CONTEXT,STUDENT:TEACHER,TAU,T",
-                        help="one cell (repeatable) instead of the grid of the four axes, e.g. full_solution,native:native,none,0.7")
+    parser.add_argument("--cell", action="append", default=None, metavar="CONTEXT,STUDENT:TEACHER,TAU,T[,beta=B][,lr=L]",
+                        help="one cell (repeatable) instead of the grid of the four axes, e.g. "
+                             "full_solution,native:native,none,0.7 or unrelated,native:native,none,1.1,beta=1")
     parser.add_argument("--steps", type=int, default=12, help="monitored OPSD steps per cell (K >= 4)")
     parser.add_argument("--batch", type=int, default=None, help="prompts per step of the K steps (default: the config's)")
     parser.add_argument("--signal-prompts", type=int, default=32, help="prompts of the frozen signals (2 rollouts each)")
@@ -93,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         base = plan(recipe, settings, extra, demo=inputs).config
         opsd = base.opsd
         if args.cell:
-            cells = [cell for spec in args.cell for cell in grid(**_cell_axes(spec))]
+            cells = [_cell(spec) for spec in args.cell]
         else:
             cells = grid(contexts=args.contexts or [opsd.teacher_context],
                          modes=args.modes or [f"{opsd.student_mode}:{opsd.teacher_mode}"],

@@ -182,12 +182,15 @@ def test_the_cli_refuses_few_steps_and_a_validation_without_a_demo(tmp_path, mon
 
 
 def test_an_explicit_cell_list_replaces_the_grid():
-    axes = probe_cli._cell_axes("full_solution,native:native,none,0.7")
-    assert [c.name for c in probe_cells.grid(**axes)] == ["full_solution, native:native, tau=none, T=0.7"]
+    assert probe_cli._cell("full_solution,native:native,none,0.7").name == "full_solution, native:native, tau=none, T=0.7"
+    cell = probe_cli._cell("unrelated,native:native,0.05,1.1,beta=1,lr=3e-5")
+    assert (cell.clip_tau, cell.beta, cell.lr) == (0.05, 1.0, 3e-5)
+    assert cell.name == "unrelated, native:native, tau=0.05, T=1.1, beta=1, lr=3e-05"
     from recipe.common import cli
 
-    with pytest.raises(cli.InputError, match="CONTEXT,STUDENT:TEACHER,TAU,T"):
-        probe_cli._cell_axes("full_solution,none")
+    for bad in ("full_solution,none", "full_solution,native:native,none,0.7,gamma=1", "full_solution,native:native,none,0.7,beta"):
+        with pytest.raises(cli.InputError, match=r"CONTEXT,STUDENT:TEACHER,TAU,T\[,beta=B\]"):
+            probe_cli._cell(bad)
 
 
 def test_frozen_signals_of_a_tiny_model(tmp_path):
