@@ -204,6 +204,11 @@ COMMANDS: dict[str, Run | Skip] = {
         "6 SmolLM2 probe cells (~20 min); tests/e2e/test_probe_e2e.py runs the probe on the tiny demo"),
     "CPU_DEMO=real CPU_ROLLOUT=vllm python scripts/probe.py preregistered --world real --out-dir prereg_real": long(
         "6 or more full SmolLM2 demo runs (~20 min each); reads the probe above"),
+    "CPU_DEMO=real CPU_ROLLOUT=vllm python scripts/probe.py --out-dir rkl_unrelated …": long(
+        "a 4-step probe cell and 2 full SmolLM2 demo runs (~45 min); tests/probe test --cell, tests/e2e/test_probe_e2e.py "
+        "runs the probe on the tiny demo"),
+    "CPU_DEMO=real CPU_ROLLOUT=vllm python scripts/probe.py --out-dir rkl_full_solution …": long(
+        "the same for the full-solution cell, then its comparison with rkl_unrelated; tests/probe test --control"),
     "MODEL_PATH=Qwen/Qwen3-1.7B TRAIN_FILES=train.parquet python scripts/probe.py …": gpu(),
     "python -m pytest tests/opsd -q": suite(),
     "python -m pytest -m e2e tests/e2e/test_opsd_e2e.py tests/e2e/test_opsd_faults_e2e.py -q": suite(),
