@@ -15,13 +15,16 @@ def _cell(spec: str) -> Cell:
     """``--cell CONTEXT,STUDENT:TEACHER,TAU,T[,beta=B][,lr=L]`` -> its Cell."""
     parts = spec.split(",")
     extra = dict(part.partition("=")[::2] for part in parts[4:])
-    if len(parts) < 4 or set(extra) - {"beta", "lr"} or "" in extra.values():
+    try:
+        if len(parts) < 4 or set(extra) - {"beta", "lr"}:
+            raise ValueError(spec)
+        (cell,) = grid(contexts=[parts[0]], modes=[parts[1]], clip_taus=[parts[2]], temperatures=[float(parts[3])])
+        return dataclasses.replace(cell, **{key: float(value) for key, value in extra.items()})
+    except ValueError:
         from recipe.common import cli
 
         raise cli.InputError(f"--cell {spec!r} must be CONTEXT,STUDENT:TEACHER,TAU,T[,beta=B][,lr=L], e.g. "
-                             "full_solution,native:native,none,1.1,beta=1")
-    (cell,) = grid(contexts=[parts[0]], modes=[parts[1]], clip_taus=[parts[2]], temperatures=[float(parts[3])])
-    return dataclasses.replace(cell, **{key: float(value) for key, value in extra.items()})
+                             "full_solution,native:native,none,1.1,beta=1") from None
 
 
 def build_parser():

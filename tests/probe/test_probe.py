@@ -188,7 +188,8 @@ def test_an_explicit_cell_list_replaces_the_grid():
     assert cell.name == "unrelated, native:native, tau=0.05, T=1.1, beta=1, lr=3e-05"
     from recipe.common import cli
 
-    for bad in ("full_solution,none", "full_solution,native:native,none,0.7,gamma=1", "full_solution,native:native,none,0.7,beta"):
+    for bad in ("full_solution,none", "full_solution,native:native,none,0.7,gamma=1", "full_solution,native:native,none,0.7,beta",
+                "full_solution,native,none,0.7", "full_solution,native:native,none,hot", "full_solution,native:native,0.05,1.1,lr=x"):
         with pytest.raises(cli.InputError, match=r"CONTEXT,STUDENT:TEACHER,TAU,T\[,beta=B\]"):
             probe_cli._cell(bad)
 
